@@ -1,0 +1,139 @@
+"""Every use of numba-cuda's private internals lives here.
+
+numba-cuda is in maintenance mode and its successor (numba-cuda-mlir) has a different
+compiler; keeping the private touch points in one module means a port changes one file.
+The rest of the package uses only public API: ``cuda.jit``, ``numba.cuda.extending`` and
+``numba.cuda.types``.
+
+What is private and why:
+- compiling a kernel for an explicit ``cc`` without a GPU, through the same code path as
+  ``_Kernel.__init__`` (compile_cuda + kernel_fixup + launch bounds + LTO link);
+- the linker, to relink the same LTO-IR verbosely for ptxas' resource report;
+- LLVM helpers for declaring shared-memory globals in an intrinsic (cgutils);
+- the per-signature ``_Kernel`` object, its argument packing and its ``CUkernel`` handle,
+  used by the cluster/large-shared-memory launcher.
+"""
+
+from __future__ import annotations
+
+from numba.cuda import cgutils  # noqa: F401  (re-exported for intrinsics)
+from numba.cuda import types
+from numba.cuda.compiler import compile_cuda, kernel_fixup
+from numba.cuda.core import sigutils
+from numba.cuda.cudadrv import nvvm
+
+__all__ = [
+    "cgutils",
+    "compile_kernel_library",
+    "relink_verbose",
+    "kernel_for_args",
+    "pack_kernel_args",
+    "cu_kernel",
+]
+
+
+def _arch(cc) -> str:
+    return "sm_%d%d%s" % (cc[0], cc[1], cc[2] if len(cc) > 2 else "")
+
+
+def compile_kernel_library(dispatcher, signature, cc):
+    """Compile ``dispatcher`` (a ``@cuda.jit`` kernel) for ``signature`` and ``cc``.
+
+    Mirrors ``numba.cuda.dispatcher._Kernel.__init__`` without touching a device, so the
+    returned code library links (``lib.get_cubin(cc)``) exactly as a launch would: LTO-IR
+    through nvJitLink unless the kernel was declared with ``lto=False`` or ``debug=True``.
+    Returns ``(library, entry_name)``.
+    """
+    opts = dispatcher.targetoptions
+    argtypes, restype = sigutils.normalize_signature(signature)
+    if restype not in (None, types.void):
+        raise TypeError("kernels return void; got a signature returning %s" % restype)
+    debug = opts.get("debug", False)
+    lto = opts.get("lto")
+    if lto is None:
+        from numba.cuda.cudadrv.driver import _have_nvjitlink
+
+        lto = _have_nvjitlink() and not debug
+    nvvm_options = {"fastmath": opts.get("fastmath", False), "opt": 3 if opts.get("opt", True) else 0}
+    if debug:
+        nvvm_options["g"] = None
+    cres = compile_cuda(
+        dispatcher.py_func,
+        types.void,
+        argtypes,
+        debug=debug,
+        lineinfo=opts.get("lineinfo", False),
+        forceinline=opts.get("forceinline", False),
+        fastmath=opts.get("fastmath", False),
+        nvvm_options=nvvm_options,
+        cc=cc,
+        max_registers=opts.get("max_registers"),
+        lto=lto,
+    )
+    lib = cres.library
+    name = cres.fndesc.llvm_func_name
+    kernel = lib.get_function(name)
+    lib._entry_name = name
+    kernel_fixup(kernel, debug)
+    nvvm.set_launch_bounds(kernel, opts.get("launch_bounds"))
+    return lib, name
+
+
+def relink_verbose(library, cc) -> str:
+    """Relink ``library`` for ``cc`` exactly as numba does, with ``ptxas -v``; return the log.
+
+    numba's own link keeps no resource report; this second link of the same objects with the
+    same options adds only the verbose flag.
+    """
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+
+    if library._lto:
+        objects = [ObjectCode.from_ltoir(library.get_ltoir(cc=cc))]
+    else:
+        objects = [ObjectCode.from_ptx(p.encode()) for p in library.get_asm_strs(cc=cc)]
+    options = LinkerOptions(
+        arch=_arch(cc),
+        max_register_count=library._max_registers or None,
+        link_time_optimization=True if library._lto else None,
+        ptxas_options="-v",
+    )
+    linker = Linker(*objects, options=options)
+    try:
+        linker.link("cubin")
+        return linker.get_info_log() or ""
+    finally:
+        linker.close()
+
+
+# --- launch-side internals ---------------------------------------------------------
+
+
+def kernel_for_args(dispatcher, args):
+    """The compiled ``_Kernel`` that ``dispatcher[...](*args)`` would launch (compiles once)."""
+    if dispatcher.specialized:
+        return next(iter(dispatcher.overloads.values()))
+    argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
+    kernel = dispatcher.overloads.get(argtypes)
+    if kernel is None:
+        kernel = dispatcher.compile(argtypes)
+    return kernel
+
+
+def pack_kernel_args(kernel, args, stream=0):
+    """Flatten ``args`` into the kernel's parameter list exactly as numba's launch does."""
+    packed, writeback = [], []
+    for ty, val in zip(kernel.argument_types, args):
+        kernel._prepare_args(ty, val, stream, writeback, packed)
+    if writeback:
+        raise TypeError(
+            "host arrays were passed to a kernel launched by numba_hopper.launch; "
+            "copy them to the device first"
+        )
+    return packed
+
+
+def cu_kernel(kernel):
+    """The cuda.core ``Kernel`` (wrapping a ``CUkernel``) of a ``_Kernel`` in this context."""
+    cufunc = kernel._codelibrary.get_cufunc()
+    kernel.initialize_once(cufunc.module)
+    return cufunc.kernel

@@ -1,0 +1,157 @@
+"""Compile a ``@cuda.jit`` kernel for sm_90a on any machine and report what it became.
+
+No GPU or driver is needed: PTX comes from NVVM, the cubin from numba's own default link
+path (LTO-IR through nvJitLink, the same bytes a launch would load), the SASS from
+``nvdisasm`` and the resource counts from ptxas' report of the same link::
+
+    from numba_hopper.inspect import inspect_kernel
+    report = inspect_kernel(my_kernel, "void(float32[::1])")
+    assert report.count("HGMMA") and report.spill_bytes == 0
+    print(report.summary())
+
+Set ``NUMBA_HOPPER_DUMP=ptx,sass`` to print those for every kernel inspected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from . import _numba_internals as _internals
+
+HOPPER_CC = (9, 0, "a")
+KEY_OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "UTMAPF", "UTMAREDG", "UBLKCP", "USETMAXREG",
+               "SYNCS", "ELECT", "STSM", "LDSM", "UCGABAR_ARV", "UCGABAR_WAIT")
+
+__all__ = ["inspect_kernel", "KernelReport", "ToolNotFoundError", "find_tool", "HOPPER_CC"]
+
+
+class ToolNotFoundError(RuntimeError):
+    """A CUDA binary utility (nvdisasm, cuobjdump) is not installed."""
+
+
+def find_tool(name: str) -> str:
+    """Path of a CUDA binary utility: the pip wheels first, then CUDA_HOME, then PATH."""
+    try:
+        from cuda.pathfinder import find_nvidia_binary_utility
+
+        path = find_nvidia_binary_utility(name)
+    except Exception:  # older cuda-pathfinder, or not installed
+        path = None
+    path = path or shutil.which(name)
+    if not path:
+        raise ToolNotFoundError(
+            f"'{name}' was not found. Install the test extra (pip install 'numba-hopper[test]', "
+            f"which brings nvidia-cuda-nvdisasm and nvidia-cuda-cuobjdump) or put a CUDA 13 "
+            f"toolkit's bin directory on PATH."
+        )
+    return path
+
+
+_PTXAS_USAGE = re.compile(r"Used (\d+) registers")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+@dataclass
+class KernelReport:
+    """What a kernel compiled to. ``opcodes`` counts full SASS mnemonics."""
+
+    name: str
+    cc: tuple
+    ptx: str
+    cubin: bytes
+    sass: str
+    link_log: str
+    registers: int
+    stack_frame: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    static_shared: int
+    opcodes: Counter = field(repr=False)
+
+    @property
+    def spill_bytes(self) -> int:
+        return self.spill_store_bytes + self.spill_load_bytes
+
+    @cached_property
+    def warnings(self) -> list:
+        """ptxas/nvJitLink warnings, e.g. C7504/C7508 (setmaxnreg ignored), C7517 (wgmma wait)."""
+        return [l.strip() for l in self.link_log.splitlines() if "warning" in l.lower()]
+
+    def count(self, prefix: str) -> int:
+        """Number of SASS instructions whose mnemonic is ``prefix`` or starts with ``prefix.``."""
+        return sum(n for op, n in self.opcodes.items() if op == prefix or op.startswith(prefix + "."))
+
+    def key_opcodes(self) -> dict:
+        return {op: self.count(op) for op in KEY_OPCODES if self.count(op)}
+
+    def summary(self) -> str:
+        ops = ", ".join(f"{k} x{v}" for k, v in self.key_opcodes().items()) or "none"
+        lines = [
+            f"{self.name} [sm_{self.cc[0]}{self.cc[1]}{self.cc[2] if len(self.cc) > 2 else ''}]",
+            f"  registers {self.registers}, spill {self.spill_store_bytes}+{self.spill_load_bytes} B, "
+            f"stack frame {self.stack_frame} B, static smem {self.static_shared} B",
+            f"  key SASS: {ops}",
+        ]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def _disassemble(cubin: bytes) -> str:
+    nvdisasm = find_tool("nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        out = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    if out.returncode:
+        raise RuntimeError(f"nvdisasm failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def _first_int(pattern, text, group=1, default=0):
+    m = pattern.search(text)
+    return int(m.group(group)) if m else default
+
+
+def inspect_kernel(kernel, signature, cc=HOPPER_CC) -> KernelReport:
+    """Compile ``kernel`` (a ``@cuda.jit`` dispatcher) for ``signature`` and ``cc``; report.
+
+    ``signature`` is anything ``cuda.jit`` accepts: a string such as
+    ``"void(float32[::1])"`` or a tuple of numba types.
+    """
+    lib, entry = _internals.compile_kernel_library(kernel, signature, cc)
+    cubin = lib.get_cubin(cc=cc).code
+    log = _internals.relink_verbose(lib, cc)
+    sass = _disassemble(cubin)
+    opcodes = Counter(m.group(1) for m in _SASS_LINE.finditer(sass))
+    frame = _PTXAS_FRAME.search(log)
+    report = KernelReport(
+        name=kernel.py_func.__name__,
+        cc=cc,
+        ptx=lib.get_asm_str(cc=cc),
+        cubin=cubin,
+        sass=sass,
+        link_log=log,
+        registers=_first_int(_PTXAS_USAGE, log),
+        stack_frame=int(frame.group(1)) if frame else 0,
+        spill_store_bytes=int(frame.group(2)) if frame else 0,
+        spill_load_bytes=int(frame.group(3)) if frame else 0,
+        static_shared=_first_int(_PTXAS_SMEM, log),
+        opcodes=opcodes,
+    )
+    dump = os.environ.get("NUMBA_HOPPER_DUMP", "")
+    for what in ("ptx", "sass"):
+        if what in dump:
+            print(f"==== {what.upper()} {report.name} ====\n{getattr(report, what)}")
+    return report
