@@ -4,6 +4,18 @@ Use them inside any ``@cuda.jit`` kernel compiled for ``cc=(9, 0, "a")`` (numba-
 this on its own when it launches on a Hopper GPU). Shared-memory operands (mbarriers,
 TMA destinations, wgmma tiles) are 32-bit shared-state-space addresses (``uint32``): see
 ``shared_address`` and ``dynamic_shared_base``.
+
+Modules: ``mbarrier`` (async transaction barriers), ``wgmma`` (warpgroup MMA), ``sync``
+(fences, elect.sync, named barriers, setmaxnreg), ``smem`` (shared addresses, dynamic
+shared memory, matrix descriptors), ``matrix`` (ldmatrix/stmatrix), ``tma`` (bulk tensor
+copies), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers).
 """
 
 from ._ptx import Choice, Const, ptx_intrinsic  # noqa: F401
+from .cluster import *  # noqa: F401,F403
+from .matrix import *  # noqa: F401,F403
+from .mbarrier import *  # noqa: F401,F403
+from .smem import *  # noqa: F401,F403
+from .sync import *  # noqa: F401,F403
+from .tma import *  # noqa: F401,F403
+from .wgmma import *  # noqa: F401,F403
