@@ -10,6 +10,8 @@ What is private and why:
   ``_Kernel.__init__`` (compile_cuda + kernel_fixup + launch bounds + LTO link);
 - the linker, to relink the same LTO-IR verbosely for ptxas' resource report;
 - LLVM helpers for declaring shared-memory globals in an intrinsic (cgutils);
+- an ``@intrinsic`` that prefers literal argument types (``literal_intrinsic``): the public
+  ``numba.cuda.extending.intrinsic`` takes no options;
 - the per-signature ``_Kernel`` object, its argument packing and its ``CUkernel`` handle,
   used by the cluster/large-shared-memory launcher.
 """
@@ -21,15 +23,28 @@ from numba.cuda import types
 from numba.cuda.compiler import compile_cuda, kernel_fixup
 from numba.cuda.core import sigutils
 from numba.cuda.cudadrv import nvvm
+from numba.cuda.extending import _intrinsic
 
 __all__ = [
     "cgutils",
+    "literal_intrinsic",
     "compile_kernel_library",
     "relink_verbose",
     "kernel_for_args",
     "pack_kernel_args",
     "cu_kernel",
 ]
+
+
+def literal_intrinsic(func):
+    """``@intrinsic`` whose typer sees literal argument types first.
+
+    numba types a call twice at most: by default with non-literal types first, then with
+    literal ones. Preferring literals lets a typer that needs a compile-time constant reject
+    a run-time value at once, with its own message (the fallback call, with non-literal
+    types, then fails too and numba reports both).
+    """
+    return _intrinsic(target="cuda", prefer_literal=True)(func)
 
 
 def _arch(cc) -> str:

@@ -57,6 +57,7 @@ def find_tool(name: str) -> str:
 _PTXAS_USAGE = re.compile(r"Used (\d+) registers")
 _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+_PTXAS_CODE = re.compile(r"\(C\d{4}\)")
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
@@ -83,8 +84,23 @@ class KernelReport:
 
     @cached_property
     def warnings(self) -> list:
-        """ptxas/nvJitLink warnings, e.g. C7504/C7508 (setmaxnreg ignored), C7517 (wgmma wait)."""
-        return [l.strip() for l in self.link_log.splitlines() if "warning" in l.lower()]
+        """ptxas/nvJitLink warnings, e.g. C7504/C7508 (setmaxnreg ignored), C7517 (wgmma wait).
+
+        ptxas prints some of them as ``info`` lines with a code (``ptxas info : (C7508)
+        Potential Performance Loss: 'setmaxnreg' ignored; ...``): those count too.
+        """
+        return [l.strip() for l in self.link_log.splitlines()
+                if "warning" in l.lower() or _PTXAS_CODE.search(l)]
+
+    @property
+    def setmaxnreg_ignored(self) -> bool:
+        """True when the PTX has ``setmaxnreg`` but the SASS has no ``USETMAXREG``.
+
+        ptxas drops setmaxnreg (info C7508) when it cannot tell the register count at kernel
+        entry: declare ``@cuda.jit(launch_bounds=(threads, 1))``. It is also dropped (C7504)
+        when the PTX is linked relocatably (``lto=False`` or ``debug=True``).
+        """
+        return "setmaxnreg." in self.ptx and self.count("USETMAXREG") == 0
 
     def count(self, prefix: str) -> int:
         """Number of SASS instructions whose mnemonic is ``prefix`` or starts with ``prefix.``."""

@@ -42,7 +42,8 @@ from typing import Callable, Optional
 
 from llvmlite import ir
 from numba.cuda import types
-from numba.cuda.extending import intrinsic
+
+from .._numba_internals import literal_intrinsic
 
 __all__ = ["Const", "Choice", "ptx_intrinsic", "emit_asm", "REG", "cast_to", "const_value"]
 
@@ -130,9 +131,7 @@ def ptx_intrinsic(name, ptx, *, result=None, pure=False, doc="", **operands):
         for opname, kind, ty in zip(names, operands.values(), argtys):
             if isinstance(kind, Const):
                 v = const_value(ty)
-                if v is None or not isinstance(v, int):
-                    if isinstance(ty, types.Integer):
-                        return None  # numba retries with literal types
+                if v is None or isinstance(v, (bool, str)):
                     raise TypeError(f"{name}: '{opname}' must be a compile-time integer constant; got {ty}")
                 err = kind.check(int(v)) if kind.check else None
                 if err:
@@ -141,9 +140,7 @@ def ptx_intrinsic(name, ptx, *, result=None, pure=False, doc="", **operands):
             elif isinstance(kind, Choice):
                 v = const_value(ty)
                 if v is None:
-                    if isinstance(ty, types.UnicodeType):
-                        return None
-                    raise TypeError(f"{name}: '{opname}' must be one of {kind.options}; got {ty}")
+                    raise TypeError(f"{name}: '{opname}' must be a string literal, one of {kind.options}; got {ty}")
                 if v not in kind.options:
                     raise TypeError(f"{name}: '{opname}' must be one of {kind.options}; got {v!r}")
                 consts[opname] = v
@@ -162,7 +159,8 @@ def ptx_intrinsic(name, ptx, *, result=None, pure=False, doc="", **operands):
                 constraints.append(REG[operands[n]][1])
         slots.update(consts)
         text = _FIELD.sub(lambda m: slots.get(m.group(1), m.group(0)), ptx)
-        sig = ret_numba(*argtys)
+        # Constants keep their literal type (one lowering per value); registers do not.
+        sig = ret_numba(*[t if n in consts else types.unliteral(t) for n, t in zip(names, argtys)])
 
         def codegen(context, builder, sig, args):
             vals = [
@@ -184,7 +182,7 @@ def ptx_intrinsic(name, ptx, *, result=None, pure=False, doc="", **operands):
     exec(f"def {name}({params}):\n    return typer({params})\n", ns)
     fn = ns[name]
     fn.__doc__ = doc or None
-    wrapped = intrinsic(fn)
+    wrapped = literal_intrinsic(fn)
     wrapped.__doc__ = _describe(name, ptx, operands, result, doc)
     return wrapped
 
