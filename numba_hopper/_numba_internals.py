@@ -33,6 +33,7 @@ __all__ = [
     "kernel_for_args",
     "pack_kernel_args",
     "cu_kernel",
+    "static_shared_bytes",
 ]
 
 
@@ -124,18 +125,29 @@ def relink_verbose(library, cc) -> str:
 
 
 def kernel_for_args(dispatcher, args):
-    """The compiled ``_Kernel`` that ``dispatcher[...](*args)`` would launch (compiles once)."""
+    """The compiled ``_Kernel`` that ``dispatcher[...](*args)`` would launch (compiles once).
+
+    Exact argument types first (compiling them if the dispatcher may); a dispatcher declared
+    with one signature and no further compilation gets that signature, whose scalar
+    parameters numba's packing converts to.
+    """
     if dispatcher.specialized:
         return next(iter(dispatcher.overloads.values()))
     argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
     kernel = dispatcher.overloads.get(argtypes)
-    if kernel is None:
-        kernel = dispatcher.compile(argtypes)
-    return kernel
+    if kernel is not None:
+        return kernel
+    if not dispatcher._can_compile and len(dispatcher.overloads) == 1:
+        return next(iter(dispatcher.overloads.values()))
+    return dispatcher.compile(argtypes)
 
 
 def pack_kernel_args(kernel, args, stream=0):
     """Flatten ``args`` into the kernel's parameter list exactly as numba's launch does."""
+    if len(args) != len(kernel.argument_types):
+        raise TypeError(
+            f"the kernel takes {len(kernel.argument_types)} arguments ({kernel.argument_types}); got {len(args)}"
+        )
     packed, writeback = [], []
     for ty, val in zip(kernel.argument_types, args):
         kernel._prepare_args(ty, val, stream, writeback, packed)
@@ -148,7 +160,12 @@ def pack_kernel_args(kernel, args, stream=0):
 
 
 def cu_kernel(kernel):
-    """The cuda.core ``Kernel`` (wrapping a ``CUkernel``) of a ``_Kernel`` in this context."""
+    """The cuda.core ``Kernel`` (wrapping a ``CUkernel``) of a ``_Kernel`` in the current context."""
     cufunc = kernel._codelibrary.get_cufunc()
     kernel.initialize_once(cufunc.module)
     return cufunc.kernel
+
+
+def static_shared_bytes(kernel) -> int:
+    """Static shared memory of a compiled ``_Kernel`` (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)."""
+    return int(kernel._codelibrary.get_cufunc().attrs.shared)
