@@ -25,9 +25,10 @@ Operands are declared as keyword arguments, in call order, each with a kind:
 constants). Braces that do not enclose a declared operand name are left alone, so PTX
 scope blocks (``{ .reg .pred p; ... }``) need no escaping.
 
-``result`` is ``None`` (void), a register kind (the PTX writes it as ``{out}``), or
+``result`` is ``None`` (void), a register kind (the PTX writes it as ``{out}``),
 ``"bool"``: the PTX writes a ``u32`` 0/1 into ``{out}`` (usually through ``selp``) and the
-intrinsic returns a numba boolean.
+intrinsic returns a numba boolean, or ``(kind, count)``: the PTX writes ``{out0}`` ..
+``{out<count-1>}`` and the intrinsic returns a ``UniTuple`` of ``count`` (``ldmatrix``).
 
 By default an intrinsic is a volatile asm with a memory clobber, which is what every
 synchronizing or memory instruction needs. ``pure=True`` lets LLVM CSE and hoist it
@@ -119,10 +120,17 @@ _FIELD = re.compile(r"\{(\w+)\}")
 def ptx_intrinsic(name, ptx, *, result=None, pure=False, doc="", **operands):
     """Build a numba intrinsic called ``name`` from ``ptx`` (see the module docstring)."""
     names = list(operands)
-    result_kind = "u32" if result == "bool" else result
-    if result is not None and "out" not in ptx:
-        raise ValueError(f"{name}: a result needs {{out}} in the PTX template")
-    ret_numba = types.boolean if result == "bool" else (REG[result][2] if result else types.void)
+    if isinstance(result, tuple):
+        result_kind, nout = result
+        outs = [f"out{i}" for i in range(nout)]
+        ret_numba = types.UniTuple(REG[result_kind][2], nout)
+    else:
+        result_kind = "u32" if result == "bool" else result
+        outs = ["out"] if result else []
+        ret_numba = types.boolean if result == "bool" else (REG[result][2] if result else types.void)
+    for o in outs:
+        if "{%s}" % o not in ptx:
+            raise ValueError(f"{name}: the result needs {{{o}}} in the PTX template")
 
     def typer(typingctx, *argtys):
         if len(argtys) != len(names):
@@ -147,11 +155,11 @@ def ptx_intrinsic(name, ptx, *, result=None, pure=False, doc="", **operands):
             elif not isinstance(ty, (types.Integer, types.Boolean, types.Float)):
                 raise TypeError(f"{name}: '{opname}' must be a number ({kind}); got {ty}")
 
-        # Registers are numbered: the result first ($0), then run-time operands in order.
+        # Registers are numbered: the results first ($0...), then run-time operands in order.
         slots = {}
         constraints = []
-        if result_kind:
-            slots["out"] = "$0"
+        for o in outs:
+            slots[o] = "$%d" % len(constraints)
             constraints.append("=" + REG[result_kind][1])
         for n in names:
             if n not in consts:
@@ -168,11 +176,17 @@ def ptx_intrinsic(name, ptx, *, result=None, pure=False, doc="", **operands):
                 for n, v, t in zip(names, args, sig.args)
                 if n not in consts
             ]
-            out_ty = REG[result_kind][0] if result_kind else None
+            out_ty = None
+            if outs:
+                llty = REG[result_kind][0]
+                out_ty = ir.LiteralStructType([llty] * len(outs)) if len(outs) > 1 else llty
             res = emit_asm(builder, text, ",".join(constraints), vals, out_ty, side_effect=not pure)
             if result == "bool":
                 return builder.icmp_unsigned("!=", res, ir.Constant(res.type, 0))
-            return res if result_kind else None
+            if isinstance(result, tuple):
+                items = [builder.extract_value(res, i) for i in range(len(outs))] if len(outs) > 1 else [res]
+                return context.make_tuple(builder, sig.return_type, items)
+            return res if outs else None
 
         return sig, codegen
 
