@@ -18,6 +18,8 @@ What is private and why:
 
 from __future__ import annotations
 
+import contextlib
+
 from numba.cuda import cgutils  # noqa: F401  (re-exported for intrinsics)
 from numba.cuda import types
 from numba.cuda.compiler import compile_cuda, kernel_fixup
@@ -52,6 +54,32 @@ def _arch(cc) -> str:
     return "sm_%d%d%s" % (cc[0], cc[1], cc[2] if len(cc) > 2 else "")
 
 
+class _AssumedDevice:
+    """Stands in for the current device while compiling for an explicit ``cc``."""
+
+    def __init__(self, cc):
+        self.compute_capability = tuple(cc[:2])
+
+
+@contextlib.contextmanager
+def _assume_device(cc):
+    """Make numba compile device functions for ``cc`` without asking the driver.
+
+    ``Dispatcher.compile_device`` reads the current device's compute capability, so a
+    kernel that calls a ``@cuda.jit(device=True)`` function cannot be compiled on a machine
+    without a GPU otherwise. The capability only selects lowering flags (the target arch
+    comes from the explicit ``cc`` at link time).
+    """
+    from numba.cuda import dispatcher as _dispatcher
+
+    saved = _dispatcher.get_current_device
+    _dispatcher.get_current_device = lambda: _AssumedDevice(cc)
+    try:
+        yield
+    finally:
+        _dispatcher.get_current_device = saved
+
+
 def compile_kernel_library(dispatcher, signature, cc):
     """Compile ``dispatcher`` (a ``@cuda.jit`` kernel) for ``signature`` and ``cc``.
 
@@ -73,19 +101,20 @@ def compile_kernel_library(dispatcher, signature, cc):
     nvvm_options = {"fastmath": opts.get("fastmath", False), "opt": 3 if opts.get("opt", True) else 0}
     if debug:
         nvvm_options["g"] = None
-    cres = compile_cuda(
-        dispatcher.py_func,
-        types.void,
-        argtypes,
-        debug=debug,
-        lineinfo=opts.get("lineinfo", False),
-        forceinline=opts.get("forceinline", False),
-        fastmath=opts.get("fastmath", False),
-        nvvm_options=nvvm_options,
-        cc=cc,
-        max_registers=opts.get("max_registers"),
-        lto=lto,
-    )
+    with _assume_device(cc):
+        cres = compile_cuda(
+            dispatcher.py_func,
+            types.void,
+            argtypes,
+            debug=debug,
+            lineinfo=opts.get("lineinfo", False),
+            forceinline=opts.get("forceinline", False),
+            fastmath=opts.get("fastmath", False),
+            nvvm_options=nvvm_options,
+            cc=cc,
+            max_registers=opts.get("max_registers"),
+            lto=lto,
+        )
     lib = cres.library
     name = cres.fndesc.llvm_func_name
     kernel = lib.get_function(name)

@@ -15,6 +15,7 @@ from ._ptx import Choice, Const, ptx_intrinsic  # noqa: F401
 from .cluster import *  # noqa: F401,F403
 from .matrix import *  # noqa: F401,F403
 from .mbarrier import *  # noqa: F401,F403
+from .registers import *  # noqa: F401,F403
 from .smem import *  # noqa: F401,F403
 from .sync import *  # noqa: F401,F403
 from .tma import *  # noqa: F401,F403

@@ -30,6 +30,7 @@ __all__ = [
     "shared_array",
     "ld_shared_u32",
     "st_shared_u32",
+    "st_shared_v2_f32",
     "matrix_descriptor",
     "matrix_descriptor_host",
     "SWIZZLE_CODES",
@@ -167,6 +168,15 @@ st_shared_u32 = ptx_intrinsic(
     addr="u32",
     value="u32",
     doc="PTX ISA 9.7.9.10 st: 32-bit store to a .shared::cta address",
+)
+
+st_shared_v2_f32 = ptx_intrinsic(
+    "st_shared_v2_f32",
+    "st.shared::cta.v2.f32 [{addr}], {{x}, {y}};",
+    addr="u32",
+    x="f32",
+    y="f32",
+    doc="PTX ISA 9.7.9.10 st: two float32 to an 8-byte-aligned .shared::cta address",
 )
 
 

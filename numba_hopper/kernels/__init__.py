@@ -1,6 +1,19 @@
 """Kernels built from numba_hopper.intrinsics, and the list ``python -m numba_hopper`` reports on."""
 
+# The GEMM kernel takes three descriptor addresses and M, N, K, all passed as Python ints.
+GEMM_SIGNATURE = "void(int64, int64, int64, int64, int64, int64)"
+
 
 def shipped_kernels():
     """``[(label, dispatcher, signature), ...]`` for every kernel the package ships."""
-    return []
+    from .gemm_sm90 import GemmConfig, make_gemm_kernel
+
+    configs = [
+        GemmConfig("bf16", "bf16", "K", "N"),
+        GemmConfig("bf16", "f32", "M", "K", stages=3),
+    ]
+    return [
+        (f"gemm {c.in_dtype}->{c.out_dtype} A {c.a_major}-major, B {c.b_major}-major, "
+         f"{c.block_m}x{c.block_n}x64, {c.stages} stages", make_gemm_kernel(c), GEMM_SIGNATURE)
+        for c in configs
+    ]

@@ -1,0 +1,157 @@
+"""numba_hopper.gemm vs cuBLAS (torch.matmul), same process, same inputs.
+
+Method (benchmarks/NOTES.md): for each shape, enough input sets to exceed twice the L2 are
+rotated so no call reads a cached operand; CUDA events time ``reps`` calls in a row; the
+two libraries alternate in rounds (ours, cuBLAS, cuBLAS, ours, ...) so clock sag under
+the H100's power limit hits both alike; each library's figure is the median over rounds.
+Every shape is checked against float64 before it is timed.
+
+    python benchmarks/bench_gemm.py                 # the full suite
+    python benchmarks/bench_gemm.py --quick         # 4096^3 and 8192^3 only
+    python benchmarks/bench_gemm.py --shapes 4096x4096x4096 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from numba_hopper.gemm import gemm  # noqa: E402
+
+# (name, M, N, K, dtype, layout)
+SUITE = [
+    ("1024^3", 1024, 1024, 1024, "bf16", "RR"),
+    ("2048^3", 2048, 2048, 2048, "bf16", "RR"),
+    ("4096^3", 4096, 4096, 4096, "bf16", "RR"),
+    ("6144^3", 6144, 6144, 6144, "bf16", "RR"),
+    ("8192^3", 8192, 8192, 8192, "bf16", "RR"),
+    ("8192x8192x1024", 8192, 8192, 1024, "bf16", "RR"),
+    ("4096x4096x512", 4096, 4096, 512, "bf16", "RR"),
+    ("16384x4096x4096", 16384, 4096, 4096, "bf16", "RR"),
+    ("1792x1280x4096 (140 tiles)", 1792, 1280, 4096, "bf16", "RR"),
+    ("1920x1280x4096 (150 tiles)", 1920, 1280, 4096, "bf16", "RR"),
+    ("1000^3", 1000, 1000, 1000, "bf16", "RR"),
+    ("4096^3 fp16", 4096, 4096, 4096, "f16", "RR"),
+    ("4096^3 RC", 4096, 4096, 4096, "bf16", "RC"),
+    ("4096^3 CR", 4096, 4096, 4096, "bf16", "CR"),
+    ("4096^3 CC", 4096, 4096, 4096, "bf16", "CC"),
+]
+TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def _operand(rows, cols, dtype, major):
+    if major == "R":
+        return torch.randn(rows, cols, device="cuda", dtype=TORCH_DTYPE[dtype])
+    return torch.randn(cols, rows, device="cuda", dtype=TORCH_DTYPE[dtype]).t()
+
+
+def _time(fn, sets, reps):
+    """Milliseconds per call over ``reps`` calls rotating through ``sets``."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(reps):
+        fn(*sets[i % len(sets)])
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes):
+    set_bytes = 2 * (M * K + K * N + M * N)
+    nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
+    sets = [(_operand(M, K, dtype, layout[0]), _operand(K, N, dtype, layout[1]),
+             torch.empty(M, N, device="cuda", dtype=TORCH_DTYPE[dtype])) for _ in range(nsets)]
+
+    def ours(a, b, c):
+        gemm(a, b, out=c)
+
+    def cublas(a, b, c):
+        torch.matmul(a, b, out=c)
+
+    a, b, c = sets[0]
+    ours(a, b, c)
+    ref = a.double() @ b.double()
+    err = ((c.double() - ref).norm() / ref.norm()).item()
+    if not err < 1e-2:
+        raise AssertionError(f"{M}x{N}x{K} {dtype} {layout}: relative error {err}")
+    # Warm up both (compile, clocks), then pick reps so one timing lasts ~20 ms.
+    for fn in (ours, cublas):
+        _time(fn, sets, 3)
+    est = _time(cublas, sets, 5)
+    reps = max(5, min(200, int(20 / max(est, 1e-3))))
+    times = {"ours": [], "cublas": []}
+    for r in range(rounds):
+        order = ("ours", "cublas") if r % 2 == 0 else ("cublas", "ours")
+        for name in order:
+            times[name].append(_time(ours if name == "ours" else cublas, sets, reps))
+    flops = 2.0 * M * N * K
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "ours_tflops": flops / med["ours"] / 1e9,
+        "cublas_tflops": flops / med["cublas"] / 1e9,
+        "ratio": med["cublas"] / med["ours"],
+        "rel_error": err,
+        "ours_ms": med["ours"],
+        "cublas_ms": med["cublas"],
+    }
+
+
+def _parse_shape(s):
+    m, n, k = (int(x) for x in s.lower().split("x"))
+    return (s, m, n, k, "bf16", "RR")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="4096^3 and 8192^3 only")
+    p.add_argument("--shapes", nargs="*", help="MxNxK shapes (bf16, RR) instead of the suite")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--json", help="results file (default benchmarks/results/gemm-<date>.json)")
+    args = p.parse_args(argv)
+
+    suite = [_parse_shape(s) for s in args.shapes] if args.shapes else SUITE
+    if args.quick:
+        suite = [s for s in SUITE if s[0] in ("4096^3", "8192^3")]
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 * 2**20)
+    records = []
+    for name, M, N, K, dtype, layout in suite:
+        r = bench_shape(M, N, K, dtype, layout, args.rounds, l2)
+        records.append({"name": name, "M": M, "N": N, "K": K, "batch": 1, "dtype": dtype,
+                        "layout": layout, **r})
+        print(f"{name:28s} ours {r['ours_tflops']:7.1f}  cuBLAS {r['cublas_tflops']:7.1f} TFLOP/s"
+              f"  ratio {r['ratio']:.3f}", flush=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=ROOT).stdout.strip() or os.environ.get("GIT_COMMIT", "unknown")
+    except OSError:
+        commit = os.environ.get("GIT_COMMIT", "unknown")
+    result = {"gpu": props.name, "date": datetime.date.today().isoformat(), "commit": commit,
+              "records": records}
+    out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"gemm-{result['date']}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+    print(f"\n| shape | ours TFLOP/s | cuBLAS TFLOP/s | ratio |\n|---|---|---|---|")
+    for r in records:
+        print(f"| {r['name']} | {r['ours_tflops']:.1f} | {r['cublas_tflops']:.1f} | {r['ratio']:.3f} |")
+    big = [r["ratio"] for r in records if min(r["M"], r["N"], r["K"]) >= 2048]
+    if big:
+        print(f"geomean ratio (M,N,K >= 2048): {math.exp(sum(map(math.log, big)) / len(big)):.3f}")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

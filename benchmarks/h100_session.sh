@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device-machine call: set up, run the GPU tests, the main job and the GEMM benchmark.
+#   bash benchmarks/h100_session.sh [tests|main|bench|quick|sanitize]...   (default: tests main quick)
+# Logs and results land in $OUT (the device tool brings them back). numba-cuda 0.30.4 needs
+# NumPy < 2.5: the wheel in .whl/ (carried with the call) is installed into .site first.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target .site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=$PWD/.site:$PWD PYTHONUNBUFFERED=1
+steps=${*:-tests main quick}
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv
+  python3 -c "import numpy, numba_cuda, cuda.core, cuda.bindings, torch; print('numpy', numpy.__version__, 'numba-cuda', numba_cuda.__version__, 'cuda.core', cuda.core.__version__, 'cuda.bindings', cuda.bindings.__version__, 'torch', torch.__version__)"
+} 2>&1 | tee "$OUT/env.txt"
+status=0
+for step in $steps; do
+  case $step in
+    tests) python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -40; status=$((status | PIPESTATUS[0])) ;;
+    main) python3 -m numba_hopper 2>&1 | tee "$OUT/main.log" ;;
+    quick) python3 benchmarks/bench_gemm.py --quick --json "$OUT/bench-quick.json" 2>&1 | tee "$OUT/bench-quick.log" ;;
+    bench) python3 benchmarks/bench_gemm.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" ;;
+    sanitize) bash benchmarks/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" ;;
+  esac
+done
+exit $status

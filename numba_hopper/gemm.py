@@ -1,0 +1,225 @@
+"""``numba_hopper.gemm``: ``out = a @ b`` on Hopper with the warp-specialized TMA/wgmma kernel.
+
+Inputs are bf16 or fp16 (fp32 accumulation), outputs bf16, fp16 or fp32. Each of ``a``,
+``b`` and ``out`` may be row-major or column-major (a leading dimension larger than the
+extent is fine); the layouts reach the kernel through the TMA descriptors and the wgmma
+transpose bits, never through copies. A column-major ``out`` is computed as
+``out.T = b.T @ a.T``, which is the same kernel on swapped, transposed operands.
+
+The one case that copies: TMA needs 16-byte-aligned base addresses and leading dimensions
+that are multiples of 16 bytes. An operand that breaks that (say a row-major bf16 matrix
+with 1001 columns, or a slice starting at an odd element) is first copied into an aligned
+row-major scratch buffer; ``out`` must satisfy it (pass none and one is allocated).
+
+Arrays: PyTorch tensors (bf16 included), CuPy arrays, numba device arrays and anything with
+``__cuda_array_interface__``. numba has no bf16 dtype: hold bf16 data in ``uint16`` arrays
+and pass ``dtype="bf16"`` (``out_dtype="bf16"`` then allocates a ``uint16`` result).
+The result is of the caller's kind: ``out`` if given, else a new array like ``a``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ._arrays import DeviceView, device_view
+from ._device import hopper_device_reason
+from .kernels.gemm_sm90 import GEMM_THREADS, GemmConfig, make_gemm_kernel, max_stages
+from .launch import as_stream_handle, device_limits, launch
+from .tensormap import TensorMap
+
+__all__ = ["gemm", "GemmConfig"]
+
+INPUT_DTYPES = ("bf16", "f16")
+OUTPUT_DTYPES = ("bf16", "f16", "f32")
+
+
+def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None):
+    """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N).
+
+    ``out_dtype``: "bf16", "f16" or "f32" (default: the input dtype, or ``out``'s dtype).
+    ``dtype``: how to read ``uint16`` inputs ("bf16" or "f16"), for arrays without bf16.
+    ``stream``: a numba, CuPy or PyTorch stream or a raw ``CUstream`` handle; default the
+    current PyTorch stream for PyTorch inputs, else the default stream.
+    ``config``: a :class:`GemmConfig` to override the kernel choice (layouts and dtypes in
+    it are ignored; they come from the arrays).
+
+    Raises ``TypeError`` (dtype, array kind) or ``ValueError`` (shape, layout, device)
+    before anything is launched; ``RuntimeError`` when there is no Hopper GPU.
+    """
+    va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
+    _check_inputs(va, vb)
+    M, K = va.shape
+    N = vb.shape[1]
+    reason = hopper_device_reason()
+    if reason is not None:
+        raise RuntimeError(f"numba_hopper.gemm needs a Hopper GPU (compute capability 9.x): {reason}")
+
+    if out is None:
+        out_dtype = out_dtype or va.dtype
+        _check_dtype("out_dtype", out_dtype, OUTPUT_DTYPES)
+        out = _empty_like(a, (M, N), out_dtype, va)
+        vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
+    else:
+        vo = device_view(out, dtype=out_dtype)
+        _check_out(vo, M, N, va.device, out_dtype)
+    if M == 0 or N == 0:
+        return out
+    handle = as_stream_handle(stream if stream is not None else _default_stream(a))
+    if K == 0:
+        _zero_fill(vo, handle)
+        return out
+
+    if _is_col_major(vo):  # out.T (N x M, row-major) = b.T @ a.T
+        va, vb, vo = _t(vb), _t(va), _t(vo)
+    if not _tma_ok(vo, row_major=True):
+        raise ValueError(
+            f"out must be row- or column-major with a 16-byte-aligned base and a leading dimension "
+            f"that is a multiple of 16 bytes; got strides {vo.strides} (elements) at {vo.ptr:#x}"
+        )
+    va, keep_a = _tma_operand(va, handle)
+    vb, keep_b = _tma_operand(vb, handle)
+    cfg = _choose_config(va, vb, vo, config)
+    kernel = make_gemm_kernel(cfg)
+    tmap_a, tmap_b, tmap_c = _tensor_maps(cfg, va, vb, vo)
+    M, N = vo.shape
+    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    grid = min(tiles, device_limits(vo.device).sm_count)
+    launch(
+        kernel, grid, GEMM_THREADS,
+        (tmap_a.device_ptr, tmap_b.device_ptr, tmap_c.device_ptr, M, N, va.shape[1]),
+        shared_mem=cfg.shared_bytes, stream=handle,
+    )
+    # numba defers frees and cuMemFree synchronizes, so the scratch copies outlive the reads.
+    del keep_a, keep_b
+    return out
+
+
+# --- validation ----------------------------------------------------------------------
+
+
+def _check_dtype(what, dt, allowed):
+    if dt not in allowed:
+        raise TypeError(f"{what} must be one of {allowed}; got {dt!r}")
+
+
+def _check_inputs(va: DeviceView, vb: DeviceView):
+    for name, v in (("a", va), ("b", vb)):
+        if len(v.shape) != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {v.shape}")
+        _check_dtype(f"{name}.dtype", v.dtype, INPUT_DTYPES)
+    if va.dtype != vb.dtype:
+        raise TypeError(f"a and b must have the same dtype; got {va.dtype} and {vb.dtype}")
+    if va.shape[1] != vb.shape[0]:
+        raise ValueError(f"shape mismatch: a is {va.shape}, b is {vb.shape} (a.shape[1] must equal b.shape[0])")
+    if va.device != vb.device:
+        raise ValueError(f"a is on device {va.device} and b on device {vb.device}")
+
+
+def _check_out(vo: DeviceView, M, N, device, out_dtype):
+    if tuple(vo.shape) != (M, N):
+        raise ValueError(f"out has shape {tuple(vo.shape)}, expected {(M, N)}")
+    _check_dtype("out.dtype", vo.dtype, OUTPUT_DTYPES)
+    if out_dtype is not None and out_dtype != vo.dtype:
+        raise TypeError(f"out has dtype {vo.dtype} but out_dtype={out_dtype!r}")
+    if vo.device != device:
+        raise ValueError(f"out is on device {vo.device}, the inputs on device {device}")
+
+
+# --- layouts ---------------------------------------------------------------------------
+
+
+def _t(v: DeviceView) -> DeviceView:
+    """The transpose of a 2-D view (no data moves)."""
+    return dataclasses.replace(v, shape=v.shape[::-1], strides=v.strides[::-1])
+
+
+def _is_row_major(v):
+    rows, cols = v.shape
+    return (v.strides[1] == 1 or cols <= 1) and (v.strides[0] >= cols or rows <= 1)
+
+
+def _is_col_major(v):
+    return not _is_row_major(v) and _is_row_major(_t(v))
+
+
+def _leading_dim(v):
+    """Elements between consecutive rows of a row-major view (>= its width)."""
+    return v.strides[0] if v.shape[0] > 1 else max(v.shape[1], 1)
+
+
+def _tma_ok(v, row_major):
+    w = v if row_major else _t(v)
+    return _is_row_major(w) and v.ptr % 16 == 0 and (_leading_dim(w) * v.itemsize) % 16 == 0
+
+
+def _tma_operand(v, stream):
+    """``v`` itself when TMA can read it in some major order, else an aligned copy."""
+    if _tma_ok(v, row_major=True) or _tma_ok(v, row_major=False):
+        return v, None
+    from ._copy import copy_to_aligned_row_major
+
+    return copy_to_aligned_row_major(v, stream)
+
+
+def _choose_config(va, vb, vo, config):
+    a_major = "K" if _tma_ok(va, row_major=True) else "M"
+    b_major = "N" if _tma_ok(vb, row_major=True) else "K"
+    base = config or GemmConfig()
+    stages = config.stages if config else max_stages(
+        va.dtype, vo.dtype, base.block_n, device_limits(vo.device).max_shared_per_block_optin,
+        a_major=a_major, b_major=b_major,
+    )
+    return dataclasses.replace(base, in_dtype=va.dtype, out_dtype=vo.dtype, a_major=a_major,
+                               b_major=b_major, stages=stages)
+
+
+def _tensor_maps(cfg, va, vb, vo):
+    """TMA descriptors matching the kernel's boxes (see kernels/gemm_sm90.py)."""
+    # K-major A: (M, K) rows of 64 k; M-major A: stored (K, M), 64 x 64 boxes.
+    ta = TensorMap(va, (cfg.block_m, 64), swizzle=128) if cfg.a_major == "K" else TensorMap(_t(va), (64, 64), swizzle=128)
+    # K-major B: stored (N, K); N-major B: (K, N), 64 x 64 boxes.
+    tb = TensorMap(_t(vb), (cfg.block_n, 64), swizzle=128) if cfg.b_major == "K" else TensorMap(vb, (64, 64), swizzle=128)
+    tc = TensorMap(vo, (64, cfg.epi_cols), swizzle=128)
+    return ta, tb, tc
+
+
+# --- arrays of the caller's kind -----------------------------------------------------------
+
+
+def _empty_like(a, shape, dt, va):
+    if va.framework == "torch":
+        import torch
+
+        tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dt]
+        return torch.empty(shape, dtype=tdt, device=a.device)
+    if va.framework == "cupy":
+        import cupy
+
+        if dt == "bf16":
+            return cupy.empty(shape, dtype=cupy.uint16)
+        return cupy.empty(shape, dtype={"f16": cupy.float16, "f32": cupy.float32}[dt])
+    from numba import cuda
+    import numpy as np
+
+    return cuda.device_array(shape, dtype={"bf16": np.uint16, "f16": np.float16, "f32": np.float32}[dt])
+
+
+def _default_stream(a):
+    if type(a).__module__.startswith("torch"):
+        import torch
+
+        return torch.cuda.current_stream(a.device)
+    return None
+
+
+def _zero_fill(v, stream):
+    """``v[...] = 0`` for a row- or column-major view, on ``stream``."""
+    from cuda.bindings import driver
+
+    w = v if _is_row_major(v) else _t(v)
+    rows, cols = w.shape
+    pitch = _leading_dim(w) * v.itemsize
+    (err,) = driver.cuMemsetD2D8Async(v.ptr, pitch, 0, cols * v.itemsize, rows, stream)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuMemsetD2D8Async failed: {err}")
+

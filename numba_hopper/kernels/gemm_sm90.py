@@ -1,0 +1,306 @@
+"""Warp-specialized, persistent TMA + wgmma GEMM for sm_90a: ``C = A @ B``.
+
+One CTA per SM, 384 threads in three warpgroups (seed 000, sections 7-9):
+
+- warpgroup 0, the producer: gives registers back (``setmaxnreg.dec``); one elected
+  thread walks the CTA's tiles and k-blocks, waits for a free ring slot and issues the TMA
+  loads of an A tile (BM x 64) and a B tile (64 x BN) into it;
+- warpgroups 1 and 2, the consumers: take registers (``setmaxnreg.inc``); each owns 64
+  rows of the BM x BN output tile and accumulates them in registers with
+  ``wgmma.m64nBNk16`` (128 f32 per thread for BN = 256). A slot is released one k-block
+  late, once ``wgmma.wait_group 1`` says the wgmmas that read it are done, so the tensor
+  cores always have the next k-block queued.
+- epilogue, per consumer: accumulators -> output dtype -> shared memory (``stmatrix``,
+  128-byte-swizzled like the store's tensor map, so the writes are bank-conflict free)
+  -> ``fence.proxy.async`` -> one thread issues a TMA store of a 64 x 64 (16-bit) or
+  64 x 32 (f32) sub-tile. Two sub-tile buffers per consumer alternate, so a store drains
+  while the next sub-tile is written, and the last stores of a tile drain while the next
+  tile's main loop runs; the producer is meanwhile already loading that next tile.
+
+Layouts: a K-major operand (A row-major, B column-major) is loaded as one box of 64
+k-elements (128 bytes, the 128B swizzle span) by BM or BN rows. An MN-major operand
+(A column-major, B row-major) is loaded as 64 x 64 boxes stacked along M/N and read by
+wgmma with the transpose bit. Partial tiles need no code: TMA zero-fills loads outside
+the tensor and clips stores.
+
+``make_gemm_kernel(config)`` builds (and caches) one kernel per :class:`GemmConfig`; every
+config value is a compile-time constant of that kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from .. import intrinsics as nh
+from ..pipeline import (
+    PipelineState,
+    consumer_release,
+    consumer_wait,
+    pipeline_advance,
+    pipeline_barrier_bytes,
+    pipeline_init,
+    producer_acquire,
+    producer_commit,
+)
+from .scheduler import grouped_tile
+
+__all__ = ["GemmConfig", "make_gemm_kernel", "GEMM_THREADS"]
+
+GEMM_THREADS = 384
+WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
+BLOCK_K = 64  # one 128-byte swizzle row of 16-bit elements
+EPI_ROWS = 64
+EPI_BUF_BYTES = EPI_ROWS * 128  # one 128-byte-wide swizzled sub-tile
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Compile-time configuration of one GEMM kernel.
+
+    ``a_major``: "K" (A row-major) or "M" (A column-major); ``b_major``: "K" (B
+    column-major) or "N" (B row-major). The output is always row-major (the host swaps
+    operands for a column-major output).
+    """
+
+    in_dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    a_major: str = "K"
+    b_major: str = "N"
+    block_m: int = 128
+    block_n: int = 256
+    stages: int = 4
+    group_m: int = 8
+
+    def __post_init__(self):
+        if self.in_dtype not in ("bf16", "f16"):
+            raise ValueError(f"in_dtype must be 'bf16' or 'f16', got {self.in_dtype!r}")
+        if self.out_dtype not in ELEMENT_BYTES:
+            raise ValueError(f"out_dtype must be one of {tuple(ELEMENT_BYTES)}, got {self.out_dtype!r}")
+        if self.a_major not in ("K", "M") or self.b_major not in ("K", "N"):
+            raise ValueError(f"bad operand majors {self.a_major!r}, {self.b_major!r}")
+        if self.block_m != 2 * WG_ROWS:
+            raise ValueError("block_m must be 128 (two consumer warpgroups of 64 rows)")
+        if self.block_n % 64 or not 64 <= self.block_n <= 256:
+            raise ValueError(f"block_n must be 64, 128, 192 or 256, got {self.block_n}")
+        if self.stages < 2:
+            raise ValueError(f"stages must be >= 2, got {self.stages}")
+
+    # --- shared-memory layout (bytes from the 1024-aligned dynamic base) ---
+    @property
+    def a_tile_bytes(self):
+        return self.block_m * BLOCK_K * 2
+
+    @property
+    def b_tile_bytes(self):
+        return self.block_n * BLOCK_K * 2
+
+    @property
+    def epi_cols(self):
+        """Columns of one epilogue sub-tile: 128 bytes of output elements."""
+        return 128 // ELEMENT_BYTES[self.out_dtype]
+
+    @property
+    def b_offset(self):
+        return self.stages * self.a_tile_bytes
+
+    @property
+    def epi_offset(self):
+        return self.b_offset + self.stages * self.b_tile_bytes
+
+    @property
+    def barrier_offset(self):
+        return self.epi_offset + 4 * EPI_BUF_BYTES  # 2 consumers x 2 buffers
+
+    @property
+    def shared_bytes(self):
+        return self.barrier_offset + pipeline_barrier_bytes(self.stages)
+
+
+def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 * 1024, **kw):
+    """The deepest ring that fits in ``shared_limit`` bytes (host-side helper)."""
+    stages = 2
+    while GemmConfig(in_dtype, out_dtype, block_n=block_n, stages=stages + 1, **kw).shared_bytes <= shared_limit:
+        stages += 1
+    return stages
+
+
+@functools.lru_cache(maxsize=None)
+def make_gemm_kernel(cfg: GemmConfig):
+    """The ``@cuda.jit`` kernel ``(tmap_a, tmap_b, tmap_c, M, N, K)`` for ``cfg``.
+
+    ``tmap_*`` are device addresses of TMA descriptors (:mod:`numba_hopper.tensormap`):
+    A and B with 128-byte swizzle and the boxes described in the module docstring, C with
+    box (64 rows, ``cfg.epi_cols`` columns) and 128-byte swizzle.
+    """
+    BM, BN, S, GROUP_M = cfg.block_m, cfg.block_n, cfg.stages, cfg.group_m
+    IN_T = cfg.in_dtype
+    OUT_T = cfg.out_dtype
+    A_K_MAJOR = cfg.a_major == "K"
+    B_K_MAJOR = cfg.b_major == "K"
+    A_TILE, B_TILE = cfg.a_tile_bytes, cfg.b_tile_bytes
+    STAGE_TX = A_TILE + B_TILE
+    B_OFF, EPI_OFF, BAR_OFF = cfg.b_offset, cfg.epi_offset, cfg.barrier_offset
+    MN_BOX_BYTES = 64 * 128  # a 64 x 64 box of an MN-major operand
+    B_BOXES = BN // 64
+    # wgmma descriptors (128B swizzle). K-major: 8-row groups 1024 B apart (SBO), a k16 step
+    # is 32 B along the swizzled row. MN-major: 64-element MN atoms one box apart (LBO),
+    # 8-k groups 1024 B apart (SBO), a k16 step is 16 rows of 128 B.
+    A_LBO, A_KSTEP = (16, 32) if A_K_MAJOR else (MN_BOX_BYTES, 2048)
+    B_LBO, B_KSTEP = (16, 32) if B_K_MAJOR else (MN_BOX_BYTES, 2048)
+    TNSP_A = 0 if A_K_MAJOR else 1
+    TNSP_B = 0 if B_K_MAJOR else 1
+    A_WG_OFF = WG_ROWS * 128  # consumer 1's 64 rows: 64 K-major rows, or the second M box
+    EPI_COLS = cfg.epi_cols
+    EPI_CHUNKS = BN // EPI_COLS
+    CONSUMER_WARPS = 8  # empty-barrier arrivals: one per consumer warp
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0):
+        a_dst = smem + st.stage * A_TILE
+        b_dst = smem + B_OFF + st.stage * B_TILE
+        if A_K_MAJOR:
+            nh.tma_load_2d(a_dst, tmap_a, k0, m0, full)
+        else:
+            nh.tma_load_2d(a_dst, tmap_a, m0, k0, full)
+            nh.tma_load_2d(a_dst + MN_BOX_BYTES, tmap_a, m0 + 64, k0, full)
+        if B_K_MAJOR:
+            nh.tma_load_2d(b_dst, tmap_b, k0, n0, full)
+        else:
+            for i in range(B_BOXES):
+                nh.tma_load_2d(b_dst + i * MN_BOX_BYTES, tmap_b, n0 + 64 * i, k0, full)
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_stage(acc, smem, st, cw, first):
+        a_desc = nh.matrix_descriptor(smem + st.stage * A_TILE + cw * A_WG_OFF, A_LBO, 1024, 128, 0)
+        b_desc = nh.matrix_descriptor(smem + B_OFF + st.stage * B_TILE, B_LBO, 1024, 128, 0)
+        nh.wgmma_fence()
+        for kk in range(BLOCK_K // 16):
+            scale_d = 0 if first and kk == 0 else 1
+            acc = nh.wgmma_mma_async(
+                acc,
+                a_desc + np.uint64(kk * A_KSTEP // 16),
+                b_desc + np.uint64(kk * B_KSTEP // 16),
+                scale_d, IN_T, IN_T, 1, 1, TNSP_A, TNSP_B,
+            )
+        nh.wgmma_commit_group()
+        return acc
+
+    @cuda.jit(device=True, forceinline=True)
+    def write_subtile(frag, buf, q, row_in_wg, lane):
+        """Sub-tile ``q`` of this thread's accumulator fragment into swizzled ``buf``.
+
+        Fragment of m64nNk16 (thread t, warp w = t // 32, lane l): register 4i + 2j + c
+        holds row 16w + l//4 + 8j, column 8i + 2(l%4) + c. 128B swizzle: the 16-byte
+        chunk ``c`` of row ``r`` lives at chunk ``c ^ (r % 8)``.
+        """
+        if OUT_T == "f32":
+            for ii in range(4):  # 8-column groups of this 32-column sub-tile
+                i = 4 * q + ii
+                for j in range(2):
+                    r = row_in_wg + 8 * j
+                    byte = 32 * ii + 8 * (lane % 4)
+                    addr = buf + r * 128 + (((byte // 16) ^ (r % 8)) * 16) + byte % 16
+                    nh.st_shared_v2_f32(addr, frag[4 * i + 2 * j], frag[4 * i + 2 * j + 1])
+        else:
+            # stmatrix.x4: matrix m (its row addresses from lanes 8m..8m+7) is the 8x8 block
+            # at rows 8*(m%2), columns 8*(m//2) of a 16x16 block = registers 8P+2m, 8P+2m+1.
+            m = lane // 8
+            r = (row_in_wg - lane // 4) + 8 * (m % 2) + lane % 8
+            for p in range(4):  # 16-column groups of this 64-column sub-tile
+                base = 8 * (4 * q + p)
+                regs = (
+                    pack(frag[base + 0], frag[base + 1]),
+                    pack(frag[base + 2], frag[base + 3]),
+                    pack(frag[base + 4], frag[base + 5]),
+                    pack(frag[base + 6], frag[base + 7]),
+                )
+                chunk = 2 * p + m // 2
+                addr = buf + r * 128 + ((chunk ^ (r % 8)) * 16)
+                nh.stmatrix_x4(addr, regs[0], regs[1], regs[2], regs[3])
+
+    pack = nh.pack_bf16x2 if OUT_T == "bf16" else nh.pack_f16x2
+
+    @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
+    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K):
+        tid = cuda.threadIdx.x
+        wg = tid // 128
+        smem = nh.dynamic_shared_base()
+        bars = smem + BAR_OFF
+        if tid == 0:
+            pipeline_init(bars, S, CONSUMER_WARPS)
+        cuda.syncthreads()
+
+        tiles_m = (M + BM - 1) // BM
+        tiles_n = (N + BN - 1) // BN
+        num_tiles = tiles_m * tiles_n
+        k_blocks = (K + BLOCK_K - 1) // BLOCK_K
+
+        if wg == 0:
+            nh.setmaxnreg_dec(PRODUCER_REGS)
+            if tid < 32 and nh.elect_sync():
+                nh.fence_proxy_tensormap_acquire(tmap_a)
+                nh.fence_proxy_tensormap_acquire(tmap_b)
+                st = PipelineState(0, 0)
+                tile = cuda.blockIdx.x
+                while tile < num_tiles:
+                    pm, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+                    for kb in range(k_blocks):
+                        producer_acquire(bars, S, st)
+                        full = producer_commit(bars, st, STAGE_TX)
+                        load_stage(smem, st, full, tmap_a, tmap_b, pm * BM, pn * BN, kb * BLOCK_K)
+                        st = pipeline_advance(st, S)
+                    tile += cuda.gridDim.x
+        else:
+            nh.setmaxnreg_inc(CONSUMER_REGS)
+            cw = wg - 1
+            t = tid - 128 * wg  # thread in the consumer warpgroup
+            lane = t % 32
+            row_in_wg = 16 * (t // 32) + lane // 4
+            leader = t == 0
+            if leader:
+                nh.fence_proxy_tensormap_acquire(tmap_c)
+            acc = nh.wgmma_accumulator(BN, "f32")
+            st = PipelineState(0, 0)
+            stores = 0
+            tile = cuda.blockIdx.x
+            while tile < num_tiles:
+                pm, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+                prev = st
+                for kb in range(k_blocks):
+                    consumer_wait(bars, st)
+                    acc = mma_stage(acc, smem, st, cw, kb == 0)
+                    nh.wgmma_wait_group(1)  # k-block kb-1 is done reading its slot
+                    if kb > 0 and lane == 0:
+                        consumer_release(bars, S, prev)
+                    prev = st
+                    st = pipeline_advance(st, S)
+                nh.wgmma_wait_group(0)
+                if k_blocks > 0 and lane == 0:
+                    consumer_release(bars, S, prev)
+
+                row0 = pm * BM + cw * WG_ROWS
+                frag = nh.tuple_as_array(acc)
+                for q in range(EPI_CHUNKS):
+                    buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF_BYTES
+                    if leader:
+                        nh.bulk_wait_group_read(1)  # the store that last read buf is done
+                    nh.named_barrier_sync(1 + cw, 128)
+                    write_subtile(frag, buf, q, row_in_wg, lane)
+                    nh.fence_proxy_async()
+                    nh.named_barrier_sync(1 + cw, 128)
+                    if leader:
+                        nh.tma_store_2d(tmap_c, buf, pn * BN + q * EPI_COLS, row0)
+                        nh.bulk_commit_group()
+                    stores += 1
+                tile += cuda.gridDim.x
+            if leader:
+                nh.bulk_wait_group(0)
+
+    return gemm_kernel

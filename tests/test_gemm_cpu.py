@@ -1,0 +1,61 @@
+"""The GEMM on a CPU: what its kernels compile to, its host logic and its input checks."""
+
+import numpy as np
+import pytest
+
+from numba_hopper.kernels import GEMM_SIGNATURE, shipped_kernels
+from numba_hopper.kernels.gemm_sm90 import GemmConfig, make_gemm_kernel, max_stages
+from numba_hopper.kernels.scheduler import grouped_tile
+from numba_hopper.inspect import inspect_kernel
+
+ALL_CONFIGS = [
+    GemmConfig(i, o, am, bm)
+    for i, o in (("bf16", "bf16"), ("f16", "f32"))
+    for am in ("K", "M")
+    for bm in ("K", "N")
+] + [GemmConfig("f16", "f16", stages=3)]
+
+
+@pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}")
+def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
+    r = inspect_kernel(make_gemm_kernel(cfg), GEMM_SIGNATURE)
+    assert r.count("HGMMA") >= 4, r.summary()  # 4 k16 steps per 64-wide k-block
+    assert r.count("UTMALDG") >= 2 and r.count("UTMASTG") >= 1
+    assert r.count("USETMAXREG") == 2  # producer dec, consumer inc
+    assert r.count("SYNCS") > 0  # mbarrier
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert not r.setmaxnreg_ignored
+    assert not any("C7517" in w or "C75" in w for w in r.warnings), r.warnings
+
+
+def test_shipped_kernels_are_listed():
+    labels = [label for label, _, sig in shipped_kernels()]
+    assert labels and all("gemm" in x for x in labels)
+
+
+@pytest.mark.parametrize("tiles_m,tiles_n,group", [(1, 1, 8), (7, 3, 8), (32, 16, 8), (5, 40, 4), (9, 2, 1)])
+def test_grouped_tile_is_a_bijection(tiles_m, tiles_n, group):
+    seen = {grouped_tile.py_func(t, tiles_m, tiles_n, group) for t in range(tiles_m * tiles_n)}
+    assert seen == {(m, n) for m in range(tiles_m) for n in range(tiles_n)}
+
+
+def test_grouped_tile_walks_down_a_group_first():
+    order = [grouped_tile.py_func(t, 16, 16, 8) for t in range(10)]
+    assert order[:8] == [(m, 0) for m in range(8)] and order[8:10] == [(0, 1), (1, 1)]
+
+
+def test_stage_count_fills_shared_memory():
+    limit = 227 * 1024
+    s = max_stages("bf16", "bf16", 256, limit)
+    assert GemmConfig(stages=s).shared_bytes <= limit < GemmConfig(stages=s + 1).shared_bytes
+    assert s >= 3
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(in_dtype="f32"), "in_dtype"), (dict(out_dtype="i8"), "out_dtype"),
+    (dict(a_major="N"), "majors"), (dict(block_m=64), "block_m"), (dict(block_n=100), "block_n"),
+    (dict(stages=1), "stages"),
+])
+def test_config_rejects_bad_values(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        GemmConfig(**kw)

@@ -1,0 +1,123 @@
+"""numba_hopper.gemm on the H100 against a float64 reference, outputs poisoned with NaN."""
+
+import numpy as np
+import pytest
+
+from numba_hopper.gemm import gemm
+
+pytestmark = pytest.mark.gpu
+
+TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+# bf16/fp16 outputs round to 8/11 bits; fp32 outputs only see fp32 accumulation order.
+TOL = {"bf16": 1e-2, "f16": 2e-3, "f32": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
+
+
+def _operand(torch, rows, cols, dtype, major, gen):
+    """A random (rows, cols) tensor, row-major ("R") or column-major ("C")."""
+    tdt = getattr(torch, TORCH_DTYPES[dtype])
+    if major == "R":
+        return torch.randn(rows, cols, generator=gen, device="cuda").to(tdt)
+    return torch.randn(cols, rows, generator=gen, device="cuda").to(tdt).t()
+
+
+def _check(torch, M, N, K, dtype="bf16", out_dtype="bf16", layout="RR", out_major="R"):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(np.random.SeedSequence().entropy % 2**63)
+    a = _operand(torch, M, K, dtype, layout[0], gen)
+    b = _operand(torch, K, N, dtype, layout[1], gen)
+    out = _operand(torch, M, N, out_dtype, out_major, gen)
+    out.fill_(float("nan"))
+    res = gemm(a, b, out=out)
+    assert res is out
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    err = (out.double() - ref).norm() / max(ref.norm().item(), 1e-30)
+    assert torch.isfinite(out).all(), "unwritten (NaN) output elements"
+    assert err.item() < TOL[out_dtype], (M, N, K, dtype, out_dtype, layout, err.item())
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (7, 7, 7), (64, 64, 64), (129, 129, 129), (1000, 1000, 1000),
+                                   (1, 300, 77), (300, 1, 129), (129, 513, 64), (200, 264, 1)])
+@pytest.mark.parametrize("layout", ["RR", "RC", "CR", "CC"])
+def test_ragged_sizes_all_layouts(torch, M, N, K, layout):
+    _check(torch, M, N, K, layout=layout)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("out_dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("layout", ["RR", "CC"])
+def test_dtypes(torch, dtype, out_dtype, layout):
+    _check(torch, 333, 520, 270, dtype, out_dtype, layout)
+
+
+@pytest.mark.parametrize("M,N,K", [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 512),
+                                   (1792, 1280, 4096), (1920, 1280, 4096), (1000, 1000, 1000),
+                                   (4096, 4096, 4096)])
+def test_suite_shapes(torch, M, N, K):
+    _check(torch, M, N, K)
+
+
+def test_persistent_ctas_take_many_tiles(torch):
+    # 4096 x 4096 in 128 x 256 tiles is 512 tiles on <= 132 CTAs: every CTA runs >= 3 tiles
+    # and its ring state crosses tile boundaries with k-block counts (13) not a multiple of
+    # the stage count.
+    _check(torch, 4096, 4096, 13 * 64 - 5, layout="RC")
+
+
+@pytest.mark.parametrize("out_major", ["C"])
+@pytest.mark.parametrize("layout", ["RR", "CR"])
+def test_column_major_output(torch, layout, out_major):
+    _check(torch, 257, 190, 300, layout=layout, out_major=out_major, out_dtype="f32")
+
+
+def test_misaligned_operands_take_the_copy_path(torch):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1)
+    base = torch.randn(301, 1003, generator=gen, device="cuda").to(torch.bfloat16)
+    a = base[1:, 3:]  # odd offset and a leading dimension of 1003 elements (not 16-byte)
+    b = torch.randn(1000, 136, generator=gen, device="cuda").to(torch.bfloat16)
+    out = gemm(a, b, out_dtype="f32")
+    ref = a.double() @ b.double()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-4
+
+
+def test_allocates_output_of_callers_kind(torch):
+    a = torch.randn(70, 40, device="cuda", dtype=torch.float16)
+    b = torch.randn(40, 90, device="cuda", dtype=torch.float16)
+    out = gemm(a, b)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float16 and out.shape == (70, 90)
+    ref = a.double() @ b.double()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+def test_numba_bf16_as_uint16():
+    from numba import cuda
+
+    from _reference import bf16_bits_to_f32, f32_to_bf16_bits
+
+    rng = np.random.default_rng()
+    a = f32_to_bf16_bits(rng.standard_normal((150, 96), dtype=np.float32))
+    b = f32_to_bf16_bits(rng.standard_normal((96, 210), dtype=np.float32))
+    out = gemm(cuda.to_device(a), cuda.to_device(b), dtype="bf16", out_dtype="f32")
+    ref = bf16_bits_to_f32(a).astype(np.float64) @ bf16_bits_to_f32(b).astype(np.float64)
+    got = out.copy_to_host()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-4
+    out16 = gemm(cuda.to_device(a), cuda.to_device(b), dtype="bf16").copy_to_host()
+    assert out16.dtype == np.uint16
+    assert np.linalg.norm(bf16_bits_to_f32(out16) - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_empty_and_k0(torch):
+    a = torch.randn(5, 0, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(0, 7, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((5, 7), float("nan"), device="cuda", dtype=torch.float32)
+    gemm(a, b, out=out)
+    assert (out == 0).all()
+    e = gemm(torch.randn(0, 8, device="cuda", dtype=torch.bfloat16), torch.randn(8, 3, device="cuda", dtype=torch.bfloat16))
+    assert e.shape == (0, 3)
+
