@@ -323,3 +323,51 @@ def test_multicast_fills_both_ctas_of_a_cluster(a2):
     for rank, row in enumerate(out.copy_to_host()):
         got = unswizzle(as_bytes(row), 128).view(np.uint16).reshape(16, 64)
         np.testing.assert_array_equal(got, want, err_msg=f"CTA rank {rank}")
+
+
+# --- cache-hinted loads and plain bulk copies ------------------------------------------------
+
+
+@cuda.jit
+def hint_and_bulk_kernel(tmap, c0, c1, nbytes, src, dst_load, dst_bulk):
+    """Load a box with an evict_last L2 policy and write it out with bulk_copy_s2g; also copy
+    ``src`` (nbytes) global -> shared -> global with the plain bulk copies."""
+    tile = cuda.shared.array(TILE_WORDS, np.uint32, alignment=1024)
+    flat = cuda.shared.array(TILE_WORDS, np.uint32, alignment=128)
+    bars = cuda.shared.array(2, np.uint64)
+    bar0 = I.shared_address(bars)
+    bar1 = bar0 + 8
+    if cuda.threadIdx.x == 0:
+        I.mbarrier_init(bar0, 1)
+        I.mbarrier_init(bar1, 1)
+        I.fence_mbarrier_init()
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        I.fence_proxy_tensormap_acquire(tmap)
+        policy = I.createpolicy_fractional("evict_last")
+        I.mbarrier_arrive_expect_tx(bar0, nbytes)
+        I.tma_load_2d_cache_hint(I.shared_address(tile), tmap, c0, c1, bar0, policy)
+        I.mbarrier_arrive_expect_tx(bar1, nbytes)
+        I.bulk_copy_g2s(I.shared_address(flat), src, nbytes, bar1)
+    I.mbarrier_wait_parity(bar0, 0)
+    I.mbarrier_wait_parity(bar1, 0)
+    if cuda.threadIdx.x == 0:
+        I.bulk_copy_s2g(dst_load, I.shared_address(tile), nbytes)
+        I.bulk_copy_s2g(dst_bulk, I.shared_address(flat), nbytes)
+        I.bulk_commit_group()
+        I.bulk_wait_group(0)
+
+
+def test_cache_hint_load_and_plain_bulk_copies(a2):
+    t = TensorMap(a2, (16, 64), dtype="bf16")
+    src = RNG.integers(0, 2**32, t.box_bytes // 4, dtype=np.uint32)
+    src_d = cuda.to_device(src)
+    dst_load = cuda.to_device(np.full(t.box_bytes // 4, POISON32))
+    dst_bulk = cuda.to_device(np.full(t.box_bytes // 4, POISON32))
+    ptr = lambda a: a.device_ctypes_pointer.value  # noqa: E731
+    launch(hint_and_bulk_kernel, 1, 128,
+           (t.device_ptr, 64, 32, t.box_bytes, ptr(src_d), ptr(dst_load), ptr(dst_bulk)))
+    cuda.synchronize()
+    got = dst_load.copy_to_host().view(np.uint16).reshape(16, 64)
+    np.testing.assert_array_equal(got, A2[32:48, 64:128])
+    np.testing.assert_array_equal(dst_bulk.copy_to_host(), src)
