@@ -12,8 +12,11 @@
 Orders. ``box`` (and ``element_strides``) are given in numpy order, outer to inner, like
 the array's shape: ``box=(rows, cols)``. TMA itself, and so the device-side coordinates of
 ``tma_load_Nd``/``tma_store_Nd``, count dimensions innermost first: ``c0`` is the column
-(the contiguous dimension), ``c1`` the row, and so on. The shared-memory tile is the box in
-row-major (numpy) order, swizzled if asked.
+(the contiguous dimension), ``c1`` the row, and so on. ``c0`` must fall on a 16-byte
+boundary (H100 faults with an illegal instruction otherwise); outer coordinates are free and
+may be negative. The shared-memory tile is the box in row-major (numpy) order, swizzled if
+asked: with swizzle S the 16-byte chunk at tile byte offset o is stored at
+``o ^ (((o >> 7) & (S // 16 - 1)) << 4)`` (the tile buffer 1024-byte aligned; checked on H100).
 
 The descriptor lives in global memory (numba-cuda has no ``__grid_constant__`` parameters):
 a kernel passes ``device_ptr`` to the TMA intrinsics, and each thread that issues TMA with a

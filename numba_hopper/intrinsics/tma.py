@@ -15,6 +15,8 @@ Operands:
   FIRST (``c0`` is the contiguous dimension, i.e. the column of a row-major matrix: the
   reverse of numpy's order). They may be negative or run past the tensor: out-of-bounds
   elements are filled on load (zero, or NaN if the map asks) and dropped on store.
+  ``c0 * itemsize`` must be a multiple of 16 bytes (8 bf16 columns, 4 f32 columns): an H100
+  faults with CUDA_ERROR_ILLEGAL_INSTRUCTION otherwise (checked). Outer coordinates are free.
 
 Loads (``tma_load_Nd``) complete on the mbarrier; stores and reductions (``tma_store_Nd``,
 ``tma_reduce_{add,min,max}_Nd``) are bulk async-group operations: commit them with
