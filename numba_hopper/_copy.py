@@ -1,9 +1,10 @@
-"""The one copy ``gemm`` ever makes: an operand TMA cannot read, into an aligned buffer.
+"""The copies ``gemm`` makes when TMA cannot address an array directly.
 
 TMA needs a 16-byte-aligned base and row strides that are multiples of 16 bytes. An
 operand that breaks that (a 1001-column bf16 matrix, a slice at an odd offset, an
-arbitrary 2-D stride) is copied element by element into a row-major scratch buffer whose
-leading dimension is rounded up to 16 bytes.
+arbitrary 2-D stride) is copied into a row-major scratch buffer whose leading dimension is
+rounded up to 16 bytes; an ``out`` that breaks it receives the result from such a buffer.
+Copies move raw element bits, so they work for any dtype of the same item size.
 """
 
 from __future__ import annotations
@@ -23,27 +24,34 @@ def _copy_2d(src, dst):
         dst[r, c] = src[r, c]
 
 
-def copy_to_aligned_row_major(v, stream):
-    """Copy the 2-D view ``v`` into a new aligned row-major buffer: ``(view, owner)``."""
-    rows, cols = v.shape
-    bits = _BITS[v.itemsize]
-    pad = 16 // v.itemsize
-    ld = -(-max(cols, 1) // pad) * pad
-    src = cuda.from_cuda_array_interface(
+def _as_numba(v):
+    return cuda.from_cuda_array_interface(
         {
-            "shape": (rows, cols),
+            "shape": tuple(v.shape),
             "strides": tuple(s * v.itemsize for s in v.strides),
-            "typestr": np.dtype(bits).str,
+            "typestr": np.dtype(_BITS[v.itemsize]).str,
             "data": (v.ptr, False),
             "version": 3,
         },
         sync=False,
     )
-    nb_stream = cuda.external_stream(int(stream)) if stream else cuda.default_stream()
-    owner = cuda.device_array((rows, ld), dtype=bits, stream=nb_stream)
-    dst = owner[:, :cols]
-    block = (8, 32)
+
+
+def _numba_stream(stream):
+    return cuda.external_stream(int(stream)) if stream else cuda.default_stream()
+
+
+def aligned_scratch(v, stream):
+    """An uninitialized row-major buffer shaped like the 2-D view ``v``: ``(view, owner)``."""
+    rows, cols = v.shape
+    pad = 16 // v.itemsize
+    ld = -(-max(cols, 1) // pad) * pad
+    owner = cuda.device_array((rows, ld), dtype=_BITS[v.itemsize], stream=_numba_stream(stream))
+    return dataclasses.replace(v, ptr=owner.device_ctypes_pointer.value, strides=(ld, 1)), owner
+
+
+def copy_2d(src, dst, stream):
+    """``dst[...] = src`` for two 2-D views of the same shape and item size, on ``stream``."""
+    rows, cols = src.shape
     grid = (-(-rows // 8), -(-cols // 32))
-    _copy_2d[grid, block, nb_stream](src, dst)
-    view = dataclasses.replace(v, ptr=owner.device_ctypes_pointer.value, strides=(ld, 1))
-    return view, owner
+    _copy_2d[grid, (8, 32), _numba_stream(stream)](_as_numba(src), _as_numba(dst))

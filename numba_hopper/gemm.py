@@ -6,10 +6,11 @@ extent is fine); the layouts reach the kernel through the TMA descriptors and th
 transpose bits, never through copies. A column-major ``out`` is computed as
 ``out.T = b.T @ a.T``, which is the same kernel on swapped, transposed operands.
 
-The one case that copies: TMA needs 16-byte-aligned base addresses and leading dimensions
+The fallback that copies: TMA needs 16-byte-aligned base addresses and leading dimensions
 that are multiples of 16 bytes. An operand that breaks that (say a row-major bf16 matrix
 with 1001 columns, or a slice starting at an odd element) is first copied into an aligned
-row-major scratch buffer; ``out`` must satisfy it (pass none and one is allocated).
+row-major scratch buffer, and an ``out`` that breaks it (any odd N in bf16) receives the
+result through one (``numba_hopper._copy``). Layouts that TMA can read cost no copy.
 
 Arrays: PyTorch tensors (bf16 included), CuPy arrays, numba device arrays and anything with
 ``__cuda_array_interface__``. numba has no bf16 dtype: hold bf16 data in ``uint16`` arrays
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from ._arrays import DeviceView, device_view
+from ._copy import aligned_scratch, copy_2d
 from ._device import hopper_device_reason
 from .kernels.gemm_sm90 import GEMM_THREADS, GemmConfig, make_gemm_kernel, max_stages
 from .launch import as_stream_handle, device_limits, launch
@@ -71,13 +73,12 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
 
     if _is_col_major(vo):  # out.T (N x M, row-major) = b.T @ a.T
         va, vb, vo = _t(vb), _t(va), _t(vo)
+    scratch = []  # owners of scratch buffers; numba's deferred frees outlive the kernel
+    va = _tma_operand(va, handle, scratch)
+    vb = _tma_operand(vb, handle, scratch)
+    target = vo
     if not _tma_ok(vo, row_major=True):
-        raise ValueError(
-            f"out must be row- or column-major with a 16-byte-aligned base and a leading dimension "
-            f"that is a multiple of 16 bytes; got strides {vo.strides} (elements) at {vo.ptr:#x}"
-        )
-    va, keep_a = _tma_operand(va, handle)
-    vb, keep_b = _tma_operand(vb, handle)
+        vo = _scratch_like(vo, handle, scratch)
     cfg = _choose_config(va, vb, vo, config)
     kernel = make_gemm_kernel(cfg)
     tmap_a, tmap_b, tmap_c = _tensor_maps(cfg, va, vb, vo)
@@ -89,8 +90,8 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
         (tmap_a.device_ptr, tmap_b.device_ptr, tmap_c.device_ptr, M, N, va.shape[1]),
         shared_mem=cfg.shared_bytes, stream=handle,
     )
-    # numba defers frees and cuMemFree synchronizes, so the scratch copies outlive the reads.
-    del keep_a, keep_b
+    if vo is not target:
+        copy_2d(vo, target, handle)
     return out
 
 
@@ -152,13 +153,19 @@ def _tma_ok(v, row_major):
     return _is_row_major(w) and v.ptr % 16 == 0 and (_leading_dim(w) * v.itemsize) % 16 == 0
 
 
-def _tma_operand(v, stream):
-    """``v`` itself when TMA can read it in some major order, else an aligned copy."""
-    if _tma_ok(v, row_major=True) or _tma_ok(v, row_major=False):
-        return v, None
-    from ._copy import copy_to_aligned_row_major
+def _scratch_like(v, stream, owners):
+    view, owner = aligned_scratch(v, stream)
+    owners.append(owner)
+    return view
 
-    return copy_to_aligned_row_major(v, stream)
+
+def _tma_operand(v, stream, owners):
+    """``v`` when TMA can read it in some major order, else an aligned copy of it."""
+    if _tma_ok(v, row_major=True) or _tma_ok(v, row_major=False):
+        return v
+    copy = _scratch_like(v, stream, owners)
+    copy_2d(v, copy, stream)
+    return copy
 
 
 def _choose_config(va, vb, vo, config):

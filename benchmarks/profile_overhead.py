@@ -1,0 +1,48 @@
+"""Host time per numba_hopper.gemm call (small GEMM, steady state) and where it goes.
+
+    python benchmarks/profile_overhead.py [--calls 2000]
+"""
+
+import argparse
+import cProfile
+import pathlib
+import pstats
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from numba_hopper.gemm import gemm  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=2000)
+    args = p.parse_args()
+    a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
+    for _ in range(10):
+        gemm(a, b, out=c)
+        torch.matmul(a, b, out=c)
+    torch.cuda.synchronize()
+    for name, fn in (("numba_hopper.gemm", lambda: gemm(a, b, out=c)), ("torch.matmul", lambda: torch.matmul(a, b, out=c))):
+        t = time.perf_counter()
+        for _ in range(args.calls):
+            fn()
+        host = (time.perf_counter() - t) / args.calls
+        torch.cuda.synchronize()
+        print(f"{name:20s} host time per call: {host * 1e6:7.1f} us")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.calls):
+        gemm(a, b, out=c)
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
