@@ -553,6 +553,34 @@ def test_mbarrier_phase_held_open_by_expect_tx_until_complete_tx():
     np.testing.assert_array_equal(released.copy_to_host(), [1, 1])
 
 
+@cuda.jit(launch_bounds=(64, 1))
+def _cluster_arrive_kernel(flags):
+    # A plain launch is a cluster of one CTA: its own shared::cta address is a valid
+    # shared::cluster address, and mapa(bar, 0) maps onto itself.
+    bars = cuda.shared.array(1, np.uint64)
+    t = cuda.threadIdx.x
+    bar = nh.shared_address(bars)
+    if t == 0:
+        nh.mbarrier_init(bar, 2)
+        nh.fence_mbarrier_init()
+    cuda.syncthreads()
+    if t == 0:
+        nh.mbarrier_arrive_cluster(bar)
+        flags[0] = nh.mbarrier_test_wait_parity(bar, 0)  # False: one of two arrivals
+    cuda.syncthreads()
+    if t == 32:
+        nh.mbarrier_arrive_cluster_rank(bar, 0)
+    nh.mbarrier_wait_parity(bar, 0)
+    if t == 0:
+        flags[1] = nh.mbarrier_test_wait_parity(bar, 0)  # True
+
+
+def test_mbarrier_cluster_arrivals_in_a_one_cta_cluster():
+    flags = cuda.to_device(np.full(2, 7, np.uint8))
+    _cluster_arrive_kernel[1, 64](flags)
+    np.testing.assert_array_equal(flags.copy_to_host(), [0, 1])
+
+
 # --- sync ---------------------------------------------------------------------------------------
 
 

@@ -15,9 +15,9 @@ Operands are declared as keyword arguments, in call order, each with a kind:
   register. Integer kinds accept any numba integer (or boolean) and are truncated or
   extended; float kinds accept any number.
 - ``Const(check)``: a compile-time integer; the caller must pass a literal (or a global
-  constant). ``check(value)`` returns an error string (or None) and runs at typing time,
-  so a bad value is a typing error naming the intrinsic. The value is pasted into the
-  template as text.
+  or closure constant). ``check(value)`` returns an error string (or None) and runs at
+  typing time, so a bad value, or a run-time value, is a typing error naming the
+  intrinsic and the operand. The value is pasted into the template as text.
 - ``Choice("a", "b", ...)``: a compile-time string literal from a fixed set, pasted into
   the template.
 

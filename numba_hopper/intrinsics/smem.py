@@ -210,6 +210,9 @@ matrix_descriptor.__doc__ = """uint64 wgmma matrix descriptor (device function).
 base_offset)``: start address and byte offsets in bytes (multiples of 16; the shared window
 is 256 KiB, 18 bits), ``swizzle_bytes`` in {0, 32, 64, 128}, ``base_offset`` 0..7. PTX ISA
 9.7.15.5.1.2.2. Branch-free; folds to a few ALU ops when the offsets are constants.
+
+To step a descriptor along K, add the byte step >> 4 as a uint64 (``desc + np.uint64(2)``
+for 32 bytes): in numba, ``uint64 + int`` is a float64.
 """
 
 
