@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: set up, run the GPU tests, the main job and the GEMM benchmark.
-#   bash benchmarks/h100_session.sh [tests|main|bench|quick|sanitize]...   (default: tests main quick)
+#   bash benchmarks/h100_session.sh [tests|main|bench|quick|profile|sanitize]...   (default: tests main quick)
 # Logs and results land in $OUT (the device tool brings them back). numba-cuda 0.30.4 needs
 # NumPy < 2.5: the wheel in .whl/ (carried with the call) is installed into .site first.
 set -uo pipefail
@@ -15,10 +15,11 @@ steps=${*:-tests main quick}
 status=0
 for step in $steps; do
   case $step in
-    tests) python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -40; status=$((status | PIPESTATUS[0])) ;;
+    tests) python3 -m pytest -m gpu -q -rfEs --timeout=180 -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -40; status=$((status | PIPESTATUS[0])) ;;
     main) python3 -m numba_hopper 2>&1 | tee "$OUT/main.log" ;;
     quick) python3 benchmarks/bench_gemm.py --quick --json "$OUT/bench-quick.json" 2>&1 | tee "$OUT/bench-quick.log" ;;
     bench) python3 benchmarks/bench_gemm.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" ;;
+    profile) python3 benchmarks/profile_overhead.py 2>&1 | tee "$OUT/profile.log" | head -60 ;;
     sanitize) bash benchmarks/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" ;;
   esac
 done
