@@ -41,12 +41,16 @@ def _numba_stream(stream):
     return cuda.external_stream(int(stream)) if stream else cuda.default_stream()
 
 
-def aligned_scratch(v, stream):
-    """An uninitialized row-major buffer shaped like the 2-D view ``v``: ``(view, owner)``."""
+def aligned_scratch(v):
+    """An uninitialized row-major buffer shaped like the 2-D view ``v``: ``(view, owner)``.
+
+    numba defers frees (and cuMemFree waits for the device), so dropping ``owner`` right
+    after queuing work on the buffer is safe.
+    """
     rows, cols = v.shape
     pad = 16 // v.itemsize
     ld = -(-max(cols, 1) // pad) * pad
-    owner = cuda.device_array((rows, ld), dtype=_BITS[v.itemsize], stream=_numba_stream(stream))
+    owner = cuda.device_array((rows, ld), dtype=_BITS[v.itemsize])
     return dataclasses.replace(v, ptr=owner.device_ctypes_pointer.value, strides=(ld, 1)), owner
 
 

@@ -26,7 +26,7 @@ from ._arrays import DeviceView, device_view
 from ._copy import aligned_scratch, copy_2d
 from ._device import hopper_device_reason
 from .kernels.gemm_sm90 import GEMM_THREADS, GemmConfig, make_gemm_kernel, max_stages
-from .launch import as_stream_handle, device_limits, launch
+from .launch import as_stream_handle, device_limits, prepare_launch
 from .tensormap import TensorMap
 
 __all__ = ["gemm", "GemmConfig"]
@@ -52,18 +52,18 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
     _check_inputs(va, vb)
     M, K = va.shape
     N = vb.shape[1]
-    reason = hopper_device_reason()
-    if reason is not None:
-        raise RuntimeError(f"numba_hopper.gemm needs a Hopper GPU (compute capability 9.x): {reason}")
-
     if out is None:
         out_dtype = out_dtype or va.dtype
         _check_dtype("out_dtype", out_dtype, OUTPUT_DTYPES)
-        out = _empty_like(a, (M, N), out_dtype, va)
-        vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
     else:
         vo = device_view(out, dtype=out_dtype)
         _check_out(vo, M, N, va.device, out_dtype)
+    reason = hopper_device_reason()
+    if reason is not None:
+        raise RuntimeError(f"numba_hopper.gemm needs a Hopper GPU (compute capability 9.x): {reason}")
+    if out is None:
+        out = _empty_like(a, (M, N), out_dtype, va)
+        vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
     if M == 0 or N == 0:
         return out
     handle = as_stream_handle(stream if stream is not None else _default_stream(a))
@@ -71,28 +71,68 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
         _zero_fill(vo, handle)
         return out
 
+    key = (va, vb, vo, config)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plan(va, vb, vo, config)
+        if plan.scratch is None:  # plans with scratch buffers are rebuilt per call
+            _plans[key] = plan
+            if len(_plans) > PLAN_CACHE_SIZE:
+                _plans.pop(next(iter(_plans)))
+    plan(handle)
+    return out
+
+
+# --- plans: everything about a call but its stream, built once per operand set -----------
+
+PLAN_CACHE_SIZE = 256
+_plans: dict = {}
+
+
+class _Plan:
+    """Copies in, the prepared kernel launch, copy out; holds what the launch points at."""
+
+    def __init__(self, launch, tensor_maps, copies_in, copy_out, scratch):
+        self.launch, self.tensor_maps = launch, tensor_maps
+        self.copies_in, self.copy_out, self.scratch = copies_in, copy_out, scratch
+
+    def __call__(self, stream):
+        for src, dst in self.copies_in:
+            copy_2d(src, dst, stream)
+        self.launch(stream)
+        if self.copy_out:
+            copy_2d(*self.copy_out, stream)
+
+
+def _plan(va, vb, vo, config):
     if _is_col_major(vo):  # out.T (N x M, row-major) = b.T @ a.T
         va, vb, vo = _t(vb), _t(va), _t(vo)
-    scratch = []  # owners of scratch buffers; numba's deferred frees outlive the kernel
-    va = _tma_operand(va, handle, scratch)
-    vb = _tma_operand(vb, handle, scratch)
-    target = vo
+    scratch, copies_in, copy_out = [], [], None
+    operands = []
+    for v in (va, vb):
+        if _tma_ok(v, row_major=True) or _tma_ok(v, row_major=False):
+            operands.append(v)
+        else:
+            copy, owner = aligned_scratch(v)
+            scratch.append(owner)
+            copies_in.append((v, copy))
+            operands.append(copy)
+    va, vb = operands
     if not _tma_ok(vo, row_major=True):
-        vo = _scratch_like(vo, handle, scratch)
+        result, owner = aligned_scratch(vo)
+        scratch.append(owner)
+        copy_out, vo = (result, vo), result
     cfg = _choose_config(va, vb, vo, config)
-    kernel = make_gemm_kernel(cfg)
-    tmap_a, tmap_b, tmap_c = _tensor_maps(cfg, va, vb, vo)
+    maps = _tensor_maps(cfg, va, vb, vo)
     M, N = vo.shape
     tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
     grid = min(tiles, device_limits(vo.device).sm_count)
-    launch(
-        kernel, grid, GEMM_THREADS,
-        (tmap_a.device_ptr, tmap_b.device_ptr, tmap_c.device_ptr, M, N, va.shape[1]),
-        shared_mem=cfg.shared_bytes, stream=handle,
+    launch = prepare_launch(
+        make_gemm_kernel(cfg), grid, GEMM_THREADS,
+        (maps[0].device_ptr, maps[1].device_ptr, maps[2].device_ptr, M, N, va.shape[1]),
+        shared_mem=cfg.shared_bytes,
     )
-    if vo is not target:
-        copy_2d(vo, target, handle)
-    return out
+    return _Plan(launch, maps, copies_in, copy_out, scratch or None)
 
 
 # --- validation ----------------------------------------------------------------------
@@ -144,28 +184,26 @@ def _is_col_major(v):
 
 
 def _leading_dim(v):
-    """Elements between consecutive rows of a row-major view (>= its width)."""
-    return v.strides[0] if v.shape[0] > 1 else max(v.shape[1], 1)
+    """Elements between consecutive rows of a row-major view (>= its width).
+
+    A single row has no meaningful stride (frameworks report anything): use the width
+    rounded up to 16 bytes, which is what TMA asks of a stride it never steps.
+    """
+    if v.shape[0] > 1:
+        return v.strides[0]
+    pad = 16 // v.itemsize
+    return -(-max(v.shape[1], 1) // pad) * pad
 
 
 def _tma_ok(v, row_major):
+    """Can TMA read ``v`` (or its transpose, if not ``row_major``) as a row-major matrix?"""
     w = v if row_major else _t(v)
     return _is_row_major(w) and v.ptr % 16 == 0 and (_leading_dim(w) * v.itemsize) % 16 == 0
 
 
-def _scratch_like(v, stream, owners):
-    view, owner = aligned_scratch(v, stream)
-    owners.append(owner)
-    return view
-
-
-def _tma_operand(v, stream, owners):
-    """``v`` when TMA can read it in some major order, else an aligned copy of it."""
-    if _tma_ok(v, row_major=True) or _tma_ok(v, row_major=False):
-        return v
-    copy = _scratch_like(v, stream, owners)
-    copy_2d(v, copy, stream)
-    return copy
+def _canonical(v):
+    """A row-major view with the strides TMA is given: ``(leading dim, 1)``."""
+    return dataclasses.replace(v, strides=(_leading_dim(v), 1))
 
 
 def _choose_config(va, vb, vo, config):
@@ -183,10 +221,16 @@ def _choose_config(va, vb, vo, config):
 def _tensor_maps(cfg, va, vb, vo):
     """TMA descriptors matching the kernel's boxes (see kernels/gemm_sm90.py)."""
     # K-major A: (M, K) rows of 64 k; M-major A: stored (K, M), 64 x 64 boxes.
-    ta = TensorMap(va, (cfg.block_m, 64), swizzle=128) if cfg.a_major == "K" else TensorMap(_t(va), (64, 64), swizzle=128)
+    if cfg.a_major == "K":
+        ta = TensorMap(_canonical(va), (cfg.block_m, 64), swizzle=128)
+    else:
+        ta = TensorMap(_canonical(_t(va)), (64, 64), swizzle=128)
     # K-major B: stored (N, K); N-major B: (K, N), 64 x 64 boxes.
-    tb = TensorMap(_t(vb), (cfg.block_n, 64), swizzle=128) if cfg.b_major == "K" else TensorMap(vb, (64, 64), swizzle=128)
-    tc = TensorMap(vo, (64, cfg.epi_cols), swizzle=128)
+    if cfg.b_major == "K":
+        tb = TensorMap(_canonical(_t(vb)), (cfg.block_n, 64), swizzle=128)
+    else:
+        tb = TensorMap(_canonical(vb), (64, 64), swizzle=128)
+    tc = TensorMap(_canonical(vo), (64, cfg.epi_cols), swizzle=128)
     return ta, tb, tc
 
 

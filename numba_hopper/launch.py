@@ -38,6 +38,8 @@ from . import _numba_internals as _internals
 
 __all__ = [
     "launch",
+    "prepare_launch",
+    "PreparedLaunch",
     "validate_launch",
     "DeviceLimits",
     "device_limits",
@@ -270,24 +272,36 @@ def _opt_in(core_kernel, device: int, shared_mem: int, non_portable: bool):
             _non_portable_set.add(key)
 
 
-def launch(
-    kernel,
-    grid,
-    block,
-    args=(),
-    *,
-    cluster=None,
-    shared_mem: int = 0,
-    stream=None,
-    non_portable_cluster: bool = False,
-):
-    """Launch ``kernel`` (a ``@cuda.jit`` dispatcher) on the current device; see the module doc.
+class PreparedLaunch:
+    """A validated, opted-in, argument-packed launch; call it with a stream to run it.
 
-    ``grid`` counts blocks. Raises ValueError before launching if the configuration cannot
-    run on this device.
+    Everything but the stream is fixed at preparation, so a repeated launch (the GEMM's
+    steady state) costs one ``cuda.core.launch`` call.
     """
-    from cuda.core import LaunchConfig, Stream
-    from cuda.core import launch as core_launch
+
+    __slots__ = ("kernel", "config", "args")
+
+    def __init__(self, kernel, config, args):
+        self.kernel, self.config, self.args = kernel, config, args
+
+    def __call__(self, stream=None):
+        from cuda.core import launch as core_launch
+
+        core_launch(_core_stream(as_stream_handle(stream)), self.config, self.kernel, *self.args)
+
+
+@functools.lru_cache(maxsize=64)
+def _core_stream(handle: int):
+    """A (non-owning) cuda.core Stream for a raw handle, reused across launches."""
+    from cuda.core import Stream
+
+    return Stream.from_handle(handle)
+
+
+def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: int = 0,
+                   non_portable_cluster: bool = False) -> PreparedLaunch:
+    """Validate and set up ``kernel`` for the current device; see :func:`launch`."""
+    from cuda.core import LaunchConfig
     from numba import cuda
 
     args = tuple(args)
@@ -306,5 +320,25 @@ def launch(
     config = {"grid": _core_grid(dims, _core_grid_counts_clusters()), "block": dims.block, "shmem_size": shared_mem}
     if dims.cluster is not None:
         config["cluster"] = dims.cluster
-    core_stream = Stream.from_handle(as_stream_handle(stream))
-    core_launch(core_stream, LaunchConfig(**config), core_kernel, *packed)
+    return PreparedLaunch(core_kernel, LaunchConfig(**config), packed)
+
+
+def launch(
+    kernel,
+    grid,
+    block,
+    args=(),
+    *,
+    cluster=None,
+    shared_mem: int = 0,
+    stream=None,
+    non_portable_cluster: bool = False,
+):
+    """Launch ``kernel`` (a ``@cuda.jit`` dispatcher) on the current device; see the module doc.
+
+    ``grid`` counts blocks. Raises ValueError before launching if the configuration cannot
+    run on this device. To launch the same configuration repeatedly, keep the result of
+    :func:`prepare_launch` and call it with a stream.
+    """
+    prepare_launch(kernel, grid, block, args, cluster=cluster, shared_mem=shared_mem,
+                   non_portable_cluster=non_portable_cluster)(stream)

@@ -59,3 +59,41 @@ def test_stage_count_fills_shared_memory():
 def test_config_rejects_bad_values(kw, msg):
     with pytest.raises(ValueError, match=msg):
         GemmConfig(**kw)
+
+
+# --- gemm()'s checks, which run before it needs a GPU -------------------------------------
+
+from _fakes import FakeCAI  # noqa: E402
+
+from numba_hopper.gemm import gemm  # noqa: E402
+
+
+def _m(rows, cols, typestr="<f2"):
+    return FakeCAI((rows, cols), typestr)
+
+
+@pytest.mark.parametrize("a,b,kw,exc,msg", [
+    (_m(4, 8, "<f4"), _m(8, 4, "<f4"), {}, TypeError, "a.dtype"),
+    (_m(4, 8), _m(8, 4, "<u2"), dict(dtype=None), TypeError, "b.dtype"),
+    (_m(4, 8), _m(9, 4), {}, ValueError, "shape mismatch"),
+    (FakeCAI((4, 8, 2), "<f2"), _m(8, 4), {}, ValueError, "2-D"),
+    (_m(4, 8, "<u2"), _m(8, 4, "<u2"), dict(dtype="bf16", out_dtype="i8"), TypeError, "out_dtype"),
+    (_m(4, 8), _m(8, 4), dict(out=_m(4, 5)), ValueError, "out has shape"),
+    (_m(4, 8), _m(8, 4), dict(out=_m(4, 4, "<i4")), TypeError, "out.dtype"),
+])
+def test_gemm_rejects_bad_input_before_launch(a, b, kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        gemm(a, b, **kw)
+
+
+def test_gemm_rejects_host_arrays():
+    with pytest.raises(TypeError):
+        gemm(np.zeros((4, 8), np.float16), np.zeros((8, 4), np.float16))
+
+
+def test_gemm_without_hopper_gpu_says_so(monkeypatch):
+    import numba_hopper.gemm as g
+
+    monkeypatch.setattr(g, "hopper_device_reason", lambda: "device 0 is compute capability 8.0, not Hopper (9.x)")
+    with pytest.raises(RuntimeError, match="needs a Hopper GPU.*8.0"):
+        gemm(_m(4, 8), _m(8, 4))
