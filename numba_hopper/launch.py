@@ -279,15 +279,15 @@ class PreparedLaunch:
     steady state) costs one ``cuda.core.launch`` call.
     """
 
-    __slots__ = ("kernel", "config", "args")
+    __slots__ = ("kernel", "config", "args", "_launch")
 
     def __init__(self, kernel, config, args):
-        self.kernel, self.config, self.args = kernel, config, args
-
-    def __call__(self, stream=None):
         from cuda.core import launch as core_launch
 
-        core_launch(_core_stream(as_stream_handle(stream)), self.config, self.kernel, *self.args)
+        self.kernel, self.config, self.args, self._launch = kernel, config, args, core_launch
+
+    def __call__(self, stream=None):
+        self._launch(_core_stream(as_stream_handle(stream)), self.config, self.kernel, *self.args)
 
 
 @functools.lru_cache(maxsize=64)
