@@ -29,6 +29,7 @@ __all__ = [
     "dynamic_shared_base",
     "shared_array",
     "ld_shared_u32",
+    "ld_shared_v2_f32",
     "st_shared_u32",
     "st_shared_v2_f32",
     "matrix_descriptor",
@@ -160,6 +161,14 @@ ld_shared_u32 = ptx_intrinsic(
     result="u32",
     addr="u32",
     doc="PTX ISA 9.7.9.8 ld: 32-bit load from a .shared::cta address",
+)
+
+ld_shared_v2_f32 = ptx_intrinsic(
+    "ld_shared_v2_f32",
+    "ld.shared::cta.v2.f32 {{out0}, {out1}}, [{addr}];",
+    result=("f32", 2),
+    addr="u32",
+    doc="PTX ISA 9.7.9.8 ld: two float32 from an 8-byte-aligned .shared::cta address",
 )
 
 st_shared_u32 = ptx_intrinsic(

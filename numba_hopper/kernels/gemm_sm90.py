@@ -16,6 +16,12 @@ One CTA per SM, 384 threads in three warpgroups (seed 000, sections 7-9):
   64 x 32 (f32) sub-tile. Two sub-tile buffers per consumer alternate, so a store drains
   while the next sub-tile is written, and the last stores of a tile drain while the next
   tile's main loop runs; the producer is meanwhile already loading that next tile.
+- fused epilogue (``GemmConfig.epilogue``, see kernels/epilogue.py): the f32 values go
+  through scales, ``beta * C``, bias, activation and a user function before packing. C
+  comes in by TMA, one sub-tile (64 rows x ``epi_cols``) at a time into two buffers per
+  consumer, each with its own mbarrier: the consumer's leader issues the load of sub-tile
+  s + 2 as soon as sub-tile s has been read, so the first two sub-tiles of a tile land
+  during its main loop and the others while the previous ones are packed and stored.
 
 Layouts: a K-major operand (A row-major, B column-major) is loaded as one box of 64
 k-elements (128 bytes, the 128B swizzle span) by BM or BN rows. An MN-major operand
@@ -46,9 +52,10 @@ from ..pipeline import (
     producer_acquire,
     producer_commit,
 )
+from .epilogue import EpilogueConfig, make_epilogue
 from .scheduler import grouped_tile
 
-__all__ = ["GemmConfig", "make_gemm_kernel", "GEMM_THREADS"]
+__all__ = ["GemmConfig", "EpilogueConfig", "make_gemm_kernel", "c_box_cols", "GEMM_THREADS"]
 
 GEMM_THREADS = 384
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
@@ -66,7 +73,8 @@ class GemmConfig:
 
     ``a_major``: "K" (A row-major) or "M" (A column-major); ``b_major``: "K" (B
     column-major) or "N" (B row-major). The output is always row-major (the host swaps
-    operands for a column-major output).
+    operands for a column-major output). ``epilogue``: None for a plain ``C = A @ B``
+    (the kernel has no epilogue code at all), or the fused epilogue to compile in.
     """
 
     in_dtype: str = "bf16"
@@ -77,6 +85,7 @@ class GemmConfig:
     block_n: int = 256
     stages: int = 4
     group_m: int = 8
+    epilogue: EpilogueConfig | None = None
 
     def __post_init__(self):
         if self.in_dtype not in ("bf16", "f16"):
@@ -115,12 +124,23 @@ class GemmConfig:
         return self.b_offset + self.stages * self.b_tile_bytes
 
     @property
-    def barrier_offset(self):
+    def c_offset(self):
         return self.epi_offset + 4 * EPI_BUF_BYTES  # 2 consumers x 2 buffers
 
     @property
+    def c_buf_bytes(self):
+        """One C sub-tile (64 x ``epi_cols`` of C's dtype); 0 without C."""
+        c_dtype = self.epilogue and self.epilogue.c_dtype
+        return EPI_ROWS * self.epi_cols * ELEMENT_BYTES[c_dtype] if c_dtype else 0
+
+    @property
+    def barrier_offset(self):
+        return self.c_offset + 4 * self.c_buf_bytes  # 2 consumers x 2 buffers
+
+    @property
     def shared_bytes(self):
-        return self.barrier_offset + pipeline_barrier_bytes(self.stages)
+        c_barriers = 8 * 4 if self.c_buf_bytes else 0
+        return self.barrier_offset + pipeline_barrier_bytes(self.stages) + c_barriers
 
 
 def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 * 1024, **kw):
@@ -138,6 +158,11 @@ def make_gemm_kernel(cfg: GemmConfig):
     ``tmap_*`` are device addresses of TMA descriptors (:mod:`numba_hopper.tensormap`):
     A and B with 128-byte swizzle and the boxes described in the module docstring, C with
     box (64 rows, ``cfg.epi_cols`` columns) and 128-byte swizzle.
+
+    With ``cfg.epilogue`` the kernel takes a seventh argument, the epilogue tuple laid out
+    by ``cfg.epilogue.arg_names``; its ``c_map`` is a descriptor of the residual C (row-major,
+    like the output) with box (64 rows, ``c_box_cols(cfg)`` columns) and ``c_box_cols(cfg)
+    * itemsize`` bytes of swizzle (128, or 64 for a 16-bit C next to an f32 output).
     """
     BM, BN, S, GROUP_M = cfg.block_m, cfg.block_n, cfg.stages, cfg.group_m
     IN_T = cfg.in_dtype
@@ -160,6 +185,20 @@ def make_gemm_kernel(cfg: GemmConfig):
     EPI_COLS = cfg.epi_cols
     EPI_CHUNKS = BN // EPI_COLS
     CONSUMER_WARPS = 8  # empty-barrier arrivals: one per consumer warp
+    EPI = cfg.epilogue
+    FUSED = EPI is not None
+    HAS_C = FUSED and EPI.c_dtype is not None
+    C_OFF, C_BUF = cfg.c_offset, cfg.c_buf_bytes
+    C_BAR_OFF = BAR_OFF + pipeline_barrier_bytes(S)
+    C_ITEM = ELEMENT_BYTES[EPI.c_dtype] if HAS_C else 2
+    C_BOX_COLS = c_box_cols(cfg) if HAS_C else EPI_COLS
+    C_BOX_ROW = C_BOX_COLS * C_ITEM  # bytes: the box row is also its swizzle span
+    C_BOX_BYTES = EPI_ROWS * C_BOX_ROW
+    C_BOXES = EPI_COLS // C_BOX_COLS
+    C_SWIZZLE_MASK = C_BOX_ROW // 16 - 1
+    C_LIKE_OUT = C_ITEM == ELEMENT_BYTES[OUT_T]  # C's buffer is laid out as the output's
+    apply = make_epilogue(EPI) if FUSED else None
+    unpack = nh.unpack_bf16x2 if HAS_C and EPI.c_dtype == "bf16" else nh.unpack_f16x2
 
     @cuda.jit(device=True, forceinline=True)
     def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0):
@@ -193,12 +232,54 @@ def make_gemm_kernel(cfg: GemmConfig):
         return acc
 
     @cuda.jit(device=True, forceinline=True)
-    def write_subtile(frag, buf, q, row_in_wg, lane):
+    def c_pair(cbuf, r, col):
+        """C at (row ``r``, columns ``col``, ``col`` + 1) of the sub-tile in ``cbuf``, as f32."""
+        byte = col * C_ITEM
+        off = (byte // C_BOX_ROW) * C_BOX_BYTES + r * C_BOX_ROW + byte % C_BOX_ROW
+        addr = cbuf + (off ^ (((off >> 7) & C_SWIZZLE_MASK) << 4))  # the TMA swizzle
+        if C_ITEM == 4:
+            return nh.ld_shared_v2_f32(addr)
+        return unpack(nh.ld_shared_u32(addr))
+
+    @cuda.jit(device=True, forceinline=True)
+    def c_f32_pair(buf, addr, r, col, at):
+        """C's pair at sub-tile (``r``, ``col``) for an f32 output pair stored at ``addr``."""
+        if C_LIKE_OUT:  # the same offset in C's buffer
+            return nh.ld_shared_v2_f32(addr + at[0])
+        return c_pair(buf + at[0], r, col)
+
+    @cuda.jit(device=True, forceinline=True)
+    def c_quad(buf, addr, r, col, at):
+        """C's four pairs of one stmatrix.x4 (pair x = 2h + j at (r + 8j, col + 8h))."""
+        if C_LIKE_OUT:  # ldmatrix.x4 at stmatrix's addresses returns its registers
+            regs = nh.ldmatrix_x4(addr + at[0])
+            return unpack(regs[0]), unpack(regs[1]), unpack(regs[2]), unpack(regs[3])
+        cbuf = buf + at[0]
+        return (c_pair(cbuf, r, col), c_pair(cbuf, r + 8, col),
+                c_pair(cbuf, r, col + 8), c_pair(cbuf, r + 8, col + 8))
+
+    @cuda.jit(device=True, forceinline=True)
+    def pair(frag, k, r, col, c, at):
+        """Registers ``k``, ``k + 1`` (sub-tile row ``r``, columns ``col``, ``col`` + 1), as stored.
+
+        ``c``: C's f32 pair there (if any); ``at``: ``(C buffer - output buffer, row0, col0,
+        M, N, ep)`` of a fused epilogue (row0, col0: the sub-tile's first output row and
+        column), ``()`` for a plain GEMM.
+        """
+        if not FUSED:
+            return frag[k], frag[k + 1]
+        row, col = at[1] + r, at[2] + col
+        M, N, ep = at[3], at[4], at[5]
+        return apply(frag[k], c[0], row, col, M, N, ep), apply(frag[k + 1], c[1], row, col + 1, M, N, ep)
+
+    @cuda.jit(device=True, forceinline=True)
+    def write_subtile(frag, buf, q, row_in_wg, lane, at):
         """Sub-tile ``q`` of this thread's accumulator fragment into swizzled ``buf``.
 
         Fragment of m64nNk16 (thread t, warp w = t // 32, lane l): register 4i + 2j + c
         holds row 16w + l//4 + 8j, column 8i + 2(l%4) + c. 128B swizzle: the 16-byte
-        chunk ``c`` of row ``r`` lives at chunk ``c ^ (r % 8)``.
+        chunk ``c`` of row ``r`` lives at chunk ``c ^ (r % 8)``. A fused epilogue
+        (:func:`pair`) maps each pair of values on the way.
         """
         if OUT_T == "f32":
             for ii in range(4):  # 8-column groups of this 32-column sub-tile
@@ -207,7 +288,11 @@ def make_gemm_kernel(cfg: GemmConfig):
                     r = row_in_wg + 8 * j
                     byte = 32 * ii + 8 * (lane % 4)
                     addr = buf + r * 128 + (((byte // 16) ^ (r % 8)) * 16) + byte % 16
-                    nh.st_shared_v2_f32(addr, frag[4 * i + 2 * j], frag[4 * i + 2 * j + 1])
+                    col = 8 * ii + 2 * (lane % 4)
+                    k = 4 * i + 2 * j
+                    c = c_f32_pair(buf, addr, r, col, at) if HAS_C else (frag[k], frag[k])
+                    v0, v1 = pair(frag, k, r, col, c, at)
+                    nh.st_shared_v2_f32(addr, v0, v1)
         else:
             # stmatrix.x4: matrix m (its row addresses from lanes 8m..8m+7) is the 8x8 block
             # at rows 8*(m%2), columns 8*(m//2) of a 16x16 block = registers 8P+2m, 8P+2m+1.
@@ -215,25 +300,85 @@ def make_gemm_kernel(cfg: GemmConfig):
             r = (row_in_wg - lane // 4) + 8 * (m % 2) + lane % 8
             for p in range(4):  # 16-column groups of this 64-column sub-tile
                 base = 8 * (4 * q + p)
-                regs = (
-                    pack(frag[base + 0], frag[base + 1]),
-                    pack(frag[base + 2], frag[base + 3]),
-                    pack(frag[base + 4], frag[base + 5]),
-                    pack(frag[base + 6], frag[base + 7]),
-                )
                 chunk = 2 * p + m // 2
                 addr = buf + r * 128 + ((chunk ^ (r % 8)) * 16)
+                col = 16 * p + 2 * (lane % 4)
+                f = (frag[base], frag[base])
+                c = c_quad(buf, addr, row_in_wg, col, at) if HAS_C else (f, f, f, f)
+                # register pair x = 2h + j: row row_in_wg + 8j, column col + 8h
+                v = (
+                    pair(frag, base + 0, row_in_wg, col, c[0], at),
+                    pair(frag, base + 2, row_in_wg + 8, col, c[1], at),
+                    pair(frag, base + 4, row_in_wg, col + 8, c[2], at),
+                    pair(frag, base + 6, row_in_wg + 8, col + 8, c[3], at),
+                )
+                regs = (
+                    pack(v[0][0], v[0][1]),
+                    pack(v[1][0], v[1][1]),
+                    pack(v[2][0], v[2][1]),
+                    pack(v[3][0], v[3][1]),
+                )
                 nh.stmatrix_x4(addr, regs[0], regs[1], regs[2], regs[3])
 
     pack = nh.pack_bf16x2 if OUT_T == "bf16" else nh.pack_f16x2
 
-    @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
-    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K):
+    @cuda.jit(device=True, forceinline=True)
+    def load_c(smem, cw, s, tmap, tiles_m, tiles_n, num_tiles):
+        """(Leader) start loading C sub-tile ``s`` of this consumer's sequence, if there is one.
+
+        Sub-tile s is sub-tile s % EPI_CHUNKS of the CTA's (s // EPI_CHUNKS)-th tile; it goes
+        to buffer s % 2 and completes phase s // 2 of that buffer's mbarrier.
+        """
+        tile = cuda.blockIdx.x + (s // EPI_CHUNKS) * cuda.gridDim.x
+        if tile < num_tiles:
+            pm, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            slot = 2 * cw + s % 2
+            bar = smem + C_BAR_OFF + 8 * slot
+            nh.mbarrier_arrive_expect_tx(bar, C_BUF)
+            col = pn * BN + (s % EPI_CHUNKS) * EPI_COLS
+            for box in range(C_BOXES):
+                nh.tma_load_2d(smem + C_OFF + slot * C_BUF + box * C_BOX_BYTES, tmap,
+                               col + box * C_BOX_COLS, pm * BM + cw * WG_ROWS, bar)
+
+    @cuda.jit(device=True, forceinline=True)
+    def epilogue_subtile(q, stores, args):
+        """Sub-tile ``q`` of a tile (the CTA's ``stores``-th) to global memory; ``stores + 1``."""
+        frag, smem, cw, leader, row_in_wg, lane, pn, row0, tmap_c, M, N, ep, tiles_m, tiles_n, num_tiles = args
+        buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF_BYTES
+        if leader:
+            nh.bulk_wait_group_read(1)  # the store that last read buf is done
+        nh.named_barrier_sync(1 + cw, 128)
+        at = ()
+        if FUSED:
+            slot = 2 * cw + stores % 2
+            if HAS_C:
+                nh.mbarrier_wait_parity(smem + C_BAR_OFF + 8 * slot, (stores // 2) % 2)
+            at = (smem + C_OFF + slot * C_BUF - buf, row0, pn * BN + q * EPI_COLS, M, N, ep)
+        write_subtile(frag, buf, q, row_in_wg, lane, at)
+        nh.fence_proxy_async()
+        nh.named_barrier_sync(1 + cw, 128)
+        if leader:
+            nh.tma_store_2d(tmap_c, buf, pn * BN + q * EPI_COLS, row0)
+            nh.bulk_commit_group()
+        if HAS_C and leader:  # every thread has read C sub-tile `stores`: refill its buffer
+            load_c(smem, cw, stores + 2, ep[0], tiles_m, tiles_n, num_tiles)
+        return stores + 1
+
+    # q must be a constant in each sub-tile's code: LLVM leaves a loop over a fused epilogue
+    # rolled, and a run-time q would index the fragment, moving it to local memory. The
+    # plain kernel keeps its loop (LLVM unrolls it), so it compiles as it did before fusion.
+    epilogue = (unrolled if FUSED else looped)(epilogue_subtile, EPI_CHUNKS)
+
+    @cuda.jit(device=True, forceinline=True)
+    def gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, ep):
         tid = cuda.threadIdx.x
         wg = tid // 128
         smem = nh.dynamic_shared_base()
         bars = smem + BAR_OFF
         if tid == 0:
+            if HAS_C:
+                for slot in range(4):
+                    nh.mbarrier_init(smem + C_BAR_OFF + 8 * slot, 1)
             pipeline_init(bars, S, CONSUMER_WARPS)
         cuda.syncthreads()
 
@@ -266,6 +411,10 @@ def make_gemm_kernel(cfg: GemmConfig):
             leader = t == 0
             if leader:
                 nh.fence_proxy_tensormap_acquire(tmap_c)
+            if HAS_C and leader:
+                nh.fence_proxy_tensormap_acquire(ep[0])
+                load_c(smem, cw, 0, ep[0], tiles_m, tiles_n, num_tiles)
+                load_c(smem, cw, 1, ep[0], tiles_m, tiles_n, num_tiles)
             acc = nh.wgmma_accumulator(BN, "f32")
             st = PipelineState(0, 0)
             stores = 0
@@ -287,20 +436,62 @@ def make_gemm_kernel(cfg: GemmConfig):
 
                 row0 = pm * BM + cw * WG_ROWS
                 frag = nh.tuple_as_array(acc)
-                for q in range(EPI_CHUNKS):
-                    buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF_BYTES
-                    if leader:
-                        nh.bulk_wait_group_read(1)  # the store that last read buf is done
-                    nh.named_barrier_sync(1 + cw, 128)
-                    write_subtile(frag, buf, q, row_in_wg, lane)
-                    nh.fence_proxy_async()
-                    nh.named_barrier_sync(1 + cw, 128)
-                    if leader:
-                        nh.tma_store_2d(tmap_c, buf, pn * BN + q * EPI_COLS, row0)
-                        nh.bulk_commit_group()
-                    stores += 1
+                stores = epilogue(stores, (frag, smem, cw, leader, row_in_wg, lane, pn, row0, tmap_c,
+                                           M, N, ep, tiles_m, tiles_n, num_tiles))
                 tile += cuda.gridDim.x
             if leader:
                 nh.bulk_wait_group(0)
 
+    if not FUSED:
+        @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
+        def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K):
+            gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, ())
+
+        return gemm_kernel
+
+    @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
+    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, ep):
+        gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, ep)
+
     return gemm_kernel
+
+
+def unrolled(step, n):
+    """Device function ``run(x, args)``: ``x = step(q, x, args)`` for q = 0, ..., n - 1.
+
+    Each call has its own q, a compile-time constant (closure constants), so the steps are
+    unrolled whatever LLVM's unroller thinks of their size.
+    """
+
+    @cuda.jit(device=True, forceinline=True)
+    def run(x, args):
+        return x
+
+    for q in range(n):
+        run = _then(run, step, q)
+    return run
+
+
+def looped(step, n):
+    """``run(x, args)`` as :func:`unrolled`, as a plain loop (left to LLVM to unroll)."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def run(x, args):
+        for q in range(n):
+            x = step(q, x, args)
+        return x
+
+    return run
+
+
+def _then(run, step, Q):
+    @cuda.jit(device=True, forceinline=True)
+    def run_then_step(x, args):
+        return step(Q, run(x, args), args)
+
+    return run_then_step
+
+
+def c_box_cols(cfg: GemmConfig):
+    """Columns of one TMA box of the residual C: ``epi_cols``, at most 128 bytes of them."""
+    return min(cfg.epi_cols, 128 // ELEMENT_BYTES[cfg.epilogue.c_dtype])

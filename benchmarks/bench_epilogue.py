@@ -1,0 +1,123 @@
+"""Fused epilogues vs the unfused torch sequence and vs our plain GEMM, same process.
+
+    python benchmarks/bench_epilogue.py                # 4096^3 and 8192^3, both fusions
+    python benchmarks/bench_epilogue.py --json out.json
+
+Fusions (bf16 in and out, bias per column, row-major):
+
+- "bias+gelu_tanh":  gemm(a, b, bias=bias, activation="gelu_tanh")
+  vs torch.addmm(bias, a, b, out=out) then F.gelu(out, approximate="tanh");
+- "bias+residual":   gemm(a, b, bias=bias, c=c, beta=1.0)
+  vs torch.addmm(bias, a, b, out=out) then out.add_(c).
+
+Method as bench_gemm.py (whose helpers this imports): input sets rotated past twice the
+L2, CUDA-event timing of back-to-back calls, the three contenders in interleaved rounds
+(order rotating), medians over rounds, each fusion checked against float64 first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import pathlib
+import statistics
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from bench_gemm import ROOT, _operand, _time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from numba_hopper.gemm import gemm  # noqa: E402
+
+SHAPES = [("4096^3", 4096), ("8192^3", 8192)]
+
+
+def _fusions():
+    def ours_gelu(a, b, bias, c, out):
+        gemm(a, b, out=out, bias=bias, activation="gelu_tanh")
+
+    def torch_gelu(a, b, bias, c, out):
+        torch.addmm(bias, a, b, out=out)
+        F.gelu(out, approximate="tanh")
+
+    def ref_gelu(a, b, bias, c):
+        return F.gelu(a.double() @ b.double() + bias.double(), approximate="tanh")
+
+    def ours_residual(a, b, bias, c, out):
+        gemm(a, b, out=out, bias=bias, c=c, beta=1.0)
+
+    def torch_residual(a, b, bias, c, out):
+        torch.addmm(bias, a, b, out=out)
+        out.add_(c)
+
+    def ref_residual(a, b, bias, c):
+        return a.double() @ b.double() + bias.double() + c.double()
+
+    return [("bias+gelu_tanh", ours_gelu, torch_gelu, ref_gelu),
+            ("bias+residual", ours_residual, torch_residual, ref_residual)]
+
+
+def _plain(a, b, bias, c, out):
+    gemm(a, b, out=out)
+
+
+def bench(n, fusion, rounds, l2_bytes):
+    name, ours, unfused, ref_fn = fusion
+    set_bytes = 2 * (3 * n * n + n) + 2 * n * n
+    nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
+    sets = [(_operand(n, n, "bf16", "R"), _operand(n, n, "bf16", "R"), torch.randn(n, device="cuda").bfloat16(),
+             _operand(n, n, "bf16", "R"), torch.empty(n, n, device="cuda", dtype=torch.bfloat16))
+            for _ in range(nsets)]
+    a, b, bias, c, out = sets[0]
+    ours(a, b, bias, c, out)
+    ref = ref_fn(a, b, bias, c)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    if not err < 1e-2:
+        raise AssertionError(f"{name} {n}^3: relative error {err}")
+    fns = {"ours": ours, "torch": unfused, "plain": _plain}
+    for fn in fns.values():
+        _time(fn, sets, 3)
+    reps = max(5, min(200, int(20 / max(_time(unfused, sets, 5), 1e-3))))
+    times = {k: [] for k in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for k in order[r % 3:] + order[:r % 3]:
+            times[k].append(_time(fns[k], sets, reps))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    flops = 2.0 * n ** 3
+    return {"ours_tflops": flops / med["ours"] / 1e9, "cublas_tflops": flops / med["torch"] / 1e9,
+            "ratio": med["torch"] / med["ours"], "rel_error": err, "ours_ms": med["ours"],
+            "cublas_ms": med["torch"], "plain_ms": med["plain"], "vs_plain": med["ours"] / med["plain"]}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--json", help="results file (default benchmarks/results/epilogue-<date>.json)")
+    args = p.parse_args(argv)
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 * 2**20)
+    records = []
+    for shape, n in SHAPES:
+        for fusion in _fusions():
+            r = bench(n, fusion, args.rounds, l2)
+            records.append({"name": f"{shape} {fusion[0]}", "M": n, "N": n, "K": n, "batch": 1, "dtype": "bf16",
+                            "layout": "RR", **r})
+            print(f"{shape:7s} {fusion[0]:15s} fused {r['ours_ms']:.4f} ms  torch unfused {r['cublas_ms']:.4f} ms"
+                  f"  plain {r['plain_ms']:.4f} ms  speedup {r['ratio']:.3f}x  vs plain {r['vs_plain']:.3f}",
+                  flush=True)
+    result = {"gpu": props.name, "date": datetime.date.today().isoformat(),
+              "baseline": "cublas_* fields: the unfused torch sequence (addmm + gelu / add_)", "records": records}
+    out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"epilogue-{result['date']}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Fused GEMM epilogues: the math between the f32 accumulator and the packed output.
+
+For each in-bounds element (row r, column c) of the kernel's row-major output tile:
+
+    v = acc * alpha * row_scale[r] * col_scale[c]      (each factor only if asked)
+    v = v + beta * C[r, c] + bias[r or c]              (likewise)
+    aux[r, c] = v                                      (the pre-activation value, if asked)
+    v = activation(v)
+    v = user(v, r, c, *user_args)                      (a @cuda.jit(device=True) function)
+
+Every feature is a compile-time flag of :class:`EpilogueConfig`, so a kernel carries only
+the code it uses, and the run-time values reach the kernel as one tuple argument laid out
+by ``EpilogueConfig.arg_names``. ``C`` is not read here: the kernel loads it into shared
+memory by TMA and hands each element's value to :func:`make_epilogue`'s function.
+
+Coordinates are the KERNEL's: for a column-major output the host runs the kernel on the
+transposed problem and passes transposed operands, swapped scales and the bias along the
+other dimension; ``transposed`` then swaps (row, col) back for the user's function.
+16-bit vectors and ``aux`` travel as their ``uint16`` bits (numba has no bf16).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from ..intrinsics import bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, tanh_approx
+
+__all__ = ["EpilogueConfig", "ACTIVATIONS", "make_epilogue"]
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
+FLOAT_DTYPES = ("bf16", "f16", "f32")
+
+# float32 constants: a Python float would promote the math to float64.
+_ZERO, _ONE, _HALF = np.float32(0), np.float32(1), np.float32(0.5)
+_SQRT_HALF = np.float32(math.sqrt(0.5))
+_GELU_K = np.float32(math.sqrt(2 / math.pi))
+_GELU_C = np.float32(0.044715)
+
+
+@dataclass(frozen=True)
+class EpilogueConfig:
+    """Compile-time shape of a fused epilogue (kernel coordinates; see the module doc).
+
+    ``c_dtype``: dtype of ``C`` (None: no ``beta * C``); ``bias``: None, "row" (``bias[r]``,
+    length M) or "col" (``bias[c]``, length N); ``aux_dtype``: dtype of the pre-activation
+    output (None: none); ``user``: a ``@cuda.jit(device=True)`` function or None.
+    """
+
+    alpha: bool = False
+    row_scale: bool = False
+    col_scale: bool = False
+    c_dtype: str | None = None
+    bias: str | None = None
+    bias_dtype: str = "f32"
+    activation: str | None = None
+    aux_dtype: str | None = None
+    user: object = None
+    transposed: bool = False
+
+    def __post_init__(self):
+        if self.activation not in (None,) + ACTIVATIONS:
+            raise ValueError(f"activation must be None or one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.bias not in (None, "row", "col"):
+            raise ValueError(f"bias must be None, 'row' or 'col', got {self.bias!r}")
+        for name in ("c_dtype", "aux_dtype"):
+            if getattr(self, name) not in (None,) + FLOAT_DTYPES:
+                raise ValueError(f"{name} must be None or one of {FLOAT_DTYPES}, got {getattr(self, name)!r}")
+        if self.bias_dtype not in FLOAT_DTYPES:
+            raise ValueError(f"bias_dtype must be one of {FLOAT_DTYPES}, got {self.bias_dtype!r}")
+
+    @property
+    def arg_names(self) -> tuple:
+        """The run-time epilogue arguments, in the order of the kernel's tuple argument.
+
+        ``c_map``: device address of C's TMA descriptor; ``alpha``/``beta``: float32;
+        ``row_scale``/``col_scale``: float32 vectors; ``bias``: a vector (uint16 bits or
+        float32); ``aux``: a 2-D array (likewise); ``user_args``: a tuple.
+        """
+        present = (("c_map", self.c_dtype), ("beta", self.c_dtype), ("alpha", self.alpha),
+                   ("row_scale", self.row_scale), ("col_scale", self.col_scale), ("bias", self.bias),
+                   ("aux", self.aux_dtype), ("user_args", self.user))
+        return tuple(name for name, used in present if used)
+
+
+@cuda.jit(device=True, forceinline=True)
+def _f32(x):
+    return x
+
+
+_LOAD = {"bf16": bf16_to_f32, "f16": f16_to_f32, "f32": _f32}
+_STORE = {"bf16": f32_to_bf16, "f16": f32_to_f16, "f32": _f32}
+
+
+@cuda.jit(device=True, forceinline=True)
+def _relu(v):
+    return v if v > _ZERO else _ZERO
+
+
+@cuda.jit(device=True, forceinline=True)
+def _gelu(v):
+    return _HALF * v * (_ONE + math.erf(v * _SQRT_HALF))
+
+
+@cuda.jit(device=True, forceinline=True)
+def _gelu_tanh(v):
+    return _HALF * v * (_ONE + tanh_approx(_GELU_K * (v + _GELU_C * v * v * v)))
+
+
+@cuda.jit(device=True, forceinline=True)
+def _sigmoid(v):
+    return _HALF + _HALF * tanh_approx(_HALF * v)  # = 1 / (1 + exp(-v)), one MUFU op
+
+
+@cuda.jit(device=True, forceinline=True)
+def _silu(v):
+    return v * _sigmoid(v)
+
+
+_ACTIVATION = {None: _f32, "relu": _relu, "gelu": _gelu, "gelu_tanh": _gelu_tanh,
+               "silu": _silu, "sigmoid": _sigmoid}
+
+
+def make_epilogue(ecfg: EpilogueConfig):
+    """The device function ``apply(v, c, row, col, M, N, ep) -> float32`` for ``ecfg``.
+
+    ``v``: the f32 accumulator; ``c``: the f32 value of ``C[row, col]`` (ignored without
+    C); ``ep``: the kernel's epilogue tuple. Elements outside the M x N output (the padding
+    of partial tiles, which the TMA store clips) come back unchanged and touch no vector.
+    """
+    names = ecfg.arg_names
+    at = {name: names.index(name) for name in names}
+    ALPHA, ROW_SCALE, COL_SCALE = ecfg.alpha, ecfg.row_scale, ecfg.col_scale
+    HAS_C, BIAS, AUX = ecfg.c_dtype is not None, ecfg.bias, ecfg.aux_dtype is not None
+    USER, HAS_USER = ecfg.user, ecfg.user is not None  # (branches prune on bools, not functions)
+    TRANSPOSED = ecfg.transposed
+    I_ALPHA, I_BETA = at.get("alpha", 0), at.get("beta", 0)
+    I_ROW, I_COL, I_BIAS = at.get("row_scale", 0), at.get("col_scale", 0), at.get("bias", 0)
+    I_AUX, I_USER = at.get("aux", 0), at.get("user_args", 0)
+    load_bias = _LOAD[ecfg.bias_dtype]
+    store_aux = _STORE[ecfg.aux_dtype or "f32"]
+    activation = _ACTIVATION[ecfg.activation]
+
+    @cuda.jit(device=True, forceinline=True)
+    def apply(v, c, row, col, M, N, ep):
+        if row >= M or col >= N:
+            return v
+        if ALPHA:
+            v = v * ep[I_ALPHA]
+        if ROW_SCALE:
+            v = v * ep[I_ROW][row]
+        if COL_SCALE:
+            v = v * ep[I_COL][col]
+        if HAS_C:
+            v = v + ep[I_BETA] * c
+        if BIAS == "row":
+            v = v + load_bias(ep[I_BIAS][row])
+        if BIAS == "col":
+            v = v + load_bias(ep[I_BIAS][col])
+        if AUX:
+            ep[I_AUX][row, col] = store_aux(v)
+        v = activation(v)
+        if HAS_USER and TRANSPOSED:
+            v = np.float32(USER(v, col, row, *ep[I_USER]))
+        elif HAS_USER:
+            v = np.float32(USER(v, row, col, *ep[I_USER]))
+        return v
+
+    return apply

@@ -1,0 +1,121 @@
+"""Fused GEMM epilogues on a CPU: what the fused kernels compile to, and gemm()'s option checks."""
+
+import pytest
+from numba import cuda
+from numba.cuda import types
+
+from _fakes import FakeCAI
+from numba_hopper.gemm import gemm
+from numba_hopper.inspect import inspect_kernel
+from numba_hopper.kernels import GEMM_SIGNATURE
+from numba_hopper.kernels.epilogue import EpilogueConfig
+from numba_hopper.kernels.gemm_sm90 import GemmConfig, make_gemm_kernel, max_stages
+
+I64, F32 = types.int64, types.float32
+
+
+@cuda.jit(device=True)
+def _scaled(v, row, col, scale):
+    return v * scale[col]
+
+
+def _fused(out_dtype, ecfg, ep_types):
+    stages = max_stages("bf16", out_dtype, 256, epilogue=ecfg)
+    cfg = GemmConfig("bf16", out_dtype, "K", "N", stages=stages, epilogue=ecfg)
+    assert cfg.shared_bytes <= 227 * 1024
+    return inspect_kernel(make_gemm_kernel(cfg), (I64,) * 6 + (types.Tuple(ep_types),))
+
+
+BIAS_GELU_C = (EpilogueConfig(c_dtype="bf16", bias="col", bias_dtype="bf16", activation="gelu_tanh"),
+               (I64, F32, types.uint16[::1]))
+USER = (EpilogueConfig(user=_scaled), (types.Tuple((types.float32[::1],)),))
+
+
+@pytest.mark.parametrize("out_dtype,fusion", [("bf16", BIAS_GELU_C), ("bf16", USER), ("f32", USER)],
+                         ids=["bias+gelu_tanh+c", "user", "user-f32"])
+def test_fused_kernels_do_not_spill(fusion, out_dtype):
+    ecfg, ep_types = fusion
+    r = _fused(out_dtype, ecfg, ep_types)
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert r.count("HGMMA") >= 4 and r.count("USETMAXREG") == 2 and not r.setmaxnreg_ignored
+    assert r.count("UTMASTG") == 256 // GemmConfig(out_dtype=out_dtype).epi_cols  # sub-tiles unrolled
+    if ecfg.c_dtype and out_dtype == "bf16":
+        assert r.count("LDSM") > 0  # C read back with ldmatrix at stmatrix's addresses
+
+
+def test_plain_kernel_has_no_epilogue_code():
+    plain = inspect_kernel(make_gemm_kernel(GemmConfig()), GEMM_SIGNATURE)
+    assert plain.count("LDSM") == 0 and plain.count("MUFU.TANH") == 0
+    assert GemmConfig().shared_bytes == GemmConfig(epilogue=None).shared_bytes
+
+
+def test_c_buffers_cost_one_stage():
+    ecfg = BIAS_GELU_C[0]
+    assert max_stages("bf16", "bf16", 256, epilogue=ecfg) == max_stages("bf16", "bf16", 256) - 1
+    assert GemmConfig(epilogue=ecfg, stages=3).c_buf_bytes == 64 * 64 * 2
+    assert GemmConfig(epilogue=EpilogueConfig(activation="relu")).c_buf_bytes == 0
+
+
+def test_epilogue_arg_order():
+    e = EpilogueConfig(alpha=True, c_dtype="f16", bias="row", aux_dtype="f32", user=_scaled)
+    assert e.arg_names == ("c_map", "beta", "alpha", "bias", "aux", "user_args")
+    assert EpilogueConfig().arg_names == ()
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(activation="tanh"), "activation"), (dict(bias="both"), "bias"),
+                                    (dict(c_dtype="i8"), "c_dtype"), (dict(bias_dtype="f64"), "bias_dtype")])
+def test_epilogue_config_rejects_bad_values(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        EpilogueConfig(**kw)
+
+
+# --- gemm()'s checks of the epilogue options, before any GPU is needed ------------------------
+
+
+def _m(rows, cols, typestr="<f2"):
+    return FakeCAI((rows, cols), typestr)
+
+
+def _v(n, typestr="<f4"):
+    return FakeCAI((n,), typestr)
+
+
+A, B = _m(4, 8), _m(8, 6)  # M = 4, N = 6
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(c=_m(4, 5), beta=1.0), ValueError, "c has shape"),
+    (dict(c=_m(4, 6, "<i4"), beta=1.0), TypeError, "c.dtype"),
+    (dict(beta=1.0), ValueError, "needs c"),
+    (dict(bias=_v(5)), ValueError, "bias_dim"),
+    (dict(bias=_v(6), bias_dim=0), ValueError, "bias has shape"),
+    (dict(bias=_v(6), bias_dim=2), ValueError, "bias_dim must be"),
+    (dict(bias=_v(6, "<i4")), TypeError, "bias.dtype"),
+    (dict(bias_dim=1), ValueError, "without a bias"),
+    (dict(activation="tanh"), ValueError, "activation"),
+    (dict(aux_out=_m(6, 4)), ValueError, "aux_out has shape"),
+    (dict(aux_out=_m(4, 6, "<f8")), TypeError, "aux_out.dtype"),
+    (dict(row_scale=_v(6)), ValueError, "row_scale has shape"),
+    (dict(col_scale=_v(6, "<f2")), TypeError, "col_scale.dtype"),
+    (dict(epilogue=lambda v, r, c: v), TypeError, "epilogue must be"),
+    (dict(epilogue_args=(1.0,)), ValueError, "without an epilogue"),
+])
+def test_gemm_rejects_bad_epilogue_options(kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        gemm(A, B, **kw)
+
+
+def test_square_output_needs_bias_dim():
+    with pytest.raises(ValueError, match="bias_dim=0.*bias_dim=1"):
+        gemm(_m(4, 8), _m(8, 4), bias=_v(4))
+
+
+def test_valid_options_reach_the_gpu_check(monkeypatch):
+    import numba_hopper.gemm as g
+
+    monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
+    with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
+        gemm(A, B, c=_m(4, 6, "<f4"), beta=1.0, bias=_v(6), activation="gelu", aux_out=_m(4, 6),
+             row_scale=_v(4), col_scale=_v(6), epilogue=_scaled, epilogue_args=(_v(6),), alpha=2.0)
+    with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
+        gemm(_m(4, 8), _m(8, 4), bias=_v(4), bias_dim=0)
