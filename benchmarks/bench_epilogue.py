@@ -5,9 +5,9 @@
 
 Fusions (bf16 in and out, bias per column, row-major):
 
-- "bias+gelu_tanh":  gemm(a, b, bias=bias, activation="gelu_tanh")
+- "bias+gelu_tanh":  gemm(a, b, bias=bias, bias_dim=1, activation="gelu_tanh")
   vs torch.addmm(bias, a, b, out=out) then F.gelu(out, approximate="tanh");
-- "bias+residual":   gemm(a, b, bias=bias, c=c, beta=1.0)
+- "bias+residual":   gemm(a, b, bias=bias, bias_dim=1, c=c, beta=1.0)
   vs torch.addmm(bias, a, b, out=out) then out.add_(c).
 
 Method as bench_gemm.py (whose helpers this imports): input sets rotated past twice the
@@ -39,7 +39,7 @@ SHAPES = [("4096^3", 4096), ("8192^3", 8192)]
 
 def _fusions():
     def ours_gelu(a, b, bias, c, out):
-        gemm(a, b, out=out, bias=bias, activation="gelu_tanh")
+        gemm(a, b, out=out, bias=bias, bias_dim=1, activation="gelu_tanh")
 
     def torch_gelu(a, b, bias, c, out):
         torch.addmm(bias, a, b, out=out)
@@ -49,7 +49,7 @@ def _fusions():
         return F.gelu(a.double() @ b.double() + bias.double(), approximate="tanh")
 
     def ours_residual(a, b, bias, c, out):
-        gemm(a, b, out=out, bias=bias, c=c, beta=1.0)
+        gemm(a, b, out=out, bias=bias, bias_dim=1, c=c, beta=1.0)
 
     def torch_residual(a, b, bias, c, out):
         torch.addmm(bias, a, b, out=out)
