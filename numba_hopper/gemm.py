@@ -130,12 +130,13 @@ def _plan(va, vb, vo, config):
     cfg = _choose_config(va, vb, vo, config)
     maps = _tensor_maps(cfg, va, vb, vo)
     M, N = vo.shape
-    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
-    grid = min(tiles, device_limits(vo.device).sm_count)
+    # Persistent grid: one CTA per SM, in whole clusters, no more than there is work for.
+    cluster_tiles = -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
+    clusters = min(cluster_tiles, device_limits(vo.device).sm_count // cfg.cluster_size)
     launch = prepare_launch(
-        make_gemm_kernel(cfg), grid, GEMM_THREADS,
+        make_gemm_kernel(cfg), clusters * cfg.cluster_size, GEMM_THREADS,
         (maps[0].device_ptr, maps[1].device_ptr, maps[2].device_ptr, M, N, va.shape[1]),
-        shared_mem=cfg.shared_bytes,
+        cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, shared_mem=cfg.shared_bytes,
     )
     return _Plan(launch, maps, copies_in, copy_out, scratch or None)
 
@@ -226,15 +227,9 @@ def _choose_config(va, vb, vo, config):
 def _tensor_maps(cfg, va, vb, vo):
     """TMA descriptors matching the kernel's boxes (see kernels/gemm_sm90.py)."""
     # K-major A: (M, K) rows of 64 k; M-major A: stored (K, M), 64 x 64 boxes.
-    if cfg.a_major == "K":
-        ta = TensorMap(_canonical(va), (cfg.block_m, 64), swizzle=128)
-    else:
-        ta = TensorMap(_canonical(_t(va)), (64, 64), swizzle=128)
+    ta = TensorMap(_canonical(va if cfg.a_major == "K" else _t(va)), cfg.a_box, swizzle=128)
     # K-major B: stored (N, K); N-major B: (K, N), 64 x 64 boxes.
-    if cfg.b_major == "K":
-        tb = TensorMap(_canonical(_t(vb)), (cfg.block_n, 64), swizzle=128)
-    else:
-        tb = TensorMap(_canonical(vb), (64, 64), swizzle=128)
+    tb = TensorMap(_canonical(_t(vb) if cfg.b_major == "K" else vb), cfg.b_box, swizzle=128)
     tc = TensorMap(_canonical(vo), (64, cfg.epi_cols), swizzle=128)
     return ta, tb, tc
 

@@ -31,6 +31,7 @@ from numba import cuda
 from .intrinsics import (
     fence_mbarrier_init,
     mbarrier_arrive,
+    mbarrier_arrive_cluster_rank,
     mbarrier_arrive_expect_tx,
     mbarrier_init,
     mbarrier_wait_parity,
@@ -45,6 +46,7 @@ __all__ = [
     "producer_commit",
     "consumer_wait",
     "consumer_release",
+    "consumer_release_in",
 ]
 
 PipelineState = namedtuple("PipelineState", ["stage", "phase"])
@@ -100,3 +102,12 @@ def consumer_wait(bars, state):
 def consumer_release(bars, stages, state):
     """Give slot ``state.stage`` back to the producer (one arrival of ``consumer_arrivals``)."""
     mbarrier_arrive(bars + 8 * (stages + state.stage))
+
+
+@cuda.jit(device=True, forceinline=True)
+def consumer_release_in(bars, stages, state, cta_rank):
+    """:func:`consumer_release` on the pipeline of CTA ``cta_rank`` of the cluster.
+
+    A producer that multicasts into its peers' slots must hear from their consumers too.
+    """
+    mbarrier_arrive_cluster_rank(bars + 8 * (stages + state.stage), cta_rank)

@@ -39,6 +39,7 @@ from .. import intrinsics as nh
 from ..pipeline import (
     PipelineState,
     consumer_release,
+    consumer_release_in,
     consumer_wait,
     pipeline_advance,
     pipeline_barrier_bytes,
@@ -55,8 +56,10 @@ WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 BLOCK_K = 64  # one 128-byte swizzle row of 16-bit elements
 EPI_ROWS = 64
 EPI_BUF_BYTES = EPI_ROWS * 128  # one 128-byte-wide swizzled sub-tile
-PRODUCER_REGS = 40
-CONSUMER_REGS = 232
+# Register budgets after setmaxnreg (128 * producer + 256 * consumer <= 64K registers). The
+# cluster producer also computes multicast masks and peer offsets: at 40 it spills.
+REGS_NO_CLUSTER = (40, 232)
+REGS_CLUSTER = (56, 224)
 ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
 
@@ -77,6 +80,8 @@ class GemmConfig:
     block_n: int = 256
     stages: int = 4
     group_m: int = 8
+    cluster_m: int = 1
+    cluster_n: int = 1
 
     def __post_init__(self):
         if self.in_dtype not in ("bf16", "f16"):
@@ -91,6 +96,30 @@ class GemmConfig:
             raise ValueError(f"block_n must be 64, 128, 192 or 256, got {self.block_n}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
+        if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
+            raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}x{self.cluster_n}")
+
+    @property
+    def cluster_size(self):
+        return self.cluster_m * self.cluster_n
+
+    # --- TMA boxes (numpy order) ---
+    @property
+    def a_box(self):
+        """Box of A's tensor map: the part of an A tile one CTA of the cluster loads.
+
+        CTAs of a cluster that share a tile row (same A tile) each load 1/cluster_n of it
+        and multicast it to all of them.
+        """
+        if self.a_major == "K":
+            return (self.block_m // self.cluster_n, BLOCK_K)
+        return (BLOCK_K, 64)
+
+    @property
+    def b_box(self):
+        if self.b_major == "K":
+            return (self.block_n // self.cluster_m, BLOCK_K)
+        return (BLOCK_K, 64)
 
     # --- shared-memory layout (bytes from the 1024-aligned dynamic base) ---
     @property
@@ -159,22 +188,61 @@ def make_gemm_kernel(cfg: GemmConfig):
     A_WG_OFF = WG_ROWS * 128  # consumer 1's 64 rows: 64 K-major rows, or the second M box
     EPI_COLS = cfg.epi_cols
     EPI_CHUNKS = BN // EPI_COLS
-    CONSUMER_WARPS = 8  # empty-barrier arrivals: one per consumer warp
+    CONSUMER_WARPS = 8  # empty-barrier arrivals per CTA: one per consumer warp
+    CM, CN = cfg.cluster_m, cfg.cluster_n
+    CLUSTER = CM * CN
+    PRODUCER_REGS, CONSUMER_REGS = REGS_CLUSTER if CLUSTER > 1 else REGS_NO_CLUSTER
+    # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
+    # column (B), so all of their consumers must release it: CM + CN - 1 CTAs' worth.
+    EMPTY_ARRIVALS = CONSUMER_WARPS * (CM + CN - 1)
+    A_PARTS = CN if A_K_MAJOR else 2  # M-major A is two 64-wide boxes
+    B_PARTS = B_BOXES if not B_K_MAJOR else 1
+    A_PART_BYTES = A_TILE // CN  # K-major: BM/CN rows of 128 B; M-major: CN=2 -> one box
+    B_PART_BYTES = B_TILE // CM
 
     @cuda.jit(device=True, forceinline=True)
-    def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0):
+    def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0, rm, rn, a_mask, b_mask):
+        """Issue this CTA's TMA loads of one k-block: its share of the A and B tiles.
+
+        Without a cluster that is all of both. In a cluster, CTA (rm, rn) loads part rn of
+        its A tile and part rm of its B tile, each multicast to every CTA that needs it.
+        """
         a_dst = smem + st.stage * A_TILE
         b_dst = smem + B_OFF + st.stage * B_TILE
-        if A_K_MAJOR:
-            nh.tma_load_2d(a_dst, tmap_a, k0, m0, full)
+        if CN == 1:
+            if A_K_MAJOR:
+                nh.tma_load_2d(a_dst, tmap_a, k0, m0, full)
+            else:
+                for i in range(A_PARTS):
+                    nh.tma_load_2d(a_dst + i * MN_BOX_BYTES, tmap_a, m0 + 64 * i, k0, full)
+        elif A_K_MAJOR:
+            rows = BM // CN
+            nh.tma_load_multicast_2d(a_dst + rn * A_PART_BYTES, tmap_a, k0, m0 + rn * rows, full, a_mask)
         else:
-            nh.tma_load_2d(a_dst, tmap_a, m0, k0, full)
-            nh.tma_load_2d(a_dst + MN_BOX_BYTES, tmap_a, m0 + 64, k0, full)
-        if B_K_MAJOR:
-            nh.tma_load_2d(b_dst, tmap_b, k0, n0, full)
+            nh.tma_load_multicast_2d(a_dst + rn * MN_BOX_BYTES, tmap_a, m0 + 64 * rn, k0, full, a_mask)
+        if CM == 1:
+            if B_K_MAJOR:
+                nh.tma_load_2d(b_dst, tmap_b, k0, n0, full)
+            else:
+                for i in range(B_BOXES):
+                    nh.tma_load_2d(b_dst + i * MN_BOX_BYTES, tmap_b, n0 + 64 * i, k0, full)
+        elif B_K_MAJOR:
+            rows = BN // CM
+            nh.tma_load_multicast_2d(b_dst + rm * B_PART_BYTES, tmap_b, k0, n0 + rm * rows, full, b_mask)
         else:
-            for i in range(B_BOXES):
-                nh.tma_load_2d(b_dst + i * MN_BOX_BYTES, tmap_b, n0 + 64 * i, k0, full)
+            for i in range(B_BOXES // CM):
+                box = rm * (B_BOXES // CM) + i
+                nh.tma_load_multicast_2d(b_dst + box * MN_BOX_BYTES, tmap_b, n0 + 64 * box, k0, full, b_mask)
+
+    @cuda.jit(device=True, forceinline=True)
+    def release(bars, st, rm, rn):
+        """Give slot ``st`` back to every producer that multicasts into it (this warp's arrival)."""
+        if CLUSTER == 1:
+            consumer_release(bars, S, st)
+        else:
+            for r in range(CLUSTER):
+                if r % CM == rm or r // CM == rn:
+                    consumer_release_in(bars, S, st, r)
 
     @cuda.jit(device=True, forceinline=True)
     def mma_stage(acc, smem, st, cw, first):
@@ -234,13 +302,34 @@ def make_gemm_kernel(cfg: GemmConfig):
         smem = nh.dynamic_shared_base()
         bars = smem + BAR_OFF
         if tid == 0:
-            pipeline_init(bars, S, CONSUMER_WARPS)
-        cuda.syncthreads()
+            pipeline_init(bars, S, EMPTY_ARRIVALS)
+        # CTA (rm, rn) of a cluster computes output tile (CM*cm + rm, CN*cn + rn) of cluster
+        # tile (cm, cn). Ranks run along M first: rank = rm + CM * rn.
+        rank = nh.cluster_ctarank() if CLUSTER > 1 else 0
+        rm = rank % CM
+        rn = rank // CM
+        a_mask = 0  # ranks sharing this CTA's A tile (same rm) / B tile (same rn)
+        b_mask = 0
+        for j in range(CN):
+            a_mask |= 1 << (rm + CM * j)
+        for i in range(CM):
+            b_mask |= 1 << (i + CM * rn)
+        if CLUSTER > 1:
+            nh.cluster_sync()  # every barrier of the cluster is initialized before any use
+        else:
+            cuda.syncthreads()
 
         tiles_m = (M + BM - 1) // BM
         tiles_n = (N + BN - 1) // BN
-        num_tiles = tiles_m * tiles_n
+        # Cluster tiles cover CM x CN output tiles; a CTA whose tile falls past the edge
+        # (odd tile count) still loads its share for its peers: its own part is zero-filled
+        # by TMA and its store is clipped away.
+        ctiles_m = (tiles_m + CM - 1) // CM
+        ctiles_n = (tiles_n + CN - 1) // CN
+        num_tiles = ctiles_m * ctiles_n
         k_blocks = (K + BLOCK_K - 1) // BLOCK_K
+        first_tile = cuda.blockIdx.x // CLUSTER
+        tile_step = cuda.gridDim.x // CLUSTER
 
         if wg == 0:
             nh.setmaxnreg_dec(PRODUCER_REGS)
@@ -248,15 +337,17 @@ def make_gemm_kernel(cfg: GemmConfig):
                 nh.fence_proxy_tensormap_acquire(tmap_a)
                 nh.fence_proxy_tensormap_acquire(tmap_b)
                 st = PipelineState(0, 0)
-                tile = cuda.blockIdx.x
+                tile = first_tile
                 while tile < num_tiles:
-                    pm, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+                    cm, cn = grouped_tile(tile, ctiles_m, ctiles_n, GROUP_M)
+                    m0 = (CM * cm + rm) * BM
+                    n0 = (CN * cn + rn) * BN
                     for kb in range(k_blocks):
                         producer_acquire(bars, S, st)
                         full = producer_commit(bars, st, STAGE_TX)
-                        load_stage(smem, st, full, tmap_a, tmap_b, pm * BM, pn * BN, kb * BLOCK_K)
+                        load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, kb * BLOCK_K, rm, rn, a_mask, b_mask)
                         st = pipeline_advance(st, S)
-                    tile += cuda.gridDim.x
+                    tile += tile_step
         else:
             nh.setmaxnreg_inc(CONSUMER_REGS)
             cw = wg - 1
@@ -269,23 +360,25 @@ def make_gemm_kernel(cfg: GemmConfig):
             acc = nh.wgmma_accumulator(BN, "f32")
             st = PipelineState(0, 0)
             stores = 0
-            tile = cuda.blockIdx.x
+            tile = first_tile
             while tile < num_tiles:
-                pm, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+                cm, cn = grouped_tile(tile, ctiles_m, ctiles_n, GROUP_M)
+                m0 = (CM * cm + rm) * BM
+                n0 = (CN * cn + rn) * BN
                 prev = st
                 for kb in range(k_blocks):
                     consumer_wait(bars, st)
                     acc = mma_stage(acc, smem, st, cw, kb == 0)
                     nh.wgmma_wait_group(1)  # k-block kb-1 is done reading its slot
                     if kb > 0 and lane == 0:
-                        consumer_release(bars, S, prev)
+                        release(bars, prev, rm, rn)
                     prev = st
                     st = pipeline_advance(st, S)
                 nh.wgmma_wait_group(0)
                 if k_blocks > 0 and lane == 0:
-                    consumer_release(bars, S, prev)
+                    release(bars, prev, rm, rn)
 
-                row0 = pm * BM + cw * WG_ROWS
+                row0 = m0 + cw * WG_ROWS
                 frag = nh.tuple_as_array(acc)
                 for q in range(EPI_CHUNKS):
                     buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF_BYTES
@@ -296,11 +389,16 @@ def make_gemm_kernel(cfg: GemmConfig):
                     nh.fence_proxy_async()
                     nh.named_barrier_sync(1 + cw, 128)
                     if leader:
-                        nh.tma_store_2d(tmap_c, buf, pn * BN + q * EPI_COLS, row0)
+                        nh.tma_store_2d(tmap_c, buf, n0 + q * EPI_COLS, row0)
                         nh.bulk_commit_group()
                     stores += 1
-                tile += cuda.gridDim.x
+                tile += tile_step
             if leader:
                 nh.bulk_wait_group(0)
+        if CLUSTER > 1:
+            # No CTA may exit while a peer can still arrive on its barriers or multicast
+            # into its shared memory.
+            cuda.syncwarp()
+            nh.cluster_sync()
 
     return gemm_kernel
