@@ -116,10 +116,12 @@ mbarrier_arrive_cluster = ptx_intrinsic(
 mbarrier_arrive_cluster_rank = ptx_intrinsic(
     "mbarrier_arrive_cluster_rank",
     "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, {bar}, {cta_rank}; "
-    "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote]; }",
+    "mbarrier.arrive.shared::cluster.b64 _, [remote]; }",
     bar="u32",
     cta_rank="u32",
     doc="PTX ISA mapa + 9.7.13.15.13 mbarrier.arrive: arrive on the mbarrier at the same "
-    "offset ``bar`` in the shared memory of CTA ``cta_rank`` of the cluster (CUTLASS "
-    "ClusterBarrier::arrive(cta_id)).",
+    "offset ``bar`` in the shared memory of CTA ``cta_rank`` of the cluster, with the default "
+    "``.release.cta`` semantics (CUTLASS ClusterBarrier::arrive(cta_id)). Enough to hand back "
+    "a buffer whose readers (wgmma, TMA) are complete; ``.release.cluster`` (see "
+    "``mbarrier_arrive_cluster``) costs a MEMBAR.ALL.GPU per arrive.",
 )
