@@ -74,7 +74,7 @@ def _config(name):
     if name == "default":
         return None
     cm, cn = (int(x) for x in name.split("x"))
-    return GemmConfig(cluster_m=cm, cluster_n=cn)
+    return GemmConfig(cluster_m=cm, cluster_n=cn, stages=4)
 
 
 def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",)):

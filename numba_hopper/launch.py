@@ -39,6 +39,7 @@ from . import _numba_internals as _internals
 __all__ = [
     "launch",
     "prepare_launch",
+    "max_active_clusters",
     "PreparedLaunch",
     "validate_launch",
     "DeviceLimits",
@@ -321,6 +322,26 @@ def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: in
     if dims.cluster is not None:
         config["cluster"] = dims.cluster
     return PreparedLaunch(core_kernel, LaunchConfig(**config), packed)
+
+
+def max_active_clusters(kernel, cluster, block, args=(), *, shared_mem: int = 0) -> int:
+    """How many clusters of ``cluster`` CTAs can be resident at once (cuOccupancyMaxActiveClusters).
+
+    A persistent kernel must not launch more: GPCs have uneven numbers of free SMs, so
+    e.g. 132 SMs hold fewer than 33 clusters of 4, and CTAs beyond the resident ones
+    would wait for a second wave.
+    """
+    from cuda.core import LaunchConfig
+    from numba import cuda
+
+    device = cuda.get_current_device().id
+    compiled = _internals.kernel_for_args(kernel, tuple(args))
+    core_kernel = _internals.cu_kernel(compiled)
+    _opt_in(core_kernel, device, shared_mem, False)
+    dims = validate_launch(cluster, block, cluster, shared_mem, device_limits(device))
+    config = LaunchConfig(grid=_core_grid(dims, _core_grid_counts_clusters()), cluster=dims.cluster,
+                          block=dims.block, shmem_size=shared_mem)
+    return int(core_kernel.occupancy.max_active_clusters(config, stream=_core_stream(0)))
 
 
 def launch(
