@@ -21,6 +21,7 @@ The result is of the caller's kind: ``out`` if given, else a new array like ``a`
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from ._arrays import DeviceView, device_view
 from ._copy import aligned_scratch, copy_2d
@@ -100,9 +101,10 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
 
     plan = _plan(va, vb, vo, config, debug)
     if key and plan.scratch is None:  # plans with scratch buffers are rebuilt per call
-        _plans[key] = plan
-        if len(_plans) > PLAN_CACHE_SIZE:
-            _plans.pop(next(iter(_plans)))
+        with _plans_lock:  # two threads evicting the same oldest plan would KeyError
+            _plans[key] = plan
+            while len(_plans) > PLAN_CACHE_SIZE:
+                _plans.pop(next(iter(_plans)))
     plan(handle)
     if debug:
         plan.record.synchronize(handle)
@@ -113,6 +115,7 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
 
 PLAN_CACHE_SIZE = 256
 _plans: dict = {}
+_plans_lock = threading.Lock()
 
 
 class _Plan:
@@ -208,7 +211,7 @@ def _check_out(vo: DeviceView, M, N, device, out_dtype):
     if vo.device != device:
         raise DeviceMismatchError(f"out is on device {vo.device}, the inputs on device {device}")
     _check_strides("out", vo)
-    if any(s == 0 and n > 1 for s, n in zip(vo.strides, vo.shape)):
+    if 0 not in vo.shape and any(s == 0 and n > 1 for s, n in zip(vo.strides, vo.shape)):
         raise LayoutError(f"out has a zero stride {vo.strides} (a broadcast view): its elements alias")
 
 
