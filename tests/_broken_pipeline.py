@@ -27,12 +27,13 @@ from numba_hopper.pipeline import (
 )
 
 STAGES = 2
+BARRIERS = 2 * STAGES  # a constant for cuda.shared.array
 MODES = {"ok": (1, 0), "short": (2, 0), "tx": (1, 16)}  # (empty arrivals, tx bytes per slot)
 
 
 @cuda.jit(launch_bounds=(32, 1))
 def one_thread_pipeline(record, arrivals, tx_bytes, k_blocks):
-    bars = nh.shared_address(cuda.shared.array(2 * STAGES, np.uint64))
+    bars = nh.shared_address(cuda.shared.array(BARRIERS, np.uint64))
     if cuda.threadIdx.x == 0:
         pipeline_init(bars, STAGES, arrivals)
         st = PipelineState(0, 0)
