@@ -9,7 +9,7 @@ tools=${*:-memcheck racecheck synccheck initcheck}
 status=0
 for tool in $tools; do
   # Only numba_hopper's kernels (the GEMM and its scratch copies): torch's are not ours to check.
-  "$SANITIZER" --tool "$tool" --error-exitcode 1 --kernel-name "regex:gemm_kernel|_copy_2d" --print-limit 20 \
+  "$SANITIZER" --tool "$tool" --error-exitcode 1 --kernel-name "regex=gemm_kernel|_copy_2d" --print-limit 20 \
     python3 benchmarks/sanitize_gemm.py
   rc=$?
   echo "== $tool: $([ $rc -eq 0 ] && echo PASS || echo FAIL) (exit $rc)"
