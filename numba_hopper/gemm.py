@@ -21,11 +21,21 @@ The result is of the caller's kind: ``out`` if given, else a new array like ``a`
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from ._arrays import DeviceView, device_view
 from ._copy import aligned_scratch, copy_2d
 from ._device import hopper_device_reason
 from .kernels.gemm_sm90 import GEMM_THREADS, GemmConfig, make_gemm_kernel, max_stages
+from .debug import DebugRecord, debug_enabled
+from .errors import (
+    DeviceMismatchError,
+    DtypeError,
+    LayoutError,
+    OverlapError,
+    ShapeError,
+    UnsupportedDeviceError,
+)
 from .launch import as_stream_handle, device_limits, max_active_clusters, prepare_launch
 from .tensormap import TensorMap
 
@@ -35,7 +45,7 @@ INPUT_DTYPES = ("bf16", "f16")
 OUTPUT_DTYPES = ("bf16", "f16", "f32")
 
 
-def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None):
+def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None, debug=None):
     """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N).
 
     ``out_dtype``: "bf16", "f16" or "f32" (default: the input dtype, or ``out``'s dtype).
@@ -45,12 +55,21 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
     ``config``: a :class:`GemmConfig` to override the kernel choice (layouts and dtypes in
     it are ignored; they come from the arrays).
 
-    Raises ``TypeError`` (dtype, array kind) or ``ValueError`` (shape, layout, device)
-    before anything is launched; ``RuntimeError`` when there is no Hopper GPU.
+    ``debug``: run the debug build (bounded pipeline waits) and synchronize; a hang raises
+    :class:`~numba_hopper.errors.PipelineHangError` (default: ``NUMBA_HOPPER_DEBUG``).
+
+    Raises, before anything is launched (``numba_hopper.errors``): ``DtypeError``
+    (a TypeError: dtypes; array kinds raise a plain TypeError), ``ShapeError``,
+    ``LayoutError`` (negative strides, a broadcast ``out``), ``OverlapError`` (``out``
+    sharing memory with ``a`` or ``b``), ``DeviceMismatchError`` (all ValueErrors) and
+    ``UnsupportedDeviceError`` (a RuntimeError) when there is no Hopper GPU. Empty outputs
+    launch nothing; ``K == 0`` zero-fills ``out``.
     """
+    debug = debug_enabled(debug)
     # Steady state: the same arrays (pointer, shape, strides, dtype) as an earlier call
     # that was fully checked; its plan only needs this call's stream.
-    key = out is not None and (_array_key(a), _array_key(b), _array_key(out), out_dtype, dtype, config)
+    key = out is not None and not debug and (
+        _array_key(a), _array_key(b), _array_key(out), out_dtype, dtype, config)
     plan = key and _plans.get(key)
     if plan:
         plan(_stream_handle(stream, a))
@@ -66,9 +85,10 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
     else:
         vo = device_view(out, dtype=out_dtype)
         _check_out(vo, M, N, va.device, out_dtype)
+        _check_no_overlap(vo, va, vb)
     reason = hopper_device_reason()
     if reason is not None:
-        raise RuntimeError(f"numba_hopper.gemm needs a Hopper GPU (compute capability 9.x): {reason}")
+        raise UnsupportedDeviceError(f"numba_hopper.gemm needs a Hopper GPU (compute capability 9.x): {reason}")
     if out is None:
         out = _empty_like(a, (M, N), out_dtype, va)
         vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
@@ -79,12 +99,15 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
         _zero_fill(vo, handle)
         return out
 
-    plan = _plan(va, vb, vo, config)
+    plan = _plan(va, vb, vo, config, debug)
     if key and plan.scratch is None:  # plans with scratch buffers are rebuilt per call
-        _plans[key] = plan
-        if len(_plans) > PLAN_CACHE_SIZE:
-            _plans.pop(next(iter(_plans)))
+        with _plans_lock:  # two threads evicting the same oldest plan would KeyError
+            _plans[key] = plan
+            while len(_plans) > PLAN_CACHE_SIZE:
+                _plans.pop(next(iter(_plans)))
     plan(handle)
+    if debug:
+        plan.record.synchronize(handle)
     return out
 
 
@@ -92,14 +115,16 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
 
 PLAN_CACHE_SIZE = 256
 _plans: dict = {}
+_plans_lock = threading.Lock()
 
 
 class _Plan:
     """Copies in, the prepared kernel launch, copy out; holds what the launch points at."""
 
-    def __init__(self, launch, tensor_maps, copies_in, copy_out, scratch):
+    def __init__(self, launch, tensor_maps, copies_in, copy_out, scratch, record):
         self.launch, self.tensor_maps = launch, tensor_maps
         self.copies_in, self.copy_out, self.scratch = copies_in, copy_out, scratch
+        self.record = record  # a DebugRecord in debug mode, else None
 
     def __call__(self, stream):
         for src, dst in self.copies_in:
@@ -109,7 +134,7 @@ class _Plan:
             copy_2d(*self.copy_out, stream)
 
 
-def _plan(va, vb, vo, config):
+def _plan(va, vb, vo, config, debug):
     if _is_col_major(vo):  # out.T (N x M, row-major) = b.T @ a.T
         va, vb, vo = _t(vb), _t(va), _t(vo)
     scratch, copies_in, copy_out = [], [], None
@@ -127,11 +152,13 @@ def _plan(va, vb, vo, config):
         result, owner = aligned_scratch(vo)
         scratch.append(owner)
         copy_out, vo = (result, vo), result
-    cfg = _choose_config(va, vb, vo, config)
+    cfg = _choose_config(va, vb, vo, config, debug)
     maps = _tensor_maps(cfg, va, vb, vo)
     M, N = vo.shape
     kernel = make_gemm_kernel(cfg)
-    args = (maps[0].device_ptr, maps[1].device_ptr, maps[2].device_ptr, M, N, va.shape[1])
+    record = DebugRecord() if debug else None
+    args = (maps[0].device_ptr, maps[1].device_ptr, maps[2].device_ptr, M, N, va.shape[1],
+            record.address if record else 0)
     # Persistent grid: as many CTAs (in whole clusters) as can be resident at once, and no
     # more than there is work for.
     cluster_tiles = -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
@@ -143,7 +170,7 @@ def _plan(va, vb, vo, config):
         kernel, min(cluster_tiles, resident) * cfg.cluster_size, GEMM_THREADS, args,
         cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, shared_mem=cfg.shared_bytes,
     )
-    return _Plan(launch, maps, copies_in, copy_out, scratch or None)
+    return _Plan(launch, maps, copies_in, copy_out, scratch or None, record)
 
 
 # --- validation ----------------------------------------------------------------------
@@ -151,30 +178,63 @@ def _plan(va, vb, vo, config):
 
 def _check_dtype(what, dt, allowed):
     if dt not in allowed:
-        raise TypeError(f"{what} must be one of {allowed}; got {dt!r}")
+        raise DtypeError(f"{what} must be one of {allowed}; got {dt!r}")
+
+
+def _check_strides(name, v: DeviceView):
+    # Negative strides (flipped views) are refused rather than copied: the copy path reads
+    # through numba arrays, and a silent copy would hide a likely mistake.
+    if any(s < 0 for s in v.strides):
+        raise LayoutError(f"{name} has negative strides {v.strides}; pass a copy (e.g. .contiguous())")
 
 
 def _check_inputs(va: DeviceView, vb: DeviceView):
     for name, v in (("a", va), ("b", vb)):
         if len(v.shape) != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {v.shape}")
+            raise ShapeError(f"{name} must be 2-D, got shape {v.shape}")
         _check_dtype(f"{name}.dtype", v.dtype, INPUT_DTYPES)
+        _check_strides(name, v)
     if va.dtype != vb.dtype:
-        raise TypeError(f"a and b must have the same dtype; got {va.dtype} and {vb.dtype}")
+        raise DtypeError(f"a and b must have the same dtype; got {va.dtype} and {vb.dtype}")
     if va.shape[1] != vb.shape[0]:
-        raise ValueError(f"shape mismatch: a is {va.shape}, b is {vb.shape} (a.shape[1] must equal b.shape[0])")
+        raise ShapeError(f"shape mismatch: a is {va.shape}, b is {vb.shape} (a.shape[1] must equal b.shape[0])")
     if va.device != vb.device:
-        raise ValueError(f"a is on device {va.device} and b on device {vb.device}")
+        raise DeviceMismatchError(f"a is on device {va.device} and b on device {vb.device}")
 
 
 def _check_out(vo: DeviceView, M, N, device, out_dtype):
     if tuple(vo.shape) != (M, N):
-        raise ValueError(f"out has shape {tuple(vo.shape)}, expected {(M, N)}")
+        raise ShapeError(f"out has shape {tuple(vo.shape)}, expected {(M, N)}")
     _check_dtype("out.dtype", vo.dtype, OUTPUT_DTYPES)
     if out_dtype is not None and out_dtype != vo.dtype:
-        raise TypeError(f"out has dtype {vo.dtype} but out_dtype={out_dtype!r}")
+        raise DtypeError(f"out has dtype {vo.dtype} but out_dtype={out_dtype!r}")
     if vo.device != device:
-        raise ValueError(f"out is on device {vo.device}, the inputs on device {device}")
+        raise DeviceMismatchError(f"out is on device {vo.device}, the inputs on device {device}")
+    _check_strides("out", vo)
+    if 0 not in vo.shape and any(s == 0 and n > 1 for s, n in zip(vo.strides, vo.shape)):
+        raise LayoutError(f"out has a zero stride {vo.strides} (a broadcast view): its elements alias")
+
+
+def _byte_range(v: DeviceView):
+    """``[first, last)`` bytes that ``v``'s elements span (strides are non-negative here)."""
+    last = v.ptr + sum((n - 1) * s for n, s in zip(v.shape, v.byte_strides)) + v.itemsize
+    return v.ptr, last
+
+
+def _check_no_overlap(vo: DeviceView, va: DeviceView, vb: DeviceView):
+    """``out`` must not share memory with an input: the kernel reads them while it writes.
+
+    Judged by address ranges (conservative for interleaved views). Once epilogues read a
+    ``c`` operand, ``out`` being exactly ``c`` (in place) will be the one allowed overlap.
+    """
+    if 0 in vo.shape:
+        return
+    lo, hi = _byte_range(vo)
+    for name, v in (("a", va), ("b", vb)):
+        if 0 not in v.shape:
+            vlo, vhi = _byte_range(v)
+            if lo < vhi and vlo < hi:
+                raise OverlapError(f"out [0x{lo:x}, 0x{hi:x}) overlaps {name} [0x{vlo:x}, 0x{vhi:x})")
 
 
 # --- layouts ---------------------------------------------------------------------------
@@ -217,7 +277,7 @@ def _canonical(v):
     return dataclasses.replace(v, strides=(_leading_dim(v), 1))
 
 
-def _choose_config(va, vb, vo, config):
+def _choose_config(va, vb, vo, config, debug):
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
 
     Default: 128x256 tiles, the deepest ring that fits, and a 1x2 cluster (the two CTAs of
@@ -239,7 +299,7 @@ def _choose_config(va, vb, vo, config):
     else:
         base, stages = config, config.stages
     return dataclasses.replace(base, in_dtype=va.dtype, out_dtype=vo.dtype, a_major=a_major,
-                               b_major=b_major, stages=stages)
+                               b_major=b_major, stages=stages, debug=debug)
 
 
 def _tensor_maps(cfg, va, vb, vo):

@@ -8,11 +8,13 @@ TMA destinations, wgmma tiles) are 32-bit shared-state-space addresses (``uint32
 Modules: ``mbarrier`` (async transaction barriers), ``wgmma`` (warpgroup MMA), ``sync``
 (fences, elect.sync, named barriers, setmaxnreg), ``smem`` (shared addresses, dynamic
 shared memory, matrix descriptors), ``matrix`` (ldmatrix/stmatrix), ``tma`` (bulk tensor
-copies), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers).
+copies), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers), ``gmem`` (raw global
+addresses: atomic compare-and-swap, volatile store).
 """
 
 from ._ptx import Choice, Const, ptx_intrinsic  # noqa: F401
 from .cluster import *  # noqa: F401,F403
+from .gmem import *  # noqa: F401,F403
 from .matrix import *  # noqa: F401,F403
 from .mbarrier import *  # noqa: F401,F403
 from .registers import *  # noqa: F401,F403

@@ -41,6 +41,7 @@ from ..pipeline import (
     consumer_release,
     consumer_release_in,
     consumer_wait,
+    debug_site,
     pipeline_advance,
     pipeline_barrier_bytes,
     pipeline_init,
@@ -69,7 +70,9 @@ class GemmConfig:
 
     ``a_major``: "K" (A row-major) or "M" (A column-major); ``b_major``: "K" (B
     column-major) or "N" (B row-major). The output is always row-major (the host swaps
-    operands for a column-major output).
+    operands for a column-major output). ``debug``: bounded mbarrier waits that fill the
+    kernel's debug record and trap on a hang (``numba_hopper.debug``); False compiles none
+    of that code.
     """
 
     in_dtype: str = "bf16"
@@ -82,6 +85,7 @@ class GemmConfig:
     group_m: int = 8
     cluster_m: int = 1
     cluster_n: int = 1
+    debug: bool = False
 
     def __post_init__(self):
         if self.in_dtype not in ("bf16", "f16"):
@@ -162,11 +166,12 @@ def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 
 
 @functools.lru_cache(maxsize=None)
 def make_gemm_kernel(cfg: GemmConfig):
-    """The ``@cuda.jit`` kernel ``(tmap_a, tmap_b, tmap_c, M, N, K)`` for ``cfg``.
+    """The ``@cuda.jit`` kernel ``(tmap_a, tmap_b, tmap_c, M, N, K, debug_record)`` for ``cfg``.
 
     ``tmap_*`` are device addresses of TMA descriptors (:mod:`numba_hopper.tensormap`):
     A and B with 128-byte swizzle and the boxes described in the module docstring, C with
-    box (64 rows, ``cfg.epi_cols`` columns) and 128-byte swizzle.
+    box (64 rows, ``cfg.epi_cols`` columns) and 128-byte swizzle. ``debug_record``: the
+    device address of a ``numba_hopper.debug.DebugRecord`` (read only if ``cfg.debug``).
     """
     BM, BN, S, GROUP_M = cfg.block_m, cfg.block_n, cfg.stages, cfg.group_m
     IN_T = cfg.in_dtype
@@ -199,6 +204,7 @@ def make_gemm_kernel(cfg: GemmConfig):
     B_PARTS = B_BOXES if not B_K_MAJOR else 1
     A_PART_BYTES = A_TILE // CN  # K-major: BM/CN rows of 128 B; M-major: CN=2 -> one box
     B_PART_BYTES = B_TILE // CM
+    DEBUG = cfg.debug
 
     @cuda.jit(device=True, forceinline=True)
     def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0, rm, rn, a_mask, b_mask):
@@ -296,7 +302,7 @@ def make_gemm_kernel(cfg: GemmConfig):
     pack = nh.pack_bf16x2 if OUT_T == "bf16" else nh.pack_f16x2
 
     @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
-    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K):
+    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, debug_record):
         tid = cuda.threadIdx.x
         wg = tid // 128
         smem = nh.dynamic_shared_base()
@@ -343,7 +349,8 @@ def make_gemm_kernel(cfg: GemmConfig):
                     m0 = (CM * cm + rm) * BM
                     n0 = (CN * cn + rn) * BN
                     for kb in range(k_blocks):
-                        producer_acquire(bars, S, st)
+                        # Debug builds bound the wait; release builds pass None (compiled out).
+                        producer_acquire(bars, S, st, debug_site(debug_record, tile, kb) if DEBUG else None)
                         full = producer_commit(bars, st, STAGE_TX)
                         load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, kb * BLOCK_K, rm, rn, a_mask, b_mask)
                         st = pipeline_advance(st, S)
@@ -367,7 +374,7 @@ def make_gemm_kernel(cfg: GemmConfig):
                 n0 = (CN * cn + rn) * BN
                 prev = st
                 for kb in range(k_blocks):
-                    consumer_wait(bars, st)
+                    consumer_wait(bars, st, debug_site(debug_record, tile, kb) if DEBUG else None)
                     acc = mma_stage(acc, smem, st, cw, kb == 0)
                     nh.wgmma_wait_group(1)  # k-block kb-1 is done reading its slot
                     if kb > 0 and lane == 0:
