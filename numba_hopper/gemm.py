@@ -135,7 +135,7 @@ def _plan(va, vb, vo, config):
     launch = prepare_launch(
         make_gemm_kernel(cfg), grid, GEMM_THREADS,
         (maps[0].device_ptr, maps[1].device_ptr, maps[2].device_ptr, M, N, va.shape[1]),
-        shared_mem=cfg.shared_bytes,
+        shared_mem=cfg.shared_bytes, cache_key=("gemm_sm90", cfg),
     )
     return _Plan(launch, maps, copies_in, copy_out, scratch or None)
 
@@ -251,8 +251,8 @@ def _empty_like(a, shape, dt, va):
     if va.framework == "cupy":
         import cupy
 
-        if dt == "bf16":
-            return cupy.empty(shape, dtype=cupy.uint16)
+        if dt == "bf16":  # CuPy's own bfloat16 (ml_dtypes, CuPy >= 14) if ``a`` is one, else bits
+            return cupy.empty(shape, dtype=a.dtype if va.dtype == "bf16" and a.dtype.name == "bfloat16" else cupy.uint16)
         return cupy.empty(shape, dtype={"f16": cupy.float16, "f32": cupy.float32}[dt])
     from numba import cuda
     import numpy as np
@@ -264,6 +264,8 @@ def _array_key(x):
     """What identifies an array's memory layout, read without building a DeviceView."""
     if hasattr(x, "data_ptr"):  # torch
         return x.data_ptr(), x.shape, x.stride(), x.dtype
+    if type(x).__module__.startswith("cupy"):  # its array interface cannot name bfloat16
+        return x.data.ptr, x.shape, x.strides, x.dtype
     cai = x.__cuda_array_interface__
     return cai["data"][0], cai["shape"], cai["strides"], cai["typestr"]
 

@@ -34,6 +34,7 @@ import math
 import threading
 from dataclasses import dataclass
 
+from . import _kernel_cache
 from . import _numba_internals as _internals
 
 __all__ = [
@@ -299,8 +300,14 @@ def _core_stream(handle: int):
 
 
 def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: int = 0,
-                   non_portable_cluster: bool = False) -> PreparedLaunch:
-    """Validate and set up ``kernel`` for the current device; see :func:`launch`."""
+                   non_portable_cluster: bool = False, cache_key=None) -> PreparedLaunch:
+    """Validate and set up ``kernel`` for the current device; see :func:`launch`.
+
+    ``cache_key``: if given (a hashable repr-stable value naming every compile-time
+    constant of ``kernel`` that its source does not show, e.g. a config dataclass), the
+    compiled kernel is kept on disk and a new process loads it instead of compiling
+    (``numba_hopper._kernel_cache``).
+    """
     from cuda.core import LaunchConfig
     from numba import cuda
 
@@ -308,7 +315,10 @@ def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: in
     device = cuda.get_current_device().id
     limits = device_limits(device)
     dims = validate_launch(grid, block, cluster, shared_mem, limits, non_portable_cluster=non_portable_cluster)
-    compiled = _internals.kernel_for_args(kernel, args)
+    if cache_key is None:
+        compiled = _internals.kernel_for_args(kernel, args)
+    else:
+        compiled = _kernel_cache.kernel_for_args(kernel, args, cache_key, limits.cc)
     static = _internals.static_shared_bytes(compiled)
     if static:
         dims = validate_launch(
