@@ -59,9 +59,13 @@ def row_sums(tmap, chunks, out):
             row = st.stage * ROWS * COLS + lane * COLS
             for col in range(COLS):
                 total += ring[row + col]
-            cuda.syncwarp()  # every lane is done reading the slot ...
+            # Our reads went through the generic proxy; the refill (TMA) writes through the
+            # async proxy. fence.proxy.async orders the two, and waits for the reads (these
+            # 32-way bank-conflicted loads are slow): without it slots were refilled under them.
+            nh.fence_proxy_async()
+            cuda.syncwarp()
             if lane == 0:
-                consumer_release(bars, STAGES, st)  # ... before the producer may refill it
+                consumer_release(bars, STAGES, st)
             st = pipeline_advance(st, STAGES)
         out[lane] = total
 
