@@ -163,12 +163,14 @@ def _plan(va, vb, vo, config, debug):
     # more than there is work for.
     cluster_tiles = -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
     if cfg.cluster_size > 1:
-        resident = max_active_clusters(kernel, cfg.cluster_size, GEMM_THREADS, args, shared_mem=cfg.shared_bytes)
+        resident = max_active_clusters(kernel, cfg.cluster_size, GEMM_THREADS, args,
+                                       shared_mem=cfg.shared_bytes, cache_key=("gemm_sm90", cfg))
     else:
         resident = device_limits(vo.device).sm_count
     launch = prepare_launch(
         kernel, min(cluster_tiles, resident) * cfg.cluster_size, GEMM_THREADS, args,
         cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, shared_mem=cfg.shared_bytes,
+        cache_key=("gemm_sm90", cfg),
     )
     return _Plan(launch, maps, copies_in, copy_out, scratch or None, record)
 
@@ -324,8 +326,8 @@ def _empty_like(a, shape, dt, va):
     if va.framework == "cupy":
         import cupy
 
-        if dt == "bf16":
-            return cupy.empty(shape, dtype=cupy.uint16)
+        if dt == "bf16":  # CuPy's own bfloat16 (ml_dtypes, CuPy >= 14) if ``a`` is one, else bits
+            return cupy.empty(shape, dtype=a.dtype if va.dtype == "bf16" and a.dtype.name == "bfloat16" else cupy.uint16)
         return cupy.empty(shape, dtype={"f16": cupy.float16, "f32": cupy.float32}[dt])
     from numba import cuda
     import numpy as np
@@ -337,6 +339,8 @@ def _array_key(x):
     """What identifies an array's memory layout, read without building a DeviceView."""
     if hasattr(x, "data_ptr"):  # torch
         return x.data_ptr(), x.shape, x.stride(), x.dtype
+    if type(x).__module__.startswith("cupy"):  # its array interface cannot name bfloat16
+        return x.data.ptr, x.shape, x.strides, x.dtype
     cai = x.__cuda_array_interface__
     return cai["data"][0], cai["shape"], cai["strides"], cai["typestr"]
 

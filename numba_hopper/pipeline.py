@@ -94,6 +94,7 @@ def pipeline_init(bars, stages, consumer_arrivals):
 
 @cuda.jit(device=True, forceinline=True)
 def pipeline_advance(state, stages):
+    """The next slot's state: the stage wraps at ``stages`` and the phase flips when it does."""
     # (A field named "index" would be shadowed by numba's tuple.index method.)
     stage = state.stage + 1
     if stage == stages:
