@@ -1,7 +1,7 @@
 """Kernels built from numba_hopper.intrinsics, and the list ``python -m numba_hopper`` reports on."""
 
-# The GEMM kernel takes three descriptor addresses and M, N, K, all passed as Python ints.
-GEMM_SIGNATURE = "void(int64, int64, int64, int64, int64, int64)"
+# The GEMM kernel's ten arguments (descriptor addresses, sizes, batch flags) are Python ints.
+GEMM_SIGNATURE = "void(" + ", ".join(["int64"] * 10) + ")"
 
 
 def shipped_kernels():
