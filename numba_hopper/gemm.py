@@ -265,7 +265,7 @@ def _split_count(cfg, M, N, K, sms):
 def _split_k_plan(cfg, va, vb, target, vo, splits, copies_in, scratch):
     from numba import cuda
 
-    from .kernels.splitk import reduce_splits
+    from .kernels.splitk import prepare_reduce
 
     M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
     k_blocks = -(-K // 64)
@@ -281,11 +281,12 @@ def _split_k_plan(cfg, va, vb, target, vo, splits, copies_in, scratch):
             ws = cuda.device_array((splits, M, ld), dtype="float32")
             view = DeviceView(ws.device_ctypes_pointer.value, (M, N), (ld, 1), "f32", 4, vo.device, "numba")
             batch = _Batch(splits, 0, 0, M * ld, k_split)
-            per_stream[stream] = (ws, *_prepare(cfg, va, vb, view, batch))
-        return per_stream[stream][1]
+            launch, maps = _prepare(cfg, va, vb, view, batch)
+            per_stream[stream] = (launch, prepare_reduce(ws, N, target), ws, maps)
+        return per_stream[stream][0]
 
     def finish(stream):
-        reduce_splits(per_stream[stream][0], N, target, stream)
+        per_stream[stream][1](stream)
 
     return _Plan(launch_for, copies_in, finish, (per_stream, scratch), reusable=not scratch)
 

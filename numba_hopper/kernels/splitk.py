@@ -14,9 +14,10 @@ import numpy as np
 from numba import cuda
 
 from .. import intrinsics as nh
-from .._copy import _as_numba, _numba_stream
+from .._copy import as_numba
+from ..launch import prepare_launch
 
-__all__ = ["reduce_splits"]
+__all__ = ["prepare_reduce"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,7 +33,7 @@ def _reduce_kernel(out_dtype):
 
     @cuda.jit
     def reduce(ws, n, out):
-        r, c = cuda.grid(2)
+        c, r = cuda.grid(2)  # x along columns: coalesced
         if r < out.shape[0] and c < n:
             acc = np.float32(0)
             for s in range(ws.shape[0]):
@@ -42,8 +43,13 @@ def _reduce_kernel(out_dtype):
     return reduce
 
 
-def reduce_splits(workspace, n, out_view, stream):
-    """``out = sum(workspace[:, :, :n])`` into the 2-D view ``out_view`` on ``stream``."""
+def prepare_reduce(workspace, n, out_view):
+    """The prepared launch of ``out = sum(workspace[:, :, :n])`` into the 2-D view ``out_view``.
+
+    Prepared once per workspace, so a split-K call adds one bare launch, not numba's
+    per-call argument handling.
+    """
     rows = out_view.shape[0]
-    grid = (-(-rows // 8), -(-n // 32))
-    _reduce_kernel(out_view.dtype)[grid, (8, 32), _numba_stream(stream)](workspace, n, _as_numba(out_view))
+    out = as_numba(out_view, np.float32 if out_view.dtype == "f32" else None)
+    grid = (-(-n // 32), -(-rows // 8))
+    return prepare_launch(_reduce_kernel(out_view.dtype), grid, (32, 8), (workspace, n, out))
