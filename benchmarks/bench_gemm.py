@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from numba_hopper.gemm import GemmConfig, gemm  # noqa: E402
+from numba_hopper.gemm import GemmConfig, bmm, gemm  # noqa: E402
 
 # (name, M, N, K, dtype, layout)
 SUITE = [
@@ -49,13 +49,26 @@ SUITE = [
     ("4096^3 CR", 4096, 4096, 4096, "bf16", "CR"),
     ("4096^3 CC", 4096, 4096, 4096, "bf16", "CC"),
 ]
+# Issue 7: small, skinny and batched products, partial last waves (--suite small).
+SMALL_SUITE = [
+    ("128x8192x8192", 128, 8192, 8192, "bf16", "RR"),
+    ("64x4096x4096", 64, 4096, 4096, "bf16", "RR"),
+    ("256x14336x4096", 256, 14336, 4096, "bf16", "RR"),
+    ("16384x128x4096", 16384, 128, 4096, "bf16", "RR"),
+    ("1024^3", 1024, 1024, 1024, "bf16", "RR"),
+    ("1792x1280x4096 (140 tiles)", 1792, 1280, 4096, "bf16", "RR"),
+    ("1920x1280x4096 (150 tiles)", 1920, 1280, 4096, "bf16", "RR"),
+    ("32x(1024x1024x128)", 1024, 1024, 128, "bf16", "RR", 32),
+    ("8x(4096x4096x4096)", 4096, 4096, 4096, "bf16", "RR", 8),
+]
 TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def _operand(rows, cols, dtype, major):
+def _operand(rows, cols, dtype, major, batch=1):
+    lead = (batch,) if batch > 1 else ()
     if major == "R":
-        return torch.randn(rows, cols, device="cuda", dtype=TORCH_DTYPE[dtype])
-    return torch.randn(cols, rows, device="cuda", dtype=TORCH_DTYPE[dtype]).t()
+        return torch.randn(*lead, rows, cols, device="cuda", dtype=TORCH_DTYPE[dtype])
+    return torch.randn(*lead, cols, rows, device="cuda", dtype=TORCH_DTYPE[dtype]).transpose(-1, -2)
 
 
 def _time(fn, sets, reps):
@@ -77,17 +90,19 @@ def _config(name):
     return GemmConfig(cluster_m=cm, cluster_n=cn, stages=4)
 
 
-def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",)):
+def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), batch=1):
     """TFLOP/s of each of our ``configs`` and of cuBLAS, timed in interleaved rounds."""
-    set_bytes = 2 * (M * K + K * N + M * N)
+    set_bytes = 2 * batch * (M * K + K * N + M * N)
     nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
-    sets = [(_operand(M, K, dtype, layout[0]), _operand(K, N, dtype, layout[1]),
-             torch.empty(M, N, device="cuda", dtype=TORCH_DTYPE[dtype])) for _ in range(nsets)]
+    lead = (batch,) if batch > 1 else ()
+    sets = [(_operand(M, K, dtype, layout[0], batch), _operand(K, N, dtype, layout[1], batch),
+             torch.empty(*lead, M, N, device="cuda", dtype=TORCH_DTYPE[dtype])) for _ in range(nsets)]
 
-    fns = {"cublas": lambda a, b, c: torch.matmul(a, b, out=c)}
+    ours = bmm if batch > 1 else gemm
+    fns = {"cublas": (lambda a, b, c: torch.bmm(a, b, out=c)) if batch > 1 else (lambda a, b, c: torch.matmul(a, b, out=c))}
     for name in configs:
         cfg = _config(name)
-        fns[name] = lambda a, b, c, cfg=cfg: gemm(a, b, out=c, config=cfg)
+        fns[name] = lambda a, b, c, cfg=cfg: ours(a, b, out=c, config=cfg)
 
     a, b, c = sets[0]
     ref = a.double() @ b.double()
@@ -107,7 +122,7 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",)):
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
             times[name].append(_time(fns[name], sets, reps))
-    flops = 2.0 * M * N * K
+    flops = 2.0 * batch * M * N * K
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         name: {
@@ -130,6 +145,8 @@ def _parse_shape(s):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="4096^3 and 8192^3 only")
+    p.add_argument("--suite", choices=["large", "small"], default="large",
+                   help="large: issue 5/6 suite; small: skinny, partial-wave and batched shapes")
     p.add_argument("--shapes", nargs="*", help="MxNxK shapes (bf16, RR) instead of the suite")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--configs", nargs="*", default=["default"],
@@ -137,17 +154,18 @@ def main(argv=None):
     p.add_argument("--json", help="results file (default benchmarks/results/gemm-<date>.json)")
     args = p.parse_args(argv)
 
-    suite = [_parse_shape(s) for s in args.shapes] if args.shapes else SUITE
+    suite = [_parse_shape(s) for s in args.shapes] if args.shapes else (SMALL_SUITE if args.suite == "small" else SUITE)
     if args.quick:
         suite = [s for s in SUITE if s[0] in ("4096^3", "8192^3")]
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20)
     records = []
-    for name, M, N, K, dtype, layout in suite:
-        results = bench_shape(M, N, K, dtype, layout, args.rounds, l2, args.configs)
+    for name, M, N, K, dtype, layout, *batch in suite:
+        batch = batch[0] if batch else 1
+        results = bench_shape(M, N, K, dtype, layout, args.rounds, l2, args.configs, batch)
         for config, r in results.items():
             label = name if config == "default" else f"{name} [cluster {config}]"
-            records.append({"name": label, "M": M, "N": N, "K": K, "batch": 1, "dtype": dtype,
+            records.append({"name": label, "M": M, "N": N, "K": K, "batch": batch, "dtype": dtype,
                             "layout": layout, "config": config, **r})
             print(f"{label:40s} ours {r['ours_tflops']:7.1f}  cuBLAS {r['cublas_tflops']:7.1f} TFLOP/s"
                   f"  ratio {r['ratio']:.3f}", flush=True)

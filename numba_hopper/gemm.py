@@ -39,7 +39,7 @@ from .errors import (
 from .launch import as_stream_handle, device_limits, max_active_clusters, prepare_launch
 from .tensormap import TensorMap
 
-__all__ = ["gemm", "GemmConfig"]
+__all__ = ["gemm", "bmm", "GemmConfig"]
 
 INPUT_DTYPES = ("bf16", "f16")
 OUTPUT_DTYPES = ("bf16", "f16", "f32")
@@ -84,7 +84,7 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
         _check_dtype("out_dtype", out_dtype, OUTPUT_DTYPES)
     else:
         vo = device_view(out, dtype=out_dtype)
-        _check_out(vo, M, N, va.device, out_dtype)
+        _check_out(vo, (M, N), va.device, out_dtype)
         _check_no_overlap(vo, va, vb)
     reason = hopper_device_reason()
     if reason is not None:
@@ -100,15 +100,81 @@ def gemm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None
         return out
 
     plan = _plan(va, vb, vo, config, debug)
-    if key and plan.scratch is None:  # plans with scratch buffers are rebuilt per call
-        with _plans_lock:  # two threads evicting the same oldest plan would KeyError
-            _plans[key] = plan
-            while len(_plans) > PLAN_CACHE_SIZE:
-                _plans.pop(next(iter(_plans)))
+    if key and plan.reusable:
+        _remember(key, plan)
     plan(handle)
     if debug:
         plan.record.synchronize(handle)
     return out
+
+
+def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None):
+    """Batched ``out[i] = a[i] @ b[i]`` for ``a`` (B, M, K) and ``b`` (B, K, N): one launch.
+
+    Either operand may be 2-D, or have a batch stride of 0 (``torch.expand``), to use one
+    matrix for every batch item. Each matrix may be row- or column-major; batch strides,
+    base addresses and leading dimensions must be multiples of 16 bytes (TMA), and
+    ``out`` (B, M, N) row-major per matrix: this entry point makes no aligned copies.
+    Other arguments as for :func:`gemm`.
+    """
+    key = out is not None and ("bmm", _array_key(a), _array_key(b), _array_key(out), out_dtype, dtype, config)
+    plan = key and _plans.get(key)
+    if plan:
+        plan(_stream_handle(stream, a))
+        return out
+    va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
+    for name, v in (("a", va), ("b", vb)):
+        if len(v.shape) not in (2, 3):
+            raise ValueError(f"{name} must be 2-D or 3-D, got shape {v.shape}")
+    (ba, sa, ma), (bb, sb, mb) = _batch_split(va), _batch_split(vb)
+    _check_inputs(ma, mb)
+    batch = max(ba, bb)
+    if {ba, bb} - {1, batch}:
+        raise ValueError(f"batch sizes {ba} and {bb} do not broadcast")
+    M, K, N = ma.shape[0], ma.shape[1], mb.shape[1]
+    if out is None:
+        out_dtype = out_dtype or va.dtype
+        _check_dtype("out_dtype", out_dtype, OUTPUT_DTYPES)
+    else:
+        vo = device_view(out, dtype=out_dtype)
+        _check_out(vo, (batch, M, N), va.device, out_dtype)
+    reason = hopper_device_reason()
+    if reason is not None:
+        raise RuntimeError(f"numba_hopper.bmm needs a Hopper GPU (compute capability 9.x): {reason}")
+    if out is None:
+        out = _empty_like(a, (batch, M, N), out_dtype, va)
+        vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
+    if batch == 0 or M == 0 or N == 0:
+        return out
+    handle = _stream_handle(stream, a)
+    _, so, mo = _batch_split(vo)
+    if K == 0:
+        for i in range(batch):
+            _zero_fill(dataclasses.replace(mo, ptr=mo.ptr + i * so * mo.itemsize), handle)
+        return out
+    for name, m, stride in (("a", ma, sa), ("b", mb, sb), ("out", mo, so)):
+        ok = _tma_ok(m, row_major=True) or (name != "out" and _tma_ok(m, row_major=False))
+        if not ok or (stride * m.itemsize) % 16:
+            raise ValueError(
+                f"bmm: {name} must hold {'row-major' if name == 'out' else 'row- or column-major'} matrices "
+                f"with 16-byte-aligned base, leading dimension and batch stride; got strides "
+                f"{(stride, *m.strides)} (elements) at {m.ptr:#x}"
+            )
+    cfg = _choose_config(ma, mb, mo, config, debug=False)
+    launch, maps = _prepare(cfg, ma, mb, mo, _Batch(batch, sa, sb, so))
+    plan = _Plan(lambda s: launch, keep=maps)
+    if key:
+        _remember(key, plan)
+    plan(handle)
+    return out
+
+
+def _batch_split(v):
+    """``(batch count, batch stride in elements (0: broadcast), 2-D view of item 0)``."""
+    if len(v.shape) == 2:
+        return 1, 0, v
+    count, stride = v.shape[0], v.strides[0] if v.shape[0] > 1 else 0
+    return count, stride, dataclasses.replace(v, shape=v.shape[1:], strides=v.strides[1:])
 
 
 # --- plans: everything about a call but its stream, built once per operand set -----------
@@ -118,26 +184,39 @@ _plans: dict = {}
 _plans_lock = threading.Lock()
 
 
-class _Plan:
-    """Copies in, the prepared kernel launch, copy out; holds what the launch points at."""
+def _remember(key, plan):
+    with _plans_lock:  # two threads evicting the same oldest plan would KeyError
+        _plans[key] = plan
+        while len(_plans) > PLAN_CACHE_SIZE:
+            _plans.pop(next(iter(_plans)))
 
-    def __init__(self, launch, tensor_maps, copies_in, copy_out, scratch, record):
-        self.launch, self.tensor_maps = launch, tensor_maps
-        self.copies_in, self.copy_out, self.scratch = copies_in, copy_out, scratch
+
+class _Plan:
+    """Everything about a call but its stream: copies in, the prepared launch, what follows.
+
+    ``launch_for(stream)`` gives the prepared launch; a split-K plan keeps one fp32
+    workspace (and the descriptor pointing at it) per stream, so calls on different
+    streams never share one, while calls on one stream are ordered by the stream.
+    """
+
+    def __init__(self, launch_for, copies_in=(), finish=None, keep=(), reusable=True, record=None):
+        self.launch_for, self.copies_in, self.finish = launch_for, copies_in, finish
+        self.keep = keep  # what the launches point at: descriptors, scratch buffers
+        self.reusable = reusable  # scratch buffers are per call: such plans are not cached
         self.record = record  # a DebugRecord in debug mode, else None
 
     def __call__(self, stream):
         for src, dst in self.copies_in:
             copy_2d(src, dst, stream)
-        self.launch(stream)
-        if self.copy_out:
-            copy_2d(*self.copy_out, stream)
+        self.launch_for(stream)(stream)
+        if self.finish:
+            self.finish(stream)
 
 
 def _plan(va, vb, vo, config, debug):
     if _is_col_major(vo):  # out.T (N x M, row-major) = b.T @ a.T
         va, vb, vo = _t(vb), _t(va), _t(vo)
-    scratch, copies_in, copy_out = [], [], None
+    scratch, copies_in = [], []
     operands = []
     for v in (va, vb):
         if _tma_ok(v, row_major=True) or _tma_ok(v, row_major=False):
@@ -148,20 +227,42 @@ def _plan(va, vb, vo, config, debug):
             copies_in.append((v, copy))
             operands.append(copy)
     va, vb = operands
+    target = vo
     if not _tma_ok(vo, row_major=True):
-        result, owner = aligned_scratch(vo)
+        vo, owner = aligned_scratch(vo)
         scratch.append(owner)
-        copy_out, vo = (result, vo), result
     cfg = _choose_config(va, vb, vo, config, debug)
-    maps = _tensor_maps(cfg, va, vb, vo)
-    M, N = vo.shape
-    kernel = make_gemm_kernel(cfg)
     record = DebugRecord() if debug else None
-    args = (maps[0].device_ptr, maps[1].device_ptr, maps[2].device_ptr, M, N, va.shape[1],
-            record.address if record else 0)
+    M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
+    splits = cfg.split_k if config is not None else _split_count(cfg, M, N, K, device_limits(vo.device).sm_count)
+    if splits > 1:
+        return _split_k_plan(cfg, va, vb, target, vo, splits, copies_in, scratch, record)
+    launch, maps = _prepare(cfg, va, vb, vo, _Batch(), record)
+    finish = (lambda stream: copy_2d(vo, target, stream)) if vo is not target else None
+    return _Plan(lambda stream: launch, copies_in, finish, (maps, scratch), not scratch, record)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """The batch (or K-slice) dimension of a launch: unit count and element strides."""
+
+    count: int = 1
+    a: int = 0  # 0: one A for every unit
+    b: int = 0
+    c: int = 0
+    k_split: int = 0  # k-blocks per unit when the units are K slices
+
+
+def _prepare(cfg, va, vb, vo, batch, record=None):
+    """Descriptors and the prepared persistent launch of ``cfg`` over ``batch`` units."""
+    maps = _tensor_maps(cfg, va, vb, vo, batch)
+    M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
+    kernel = make_gemm_kernel(cfg)
+    args = (maps[0].device_ptr, maps[1].device_ptr, maps[2].device_ptr, M, N, K, batch.count,
+            int(batch.a != 0), int(batch.b != 0), batch.k_split, record.address if record else 0)
     # Persistent grid: as many CTAs (in whole clusters) as can be resident at once, and no
     # more than there is work for.
-    cluster_tiles = -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
+    cluster_tiles = batch.count * -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
     if cfg.cluster_size > 1:
         resident = max_active_clusters(kernel, cfg.cluster_size, GEMM_THREADS, args,
                                        shared_mem=cfg.shared_bytes, cache_key=("gemm_sm90", cfg))
@@ -172,7 +273,49 @@ def _plan(va, vb, vo, config, debug):
         cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, shared_mem=cfg.shared_bytes,
         cache_key=("gemm_sm90", cfg),
     )
-    return _Plan(launch, maps, copies_in, copy_out, scratch or None, record)
+    return launch, maps
+
+
+def _split_count(cfg, M, N, K, sms):
+    """K slices for a product with too few output tiles to fill the GPU (1: no split).
+
+    Each slice writes fp32 partials that a second kernel sums in a fixed order, so the
+    result is deterministic; the workspace round trip is worth it only when at most half
+    the SMs would otherwise have a tile and each slice keeps >= 8 k-blocks.
+    """
+    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    k_blocks = -(-K // 64)
+    if 2 * tiles > sms or k_blocks < 16:
+        return 1
+    return max(1, min(sms // tiles, k_blocks // 8, 16))
+
+
+def _split_k_plan(cfg, va, vb, target, vo, splits, copies_in, scratch, record):
+    from numba import cuda
+
+    from .kernels.splitk import prepare_reduce
+
+    M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
+    k_blocks = -(-K // 64)
+    k_split = -(-k_blocks // splits)  # k-blocks per slice
+    cfg = dataclasses.replace(cfg, out_dtype="f32", stages=max_stages(
+        cfg.in_dtype, "f32", cfg.block_n, device_limits(vo.device).max_shared_per_block_optin,
+        a_major=cfg.a_major, b_major=cfg.b_major))
+    ld = -(-N // 4) * 4
+    per_stream = {}
+
+    def launch_for(stream):
+        if stream not in per_stream:
+            ws = cuda.device_array((splits, M, ld), dtype="float32")
+            view = DeviceView(ws.device_ctypes_pointer.value, (M, N), (ld, 1), "f32", 4, vo.device, "numba")
+            launch, maps = _prepare(cfg, va, vb, view, _Batch(splits, 0, 0, M * ld, k_split), record)
+            per_stream[stream] = (launch, prepare_reduce(ws, N, target), ws, maps)
+        return per_stream[stream][0]
+
+    def finish(stream):
+        per_stream[stream][1](stream)
+
+    return _Plan(launch_for, copies_in, finish, (per_stream, scratch), not scratch, record)
 
 
 # --- validation ----------------------------------------------------------------------
@@ -204,9 +347,9 @@ def _check_inputs(va: DeviceView, vb: DeviceView):
         raise DeviceMismatchError(f"a is on device {va.device} and b on device {vb.device}")
 
 
-def _check_out(vo: DeviceView, M, N, device, out_dtype):
-    if tuple(vo.shape) != (M, N):
-        raise ShapeError(f"out has shape {tuple(vo.shape)}, expected {(M, N)}")
+def _check_out(vo: DeviceView, shape, device, out_dtype):
+    if tuple(vo.shape) != shape:
+        raise ShapeError(f"out has shape {tuple(vo.shape)}, expected {shape}")
     _check_dtype("out.dtype", vo.dtype, OUTPUT_DTYPES)
     if out_dtype is not None and out_dtype != vo.dtype:
         raise DtypeError(f"out has dtype {vo.dtype} but out_dtype={out_dtype!r}")
@@ -292,7 +435,7 @@ def _choose_config(va, vb, vo, config, debug):
     limits = device_limits(vo.device)
     if config is None:
         M, N = vo.shape
-        base = GemmConfig()
+        base = GemmConfig(block_n=128 if N <= 128 else 256)  # no half-empty tiles for N <= 128
         tiles_m, tiles_n = -(-M // base.block_m), -(-N // base.block_n)
         if tiles_n >= 2 and tiles_m * tiles_n >= 2 * limits.sm_count:
             base = dataclasses.replace(base, cluster_n=2)
@@ -304,14 +447,27 @@ def _choose_config(va, vb, vo, config, debug):
                                b_major=b_major, stages=stages, debug=debug)
 
 
-def _tensor_maps(cfg, va, vb, vo):
-    """TMA descriptors matching the kernel's boxes (see kernels/gemm_sm90.py)."""
+def _tensor_maps(cfg, va, vb, vo, batch):
+    """3-D TMA descriptors (batch outermost) matching the kernel's boxes (gemm_sm90.py)."""
     # K-major A: (M, K) rows of 64 k; M-major A: stored (K, M), 64 x 64 boxes.
-    ta = TensorMap(_canonical(va if cfg.a_major == "K" else _t(va)), cfg.a_box, swizzle=128)
+    ta = TensorMap(_batched(va if cfg.a_major == "K" else _t(va), batch.count, batch.a), cfg.a_box, swizzle=128)
     # K-major B: stored (N, K); N-major B: (K, N), 64 x 64 boxes.
-    tb = TensorMap(_canonical(_t(vb) if cfg.b_major == "K" else vb), cfg.b_box, swizzle=128)
-    tc = TensorMap(_canonical(vo), (64, cfg.epi_cols), swizzle=128)
+    tb = TensorMap(_batched(_t(vb) if cfg.b_major == "K" else vb, batch.count, batch.b), cfg.b_box, swizzle=128)
+    tc = TensorMap(_batched(vo, batch.count, batch.c), cfg.c_box, swizzle=128)
     return ta, tb, tc
+
+
+def _batched(v, count, stride):
+    """The row-major 2-D view ``v`` repeated ``count`` times, ``stride`` elements apart.
+
+    A ``stride`` of 0 (one matrix for every unit) is a batch dimension of 1: the kernel
+    reads it at batch coordinate 0. TMA wants every stride a multiple of 16 bytes, also of
+    a dimension of 1, so a single matrix gets its own size as the stride.
+    """
+    v = _canonical(v)
+    if stride == 0:
+        count, stride = 1, v.shape[0] * v.strides[0]
+    return dataclasses.replace(v, shape=(count, *v.shape), strides=(stride, *v.strides))
 
 
 # --- arrays of the caller's kind -----------------------------------------------------------

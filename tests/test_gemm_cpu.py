@@ -27,7 +27,7 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     assert r.count("UTMALDG") >= 2 and r.count("UTMASTG") >= 1
     assert r.count("USETMAXREG") == 2  # producer dec, consumer inc
     if cfg.cluster_size > 1:  # the shared operand is loaded once per cluster and multicast
-        assert r.count("UTMALDG.2D.MULTICAST") > 0 and r.count("UCGABAR_WAIT") > 0
+        assert r.count("UTMALDG.3D.MULTICAST") > 0 and r.count("UCGABAR_WAIT") > 0
     assert r.count("SYNCS") > 0  # mbarrier
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     assert not r.setmaxnreg_ignored

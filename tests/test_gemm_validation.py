@@ -160,7 +160,8 @@ def _no_launch(monkeypatch):
     launched = []
 
     class Plan:
-        scratch = record = None
+        record = None
+        reusable = False
 
         def __call__(self, stream):
             pass

@@ -1,8 +1,8 @@
 """Kernels built from numba_hopper.intrinsics, and the list ``python -m numba_hopper`` reports on."""
 
-# The GEMM kernel takes three descriptor addresses, M, N, K and the debug record's address,
-# all passed as Python ints.
-GEMM_SIGNATURE = "void(int64, int64, int64, int64, int64, int64, int64)"
+# The GEMM kernel's eleven arguments (descriptor addresses, sizes, batch flags, the debug
+# record's address) are all Python ints.
+GEMM_SIGNATURE = "void(" + ", ".join(["int64"] * 11) + ")"
 
 
 def shipped_kernels():

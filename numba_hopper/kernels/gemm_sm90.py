@@ -30,6 +30,7 @@ config value is a compile-time constant of that kernel.
 from __future__ import annotations
 
 import functools
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +87,7 @@ class GemmConfig:
     cluster_m: int = 1
     cluster_n: int = 1
     debug: bool = False
+    split_k: int = 1  # host side: K slices summed by a second kernel (not a kernel parameter)
 
     def __post_init__(self):
         if self.in_dtype not in ("bf16", "f16"):
@@ -100,6 +102,8 @@ class GemmConfig:
             raise ValueError(f"block_n must be 64, 128, 192 or 256, got {self.block_n}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
+        if self.split_k < 1:
+            raise ValueError(f"split_k must be >= 1, got {self.split_k}")
         if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
             raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}x{self.cluster_n}")
 
@@ -107,7 +111,7 @@ class GemmConfig:
     def cluster_size(self):
         return self.cluster_m * self.cluster_n
 
-    # --- TMA boxes (numpy order) ---
+    # --- TMA boxes (numpy order, batch outermost) ---
     @property
     def a_box(self):
         """Box of A's tensor map: the part of an A tile one CTA of the cluster loads.
@@ -116,14 +120,18 @@ class GemmConfig:
         and multicast it to all of them.
         """
         if self.a_major == "K":
-            return (self.block_m // self.cluster_n, BLOCK_K)
-        return (BLOCK_K, 64)
+            return (1, self.block_m // self.cluster_n, BLOCK_K)
+        return (1, BLOCK_K, 64)
 
     @property
     def b_box(self):
         if self.b_major == "K":
-            return (self.block_n // self.cluster_m, BLOCK_K)
-        return (BLOCK_K, 64)
+            return (1, self.block_n // self.cluster_m, BLOCK_K)
+        return (1, BLOCK_K, 64)
+
+    @property
+    def c_box(self):
+        return (1, EPI_ROWS, self.epi_cols)
 
     # --- shared-memory layout (bytes from the 1024-aligned dynamic base) ---
     @property
@@ -164,14 +172,24 @@ def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 
     return stages
 
 
-@functools.lru_cache(maxsize=None)
 def make_gemm_kernel(cfg: GemmConfig):
-    """The ``@cuda.jit`` kernel ``(tmap_a, tmap_b, tmap_c, M, N, K, debug_record)`` for ``cfg``.
+    """The ``@cuda.jit`` kernel for ``cfg`` (compiled once per kernel-relevant config)."""
+    return _build_gemm_kernel(dataclasses.replace(cfg, split_k=1))
 
-    ``tmap_*`` are device addresses of TMA descriptors (:mod:`numba_hopper.tensormap`):
-    A and B with 128-byte swizzle and the boxes described in the module docstring, C with
-    box (64 rows, ``cfg.epi_cols`` columns) and 128-byte swizzle. ``debug_record``: the
-    device address of a ``numba_hopper.debug.DebugRecord`` (read only if ``cfg.debug``).
+
+@functools.lru_cache(maxsize=None)
+def _build_gemm_kernel(cfg: GemmConfig):
+    """The ``@cuda.jit`` kernel for ``cfg``.
+
+    Arguments ``(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split,
+    debug_record)``: ``tmap_*`` are device addresses of 3-D TMA descriptors
+    (:mod:`numba_hopper.tensormap`), batch outermost: A and B with 128-byte swizzle and the
+    boxes of ``cfg.a_box`` / ``cfg.b_box``, C with box ``cfg.c_box`` and 128-byte swizzle.
+    The grid computes ``batches`` units: batch items (``a_batched``/``b_batched`` are 1, or
+    0 for an operand broadcast over the batch) or, with ``k_split`` > 0, slices of
+    ``k_split`` k-blocks of one product whose partial sums go to batch ``b`` of C.
+    ``debug_record``: the device address of a ``numba_hopper.debug.DebugRecord`` (read
+    only if ``cfg.debug``).
     """
     BM, BN, S, GROUP_M = cfg.block_m, cfg.block_n, cfg.stages, cfg.group_m
     IN_T = cfg.in_dtype
@@ -207,7 +225,7 @@ def make_gemm_kernel(cfg: GemmConfig):
     DEBUG = cfg.debug
 
     @cuda.jit(device=True, forceinline=True)
-    def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0, rm, rn, a_mask, b_mask):
+    def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0, ba, bb, rm, rn, a_mask, b_mask):
         """Issue this CTA's TMA loads of one k-block: its share of the A and B tiles.
 
         Without a cluster that is all of both. In a cluster, CTA (rm, rn) loads part rn of
@@ -217,28 +235,28 @@ def make_gemm_kernel(cfg: GemmConfig):
         b_dst = smem + B_OFF + st.stage * B_TILE
         if CN == 1:
             if A_K_MAJOR:
-                nh.tma_load_2d(a_dst, tmap_a, k0, m0, full)
+                nh.tma_load_3d(a_dst, tmap_a, k0, m0, ba, full)
             else:
                 for i in range(A_PARTS):
-                    nh.tma_load_2d(a_dst + i * MN_BOX_BYTES, tmap_a, m0 + 64 * i, k0, full)
+                    nh.tma_load_3d(a_dst + i * MN_BOX_BYTES, tmap_a, m0 + 64 * i, k0, ba, full)
         elif A_K_MAJOR:
             rows = BM // CN
-            nh.tma_load_multicast_2d(a_dst + rn * A_PART_BYTES, tmap_a, k0, m0 + rn * rows, full, a_mask)
+            nh.tma_load_multicast_3d(a_dst + rn * A_PART_BYTES, tmap_a, k0, m0 + rn * rows, ba, full, a_mask)
         else:
-            nh.tma_load_multicast_2d(a_dst + rn * MN_BOX_BYTES, tmap_a, m0 + 64 * rn, k0, full, a_mask)
+            nh.tma_load_multicast_3d(a_dst + rn * MN_BOX_BYTES, tmap_a, m0 + 64 * rn, k0, ba, full, a_mask)
         if CM == 1:
             if B_K_MAJOR:
-                nh.tma_load_2d(b_dst, tmap_b, k0, n0, full)
+                nh.tma_load_3d(b_dst, tmap_b, k0, n0, bb, full)
             else:
                 for i in range(B_BOXES):
-                    nh.tma_load_2d(b_dst + i * MN_BOX_BYTES, tmap_b, n0 + 64 * i, k0, full)
+                    nh.tma_load_3d(b_dst + i * MN_BOX_BYTES, tmap_b, n0 + 64 * i, k0, bb, full)
         elif B_K_MAJOR:
             rows = BN // CM
-            nh.tma_load_multicast_2d(b_dst + rm * B_PART_BYTES, tmap_b, k0, n0 + rm * rows, full, b_mask)
+            nh.tma_load_multicast_3d(b_dst + rm * B_PART_BYTES, tmap_b, k0, n0 + rm * rows, bb, full, b_mask)
         else:
             for i in range(B_BOXES // CM):
                 box = rm * (B_BOXES // CM) + i
-                nh.tma_load_multicast_2d(b_dst + box * MN_BOX_BYTES, tmap_b, n0 + 64 * box, k0, full, b_mask)
+                nh.tma_load_multicast_3d(b_dst + box * MN_BOX_BYTES, tmap_b, n0 + 64 * box, k0, bb, full, b_mask)
 
     @cuda.jit(device=True, forceinline=True)
     def release(bars, st, rm, rn):
@@ -302,7 +320,7 @@ def make_gemm_kernel(cfg: GemmConfig):
     pack = nh.pack_bf16x2 if OUT_T == "bf16" else nh.pack_f16x2
 
     @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
-    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, debug_record):
+    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record):
         tid = cuda.threadIdx.x
         wg = tid // 128
         smem = nh.dynamic_shared_base()
@@ -332,8 +350,11 @@ def make_gemm_kernel(cfg: GemmConfig):
         # by TMA and its store is clipped away.
         ctiles_m = (tiles_m + CM - 1) // CM
         ctiles_n = (tiles_n + CN - 1) // CN
-        num_tiles = ctiles_m * ctiles_n
-        k_blocks = (K + BLOCK_K - 1) // BLOCK_K
+        # Work units: batch items (A/B batch coordinate b * a_batched / b * b_batched), or
+        # slices of K (k_split k-blocks each, unit b writing partial sums to batch b of C).
+        per_batch = ctiles_m * ctiles_n
+        num_tiles = batches * per_batch
+        k_blocks = k_split if k_split else (K + BLOCK_K - 1) // BLOCK_K
         first_tile = cuda.blockIdx.x // CLUSTER
         tile_step = cuda.gridDim.x // CLUSTER
 
@@ -345,14 +366,17 @@ def make_gemm_kernel(cfg: GemmConfig):
                 st = PipelineState(0, 0)
                 tile = first_tile
                 while tile < num_tiles:
-                    cm, cn = grouped_tile(tile, ctiles_m, ctiles_n, GROUP_M)
+                    b = tile // per_batch
+                    cm, cn = grouped_tile(tile - b * per_batch, ctiles_m, ctiles_n, GROUP_M)
                     m0 = (CM * cm + rm) * BM
                     n0 = (CN * cn + rn) * BN
+                    k_first = b * k_split
                     for kb in range(k_blocks):
                         # Debug builds bound the wait; release builds pass None (compiled out).
                         producer_acquire(bars, S, st, debug_site(debug_record, tile, kb) if DEBUG else None)
                         full = producer_commit(bars, st, STAGE_TX)
-                        load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, kb * BLOCK_K, rm, rn, a_mask, b_mask)
+                        load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, (k_first + kb) * BLOCK_K,
+                                   b * a_batched, b * b_batched, rm, rn, a_mask, b_mask)
                         st = pipeline_advance(st, S)
                     tile += tile_step
         else:
@@ -369,7 +393,8 @@ def make_gemm_kernel(cfg: GemmConfig):
             stores = 0
             tile = first_tile
             while tile < num_tiles:
-                cm, cn = grouped_tile(tile, ctiles_m, ctiles_n, GROUP_M)
+                bc = tile // per_batch
+                cm, cn = grouped_tile(tile - bc * per_batch, ctiles_m, ctiles_n, GROUP_M)
                 m0 = (CM * cm + rm) * BM
                 n0 = (CN * cn + rn) * BN
                 prev = st
@@ -396,7 +421,7 @@ def make_gemm_kernel(cfg: GemmConfig):
                     nh.fence_proxy_async()
                     nh.named_barrier_sync(1 + cw, 128)
                     if leader:
-                        nh.tma_store_2d(tmap_c, buf, n0 + q * EPI_COLS, row0)
+                        nh.tma_store_3d(tmap_c, buf, n0 + q * EPI_COLS, row0, bc)
                         nh.bulk_commit_group()
                     stores += 1
                 tile += tile_step
