@@ -9,6 +9,7 @@ Every shape is checked against float64 before it is timed.
     python benchmarks/bench_gemm.py                 # the full suite
     python benchmarks/bench_gemm.py --quick         # 4096^3 and 8192^3 only
     python benchmarks/bench_gemm.py --shapes 4096x4096x4096 --json out.json
+    python benchmarks/bench_gemm.py --quick --configs default 2x1 1x2 2x2   # cluster variants
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from numba_hopper.gemm import gemm  # noqa: E402
+from numba_hopper.gemm import GemmConfig, bmm, gemm  # noqa: E402
 
 # (name, M, N, K, dtype, layout)
 SUITE = [
@@ -48,13 +49,26 @@ SUITE = [
     ("4096^3 CR", 4096, 4096, 4096, "bf16", "CR"),
     ("4096^3 CC", 4096, 4096, 4096, "bf16", "CC"),
 ]
+# Issue 7: small, skinny and batched products, partial last waves (--suite small).
+SMALL_SUITE = [
+    ("128x8192x8192", 128, 8192, 8192, "bf16", "RR"),
+    ("64x4096x4096", 64, 4096, 4096, "bf16", "RR"),
+    ("256x14336x4096", 256, 14336, 4096, "bf16", "RR"),
+    ("16384x128x4096", 16384, 128, 4096, "bf16", "RR"),
+    ("1024^3", 1024, 1024, 1024, "bf16", "RR"),
+    ("1792x1280x4096 (140 tiles)", 1792, 1280, 4096, "bf16", "RR"),
+    ("1920x1280x4096 (150 tiles)", 1920, 1280, 4096, "bf16", "RR"),
+    ("32x(1024x1024x128)", 1024, 1024, 128, "bf16", "RR", 32),
+    ("8x(4096x4096x4096)", 4096, 4096, 4096, "bf16", "RR", 8),
+]
 TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def _operand(rows, cols, dtype, major):
+def _operand(rows, cols, dtype, major, batch=1):
+    lead = (batch,) if batch > 1 else ()
     if major == "R":
-        return torch.randn(rows, cols, device="cuda", dtype=TORCH_DTYPE[dtype])
-    return torch.randn(cols, rows, device="cuda", dtype=TORCH_DTYPE[dtype]).t()
+        return torch.randn(*lead, rows, cols, device="cuda", dtype=TORCH_DTYPE[dtype])
+    return torch.randn(*lead, cols, rows, device="cuda", dtype=TORCH_DTYPE[dtype]).transpose(-1, -2)
 
 
 def _time(fn, sets, reps):
@@ -68,43 +82,58 @@ def _time(fn, sets, reps):
     return start.elapsed_time(end) / reps
 
 
-def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes):
-    set_bytes = 2 * (M * K + K * N + M * N)
+def _config(name):
+    """``default`` (the library's choice) or a cluster shape ``MxN`` such as ``2x1``."""
+    if name == "default":
+        return None
+    cm, cn = (int(x) for x in name.split("x"))
+    return GemmConfig(cluster_m=cm, cluster_n=cn, stages=4)
+
+
+def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), batch=1):
+    """TFLOP/s of each of our ``configs`` and of cuBLAS, timed in interleaved rounds."""
+    set_bytes = 2 * batch * (M * K + K * N + M * N)
     nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
-    sets = [(_operand(M, K, dtype, layout[0]), _operand(K, N, dtype, layout[1]),
-             torch.empty(M, N, device="cuda", dtype=TORCH_DTYPE[dtype])) for _ in range(nsets)]
+    lead = (batch,) if batch > 1 else ()
+    sets = [(_operand(M, K, dtype, layout[0], batch), _operand(K, N, dtype, layout[1], batch),
+             torch.empty(*lead, M, N, device="cuda", dtype=TORCH_DTYPE[dtype])) for _ in range(nsets)]
 
-    def ours(a, b, c):
-        gemm(a, b, out=c)
-
-    def cublas(a, b, c):
-        torch.matmul(a, b, out=c)
+    ours = bmm if batch > 1 else gemm
+    fns = {"cublas": (lambda a, b, c: torch.bmm(a, b, out=c)) if batch > 1 else (lambda a, b, c: torch.matmul(a, b, out=c))}
+    for name in configs:
+        cfg = _config(name)
+        fns[name] = lambda a, b, c, cfg=cfg: ours(a, b, out=c, config=cfg)
 
     a, b, c = sets[0]
-    ours(a, b, c)
     ref = a.double() @ b.double()
-    err = ((c.double() - ref).norm() / ref.norm()).item()
-    if not err < 1e-2:
-        raise AssertionError(f"{M}x{N}x{K} {dtype} {layout}: relative error {err}")
-    # Warm up both (compile, clocks), then pick reps so one timing lasts ~20 ms.
-    for fn in (ours, cublas):
+    errors = {}
+    for name in configs:
+        fns[name](a, b, c)
+        errors[name] = ((c.double() - ref).norm() / ref.norm()).item()
+        if not errors[name] < 1e-2:
+            raise AssertionError(f"{M}x{N}x{K} {dtype} {layout} {name}: relative error {errors[name]}")
+    # Warm up all (compile, clocks), then pick reps so one timing lasts ~20 ms.
+    for fn in fns.values():
         _time(fn, sets, 3)
-    est = _time(cublas, sets, 5)
+    est = _time(fns["cublas"], sets, 5)
     reps = max(5, min(200, int(20 / max(est, 1e-3))))
-    times = {"ours": [], "cublas": []}
+    times = {k: [] for k in fns}
+    order = list(fns)
     for r in range(rounds):
-        order = ("ours", "cublas") if r % 2 == 0 else ("cublas", "ours")
-        for name in order:
-            times[name].append(_time(ours if name == "ours" else cublas, sets, reps))
-    flops = 2.0 * M * N * K
+        for name in order if r % 2 == 0 else order[::-1]:
+            times[name].append(_time(fns[name], sets, reps))
+    flops = 2.0 * batch * M * N * K
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "ours_tflops": flops / med["ours"] / 1e9,
-        "cublas_tflops": flops / med["cublas"] / 1e9,
-        "ratio": med["cublas"] / med["ours"],
-        "rel_error": err,
-        "ours_ms": med["ours"],
-        "cublas_ms": med["cublas"],
+        name: {
+            "ours_tflops": flops / med[name] / 1e9,
+            "cublas_tflops": flops / med["cublas"] / 1e9,
+            "ratio": med["cublas"] / med[name],
+            "rel_error": errors[name],
+            "ours_ms": med[name],
+            "cublas_ms": med["cublas"],
+        }
+        for name in configs
     }
 
 
@@ -116,23 +145,30 @@ def _parse_shape(s):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="4096^3 and 8192^3 only")
+    p.add_argument("--suite", choices=["large", "small"], default="large",
+                   help="large: issue 5/6 suite; small: skinny, partial-wave and batched shapes")
     p.add_argument("--shapes", nargs="*", help="MxNxK shapes (bf16, RR) instead of the suite")
     p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--configs", nargs="*", default=["default"],
+                   help="our variants to time: 'default' and/or cluster shapes like 2x1, 1x2, 2x2")
     p.add_argument("--json", help="results file (default benchmarks/results/gemm-<date>.json)")
     args = p.parse_args(argv)
 
-    suite = [_parse_shape(s) for s in args.shapes] if args.shapes else SUITE
+    suite = [_parse_shape(s) for s in args.shapes] if args.shapes else (SMALL_SUITE if args.suite == "small" else SUITE)
     if args.quick:
         suite = [s for s in SUITE if s[0] in ("4096^3", "8192^3")]
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20)
     records = []
-    for name, M, N, K, dtype, layout in suite:
-        r = bench_shape(M, N, K, dtype, layout, args.rounds, l2)
-        records.append({"name": name, "M": M, "N": N, "K": K, "batch": 1, "dtype": dtype,
-                        "layout": layout, **r})
-        print(f"{name:28s} ours {r['ours_tflops']:7.1f}  cuBLAS {r['cublas_tflops']:7.1f} TFLOP/s"
-              f"  ratio {r['ratio']:.3f}", flush=True)
+    for name, M, N, K, dtype, layout, *batch in suite:
+        batch = batch[0] if batch else 1
+        results = bench_shape(M, N, K, dtype, layout, args.rounds, l2, args.configs, batch)
+        for config, r in results.items():
+            label = name if config == "default" else f"{name} [cluster {config}]"
+            records.append({"name": label, "M": M, "N": N, "K": K, "batch": batch, "dtype": dtype,
+                            "layout": layout, "config": config, **r})
+            print(f"{label:40s} ours {r['ours_tflops']:7.1f}  cuBLAS {r['cublas_tflops']:7.1f} TFLOP/s"
+                  f"  ratio {r['ratio']:.3f}", flush=True)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=ROOT).stdout.strip() or os.environ.get("GIT_COMMIT", "unknown")
@@ -147,9 +183,10 @@ def main(argv=None):
     print(f"\n| shape | ours TFLOP/s | cuBLAS TFLOP/s | ratio |\n|---|---|---|---|")
     for r in records:
         print(f"| {r['name']} | {r['ours_tflops']:.1f} | {r['cublas_tflops']:.1f} | {r['ratio']:.3f} |")
-    big = [r["ratio"] for r in records if min(r["M"], r["N"], r["K"]) >= 2048]
-    if big:
-        print(f"geomean ratio (M,N,K >= 2048): {math.exp(sum(map(math.log, big)) / len(big)):.3f}")
+    for config in args.configs:
+        big = [r["ratio"] for r in records if r["config"] == config and min(r["M"], r["N"], r["K"]) >= 2048]
+        if big:
+            print(f"geomean ratio (M,N,K >= 2048), {config}: {math.exp(sum(map(math.log, big)) / len(big)):.3f}")
     print(f"results: {out}")
 
 

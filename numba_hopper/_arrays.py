@@ -2,14 +2,16 @@
 
 ``device_view(obj)`` reads the pointer, shape, element strides, dtype and device of
 
-- numba device arrays, CuPy arrays and anything else with ``__cuda_array_interface__``;
+- numba device arrays and anything else with ``__cuda_array_interface__``;
 - PyTorch CUDA tensors, through ``data_ptr()``/``shape``/``stride()``/``dtype`` (the CUDA
-  array interface has no bfloat16 and no float8, PyTorch's own attributes do).
+  array interface has no bfloat16 and no float8, PyTorch's own attributes do);
+- CuPy arrays, through ``data.ptr``/``shape``/``strides``/``dtype``/``device``: CuPy 14
+  holds bfloat16 as ``ml_dtypes.bfloat16``, which its array interface cannot name.
 
 Nothing here imports torch or cupy: a framework is recognised by ``type(obj).__module__``.
 
 Dtypes are canonical short names (``DTYPES``). bfloat16 and float8 data held in an integer
-array (numba and CuPy have no such dtypes) is described with ``dtype="bf16"`` (over a 2-byte
+array (numba, and CuPy before 14, have no such dtypes) is described with ``dtype="bf16"`` (over a 2-byte
 array) or ``dtype="e4m3"``/``"e5m2"`` (over a 1-byte array); ``"tf32"`` (over float32) is
 never inferred, only requested. An override must have the storage's item size.
 """
@@ -153,6 +155,22 @@ def _from_torch(t, dtype) -> DeviceView:
     )
 
 
+def _from_cupy(a, dtype) -> DeviceView:
+    name = _NUMPY_NAMES.get(a.dtype.name)
+    if name is None:
+        raise TypeError(f"cupy dtype {a.dtype} has no TMA element type (bfloat16 data in uint16: pass dtype='bf16')")
+    itemsize = ITEMSIZE[name]
+    return DeviceView(
+        ptr=int(a.data.ptr),
+        shape=tuple(int(s) for s in a.shape),
+        strides=tuple(int(s) // itemsize for s in a.strides),
+        dtype=_override(name, dtype),
+        itemsize=itemsize,
+        device=int(a.device.id),
+        framework="cupy",
+    )
+
+
 def _from_cai(obj, cai, framework, dtype, device) -> DeviceView:
     import numpy as np
 
@@ -199,6 +217,8 @@ def device_view(obj, dtype: str | None = None) -> DeviceView:
     root = _root_module(obj)
     if root == "torch" and hasattr(obj, "data_ptr"):
         return _from_torch(obj, dtype)
+    if root == "cupy" and hasattr(obj, "data") and hasattr(obj, "device"):
+        return _from_cupy(obj, dtype)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is None:
         if root == "numpy" or hasattr(obj, "__array_interface__"):
@@ -210,12 +230,5 @@ def device_view(obj, dtype: str | None = None) -> DeviceView:
             f"{type(obj).__name__} is not a CUDA device array: expected a numba device array, "
             f"a CuPy array, a CUDA torch tensor or an object with __cuda_array_interface__"
         )
-    if root == "numba":
-        framework, device = "numba", None
-    elif root == "cupy":
-        framework = "cupy"
-        dev = getattr(obj, "device", None)
-        device = getattr(dev, "id", None)
-    else:
-        framework, device = "cai", None
-    return _from_cai(obj, cai, framework, dtype, device)
+    framework = "numba" if root == "numba" else "cai"
+    return _from_cai(obj, cai, framework, dtype, None)

@@ -24,12 +24,13 @@ def _copy_2d(src, dst):
         dst[r, c] = src[r, c]
 
 
-def _as_numba(v):
+def as_numba(v, dtype=None):
+    """A numba device array over the view ``v`` (its raw bits unless ``dtype`` is given)."""
     return cuda.from_cuda_array_interface(
         {
             "shape": tuple(v.shape),
             "strides": tuple(s * v.itemsize for s in v.strides),
-            "typestr": np.dtype(_BITS[v.itemsize]).str,
+            "typestr": np.dtype(dtype or _BITS[v.itemsize]).str,
             "data": (v.ptr, False),
             "version": 3,
         },
@@ -58,4 +59,4 @@ def copy_2d(src, dst, stream):
     """``dst[...] = src`` for two 2-D views of the same shape and item size, on ``stream``."""
     rows, cols = src.shape
     grid = (-(-rows // 8), -(-cols // 32))
-    _copy_2d[grid, (8, 32), _numba_stream(stream)](_as_numba(src), _as_numba(dst))
+    _copy_2d[grid, (8, 32), _numba_stream(stream)](as_numba(src), as_numba(dst))

@@ -13,7 +13,9 @@ What is private and why:
 - an ``@intrinsic`` that prefers literal argument types (``literal_intrinsic``): the public
   ``numba.cuda.extending.intrinsic`` takes no options;
 - the per-signature ``_Kernel`` object, its argument packing and its ``CUkernel`` handle,
-  used by the cluster/large-shared-memory launcher.
+  used by the cluster/large-shared-memory launcher;
+- pickling a ``_Kernel`` and adding one to a dispatcher, as numba's own disk cache does,
+  for numba_hopper's kernel cache (``_kernel_cache``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ __all__ = [
     "pack_kernel_args",
     "cu_kernel",
     "static_shared_bytes",
+    "arg_types",
+    "has_overload",
+    "serialize_kernel",
+    "add_serialized_kernel",
 ]
 
 
@@ -162,7 +168,7 @@ def kernel_for_args(dispatcher, args):
     """
     if dispatcher.specialized:
         return next(iter(dispatcher.overloads.values()))
-    argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
+    argtypes = arg_types(dispatcher, args)
     kernel = dispatcher.overloads.get(argtypes)
     if kernel is not None:
         return kernel
@@ -198,3 +204,32 @@ def cu_kernel(kernel):
 def static_shared_bytes(kernel) -> int:
     """Static shared memory of a compiled ``_Kernel`` (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)."""
     return int(kernel._codelibrary.get_cufunc().attrs.shared)
+
+
+# --- the kernel cache's internals ------------------------------------------------------
+
+
+def arg_types(dispatcher, args) -> tuple:
+    """The numba types ``dispatcher`` would compile ``args`` as."""
+    return tuple(dispatcher.typeof_pyval(a) for a in args)
+
+
+def has_overload(dispatcher, argtypes) -> bool:
+    """Whether ``dispatcher`` holds a kernel it would launch for ``argtypes`` (no compile)."""
+    return dispatcher.specialized or argtypes in dispatcher.overloads
+
+
+def serialize_kernel(kernel) -> bytes:
+    """A compiled ``_Kernel`` as numba's disk cache pickles it (with its linked cubins)."""
+    from numba.cuda.serialize import dumps
+
+    return dumps(kernel)
+
+
+def add_serialized_kernel(dispatcher, data: bytes):
+    """Unpickle a ``serialize_kernel`` result into ``dispatcher`` as a compiled overload."""
+    import pickle
+
+    kernel = pickle.loads(data)
+    dispatcher.add_overload(kernel, kernel.argument_types)
+    return kernel

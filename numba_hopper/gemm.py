@@ -25,6 +25,7 @@ Fused epilogues (``alpha``, ``beta``/``c``, ``bias``, ``activation``, ``aux_out`
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 from numba import cuda
@@ -33,11 +34,20 @@ from ._arrays import DeviceView, device_view
 from ._copy import aligned_scratch, copy_2d
 from ._device import hopper_device_reason
 from .kernels.epilogue import ACTIVATIONS, EpilogueConfig
-from .kernels.gemm_sm90 import GEMM_THREADS, GemmConfig, c_box_cols, make_gemm_kernel, max_stages
-from .launch import as_stream_handle, device_limits, prepare_launch
+from .kernels.gemm_sm90 import EPI_ROWS, GEMM_THREADS, GemmConfig, c_box_cols, make_gemm_kernel, max_stages
+from .debug import DebugRecord, debug_enabled
+from .errors import (
+    DeviceMismatchError,
+    DtypeError,
+    LayoutError,
+    OverlapError,
+    ShapeError,
+    UnsupportedDeviceError,
+)
+from .launch import as_stream_handle, device_limits, max_active_clusters, prepare_launch
 from .tensormap import TensorMap
 
-__all__ = ["gemm", "GemmConfig"]
+__all__ = ["gemm", "bmm", "GemmConfig"]
 
 INPUT_DTYPES = ("bf16", "f16")
 OUTPUT_DTYPES = ("bf16", "f16", "f32")
@@ -45,7 +55,7 @@ OUTPUT_DTYPES = ("bf16", "f16", "f32")
 
 def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None,
          out_dtype=None, aux_out=None, epilogue=None, epilogue_args=(), row_scale=None, col_scale=None,
-         dtype=None, stream=None, config=None):
+         dtype=None, stream=None, config=None, debug=None):
     """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N), or with a fused
     epilogue ``act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``.
 
@@ -76,15 +86,26 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       per function), so keep it small: it runs in the registers of the epilogue.
     - ``row_scale`` (length M), ``col_scale`` (length N): float32 vectors.
 
-    Raises ``TypeError`` (dtype, array kind) or ``ValueError`` (shape, layout, device)
-    before anything is launched; ``RuntimeError`` when there is no Hopper GPU.
+    A fused epilogue never uses split-K (whose K slices produce partial sums, not outputs).
+
+    ``debug``: run the debug build (bounded pipeline waits) and synchronize; a hang raises
+    :class:`~numba_hopper.errors.PipelineHangError` (default: ``NUMBA_HOPPER_DEBUG``).
+
+    Raises, before anything is launched (``numba_hopper.errors``): ``DtypeError``
+    (a TypeError: dtypes; array kinds raise a plain TypeError), ``ShapeError``,
+    ``LayoutError`` (negative strides, a broadcast ``out``), ``OverlapError`` (``out`` or
+    ``aux_out`` sharing memory with an operand; ``out`` may be exactly ``c``),
+    ``DeviceMismatchError`` (all ValueErrors) and
+    ``UnsupportedDeviceError`` (a RuntimeError) when there is no Hopper GPU. Empty outputs
+    launch nothing; ``K == 0`` zero-fills ``out``.
     """
+    debug = debug_enabled(debug)
     # Steady state: the same arrays (pointer, shape, strides, dtype) as an earlier call
     # that was fully checked; its plan only needs this call's stream.
     fused = _fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args,
                          row_scale, col_scale)
-    key = out is not None and (_array_key(a), _array_key(b), _array_key(out), out_dtype, dtype, config,
-                               fused and _fusion_key(fused))
+    key = out is not None and not debug and (
+        _array_key(a), _array_key(b), _array_key(out), out_dtype, dtype, config, fused and _fusion_key(fused))
     plan = key and _plans.get(key)
     if plan:
         plan(_stream_handle(stream, a))
@@ -99,11 +120,12 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
         _check_dtype("out_dtype", out_dtype, OUTPUT_DTYPES)
     else:
         vo = device_view(out, dtype=out_dtype)
-        _check_out(vo, M, N, va.device, out_dtype)
+        _check_out(vo, (M, N), va.device, out_dtype)
     fusion = fused and _fusion(fused, M, N, va.device, dtype)
+    _check_no_overlap(vo if out is not None else None, va, vb, fusion)
     reason = hopper_device_reason()
     if reason is not None:
-        raise RuntimeError(f"numba_hopper.gemm needs a Hopper GPU (compute capability 9.x): {reason}")
+        raise UnsupportedDeviceError(f"numba_hopper.gemm needs a Hopper GPU (compute capability 9.x): {reason}")
     if out is None:
         out = _empty_like(a, (M, N), out_dtype, va)
         vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
@@ -116,41 +138,125 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
         _zero_fill(vo, handle)
         return out
 
-    plan = _plan(va, vb, vo, config, fusion)
-    if key and plan.scratch is None:  # plans with scratch buffers are rebuilt per call
-        _plans[key] = plan
-        if len(_plans) > PLAN_CACHE_SIZE:
-            _plans.pop(next(iter(_plans)))
+    plan = _plan(va, vb, vo, config, debug, fusion)
+    if key and plan.reusable:
+        _remember(key, plan)
+    plan(handle)
+    if debug:
+        plan.record.synchronize(handle)
+    return out
+
+
+def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None):
+    """Batched ``out[i] = a[i] @ b[i]`` for ``a`` (B, M, K) and ``b`` (B, K, N): one launch.
+
+    Either operand may be 2-D, or have a batch stride of 0 (``torch.expand``), to use one
+    matrix for every batch item. Each matrix may be row- or column-major; batch strides,
+    base addresses and leading dimensions must be multiples of 16 bytes (TMA), and
+    ``out`` (B, M, N) row-major per matrix: this entry point makes no aligned copies.
+    Other arguments as for :func:`gemm` (no fused epilogue: those options are gemm's).
+    """
+    key = out is not None and ("bmm", _array_key(a), _array_key(b), _array_key(out), out_dtype, dtype, config)
+    plan = key and _plans.get(key)
+    if plan:
+        plan(_stream_handle(stream, a))
+        return out
+    va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
+    for name, v in (("a", va), ("b", vb)):
+        if len(v.shape) not in (2, 3):
+            raise ValueError(f"{name} must be 2-D or 3-D, got shape {v.shape}")
+    (ba, sa, ma), (bb, sb, mb) = _batch_split(va), _batch_split(vb)
+    _check_inputs(ma, mb)
+    batch = max(ba, bb)
+    if {ba, bb} - {1, batch}:
+        raise ValueError(f"batch sizes {ba} and {bb} do not broadcast")
+    M, K, N = ma.shape[0], ma.shape[1], mb.shape[1]
+    if out is None:
+        out_dtype = out_dtype or va.dtype
+        _check_dtype("out_dtype", out_dtype, OUTPUT_DTYPES)
+    else:
+        vo = device_view(out, dtype=out_dtype)
+        _check_out(vo, (batch, M, N), va.device, out_dtype)
+    reason = hopper_device_reason()
+    if reason is not None:
+        raise RuntimeError(f"numba_hopper.bmm needs a Hopper GPU (compute capability 9.x): {reason}")
+    if out is None:
+        out = _empty_like(a, (batch, M, N), out_dtype, va)
+        vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
+    if batch == 0 or M == 0 or N == 0:
+        return out
+    handle = _stream_handle(stream, a)
+    _, so, mo = _batch_split(vo)
+    if K == 0:
+        for i in range(batch):
+            _zero_fill(dataclasses.replace(mo, ptr=mo.ptr + i * so * mo.itemsize), handle)
+        return out
+    for name, m, stride in (("a", ma, sa), ("b", mb, sb), ("out", mo, so)):
+        ok = _tma_ok(m, row_major=True) or (name != "out" and _tma_ok(m, row_major=False))
+        if not ok or (stride * m.itemsize) % 16:
+            raise ValueError(
+                f"bmm: {name} must hold {'row-major' if name == 'out' else 'row- or column-major'} matrices "
+                f"with 16-byte-aligned base, leading dimension and batch stride; got strides "
+                f"{(stride, *m.strides)} (elements) at {m.ptr:#x}"
+            )
+    cfg = _choose_config(ma, mb, mo, config, debug=False)
+    launch, maps = _prepare(cfg, ma, mb, mo, _Batch(batch, sa, sb, so))
+    plan = _Plan(lambda s: launch, keep=maps)
+    if key:
+        _remember(key, plan)
     plan(handle)
     return out
+
+
+def _batch_split(v):
+    """``(batch count, batch stride in elements (0: broadcast), 2-D view of item 0)``."""
+    if len(v.shape) == 2:
+        return 1, 0, v
+    count, stride = v.shape[0], v.strides[0] if v.shape[0] > 1 else 0
+    return count, stride, dataclasses.replace(v, shape=v.shape[1:], strides=v.strides[1:])
 
 
 # --- plans: everything about a call but its stream, built once per operand set -----------
 
 PLAN_CACHE_SIZE = 256
 _plans: dict = {}
+_plans_lock = threading.Lock()
+
+
+def _remember(key, plan):
+    with _plans_lock:  # two threads evicting the same oldest plan would KeyError
+        _plans[key] = plan
+        while len(_plans) > PLAN_CACHE_SIZE:
+            _plans.pop(next(iter(_plans)))
 
 
 class _Plan:
-    """Copies in, the prepared kernel launch, copy out; holds what the launch points at."""
+    """Everything about a call but its stream: copies in, the prepared launch, what follows.
 
-    def __init__(self, launch, tensor_maps, copies_in, copy_out, scratch):
-        self.launch, self.tensor_maps = launch, tensor_maps
-        self.copies_in, self.copy_out, self.scratch = copies_in, copy_out, scratch
+    ``launch_for(stream)`` gives the prepared launch; a split-K plan keeps one fp32
+    workspace (and the descriptor pointing at it) per stream, so calls on different
+    streams never share one, while calls on one stream are ordered by the stream.
+    """
+
+    def __init__(self, launch_for, copies_in=(), finish=None, keep=(), reusable=True, record=None):
+        self.launch_for, self.copies_in, self.finish = launch_for, copies_in, finish
+        self.keep = keep  # what the launches point at: descriptors, scratch buffers
+        self.reusable = reusable  # scratch buffers are per call: such plans are not cached
+        self.record = record  # a DebugRecord in debug mode, else None
 
     def __call__(self, stream):
         for src, dst in self.copies_in:
             copy_2d(src, dst, stream)
-        self.launch(stream)
-        if self.copy_out:
-            copy_2d(*self.copy_out, stream)
+        self.launch_for(stream)(stream)
+        if self.finish:
+            self.finish(stream)
 
 
-def _plan(va, vb, vo, config, fusion):
+def _plan(va, vb, vo, config, debug, fusion=None):
     transposed = _is_col_major(vo)
     if transposed:  # out.T (N x M, row-major) = b.T @ a.T
         va, vb, vo = _t(vb), _t(va), _t(vo)
-    scratch, copies_in, copy_out = [], [], None
+    scratch, copies_in = [], []
     if fusion:
         fusion = fusion.transposed() if transposed else fusion
         if fusion.c is not None and not _tma_ok(fusion.c, row_major=True):  # C as the output
@@ -168,23 +274,112 @@ def _plan(va, vb, vo, config, fusion):
             copies_in.append((v, copy))
             operands.append(copy)
     va, vb = operands
+    target = vo
     if not _tma_ok(vo, row_major=True):
-        result, owner = aligned_scratch(vo)
+        vo, owner = aligned_scratch(vo)
         scratch.append(owner)
-        copy_out, vo = (result, vo), result
-    cfg = _choose_config(va, vb, vo, config, fusion and fusion.config(transposed))
-    maps = _tensor_maps(cfg, va, vb, vo)
-    M, N = vo.shape
-    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
-    grid = min(tiles, device_limits(vo.device).sm_count)
-    args = (maps[0].device_ptr, maps[1].device_ptr, maps[2].device_ptr, M, N, va.shape[1])
+    cfg = _choose_config(va, vb, vo, config, debug, fusion and fusion.config(transposed))
+    record = DebugRecord() if debug else None
+    M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
+    # Split-K slices write fp32 partial sums, so an epilogue could only run after the reduce:
+    # fused calls simply do not split (GemmConfig refuses split_k > 1 with an epilogue).
+    auto_split = not fusion and config is None
+    splits = _split_count(cfg, M, N, K, device_limits(vo.device).sm_count) if auto_split else cfg.split_k
+    if splits > 1:
+        return _split_k_plan(cfg, va, vb, target, vo, splits, copies_in, scratch, record)
+    launch, maps = _prepare(cfg, va, vb, vo, _Batch(), record, fusion)
+    finish = (lambda stream: copy_2d(vo, target, stream)) if vo is not target else None
+    return _Plan(lambda stream: launch, copies_in, finish, (maps, scratch), not scratch, record)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """The batch (or K-slice) dimension of a launch: unit count and element strides."""
+
+    count: int = 1
+    a: int = 0  # 0: one A for every unit
+    b: int = 0
+    c: int = 0
+    k_split: int = 0  # k-blocks per unit when the units are K slices
+
+
+def _prepare(cfg, va, vb, vo, batch, record=None, fusion=None):
+    """Descriptors and the prepared persistent launch of ``cfg`` over ``batch`` units.
+
+    ``fusion``: the fused epilogue of a single (count 1) product, in kernel coordinates.
+    """
+    maps = _tensor_maps(cfg, va, vb, vo, batch)
+    M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
+    kernel = make_gemm_kernel(cfg)
+    args = (maps[0].device_ptr, maps[1].device_ptr, maps[2].device_ptr, M, N, K, batch.count,
+            int(batch.a != 0), int(batch.b != 0), batch.k_split, record.address if record else 0)
     if fusion:
-        c_map = fusion.c is not None and TensorMap(_canonical(fusion.c), (64, c_box_cols(cfg)),
-                                                   swizzle=c_box_cols(cfg) * fusion.c.itemsize)
+        cols = fusion.c is not None and c_box_cols(cfg)
+        c_map = cols and TensorMap(_batched(fusion.c, 1, 0), (1, EPI_ROWS, cols), swizzle=cols * fusion.c.itemsize)
         maps += (c_map,) if c_map else ()
         args += (fusion.kernel_args(cfg.epilogue, c_map),)
-    launch = prepare_launch(make_gemm_kernel(cfg), grid, GEMM_THREADS, args, shared_mem=cfg.shared_bytes)
-    return _Plan(launch, maps, copies_in, copy_out, scratch or None)
+    # The on-disk cache keys a kernel on the package's sources and the config's repr; a
+    # user epilogue function is neither (its repr is an address, its code is the caller's),
+    # so such kernels are compiled in every process rather than risk loading a stale one.
+    user_code = cfg.epilogue is not None and cfg.epilogue.user is not None
+    cache_key = None if user_code else ("gemm_sm90", cfg)
+    # Persistent grid: as many CTAs (in whole clusters) as can be resident at once, and no
+    # more than there is work for.
+    cluster_tiles = batch.count * -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
+    if cfg.cluster_size > 1:
+        resident = max_active_clusters(kernel, cfg.cluster_size, GEMM_THREADS, args,
+                                       shared_mem=cfg.shared_bytes, cache_key=cache_key)
+    else:
+        resident = device_limits(vo.device).sm_count
+    launch = prepare_launch(
+        kernel, min(cluster_tiles, resident) * cfg.cluster_size, GEMM_THREADS, args,
+        cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, shared_mem=cfg.shared_bytes,
+        cache_key=cache_key,
+    )
+    return launch, maps
+
+
+def _split_count(cfg, M, N, K, sms):
+    """K slices for a product with too few output tiles to fill the GPU (1: no split).
+
+    Each slice writes fp32 partials that a second kernel sums in a fixed order, so the
+    result is deterministic; the workspace round trip is worth it only when at most half
+    the SMs would otherwise have a tile and K is long (>= 32 k-blocks, each slice >= 8):
+    measured at 1024^3 (16 k-blocks), two slices ran at 0.56x cuBLAS, none at 0.90x.
+    """
+    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    k_blocks = -(-K // 64)
+    if 2 * tiles > sms or k_blocks < 32:
+        return 1
+    return max(1, min(sms // tiles, k_blocks // 8, 16))
+
+
+def _split_k_plan(cfg, va, vb, target, vo, splits, copies_in, scratch, record):
+    from numba import cuda
+
+    from .kernels.splitk import prepare_reduce
+
+    M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
+    k_blocks = -(-K // 64)
+    k_split = -(-k_blocks // splits)  # k-blocks per slice
+    cfg = dataclasses.replace(cfg, out_dtype="f32", stages=max_stages(
+        cfg.in_dtype, "f32", cfg.block_n, device_limits(vo.device).max_shared_per_block_optin,
+        a_major=cfg.a_major, b_major=cfg.b_major))
+    ld = -(-N // 4) * 4
+    per_stream = {}
+
+    def launch_for(stream):
+        if stream not in per_stream:
+            ws = cuda.device_array((splits, M, ld), dtype="float32")
+            view = DeviceView(ws.device_ctypes_pointer.value, (M, N), (ld, 1), "f32", 4, vo.device, "numba")
+            launch, maps = _prepare(cfg, va, vb, view, _Batch(splits, 0, 0, M * ld, k_split), record)
+            per_stream[stream] = (launch, prepare_reduce(ws, N, target), ws, maps)
+        return per_stream[stream][0]
+
+    def finish(stream):
+        per_stream[stream][1](stream)
+
+    return _Plan(launch_for, copies_in, finish, (per_stream, scratch), not scratch, record)
 
 
 # --- fused epilogues ---------------------------------------------------------------------
@@ -258,10 +453,11 @@ def _fusion(f, M, N, device, dtype):
         if v.dtype == "u16" and dtype:
             v = v.with_dtype(dtype)
         if tuple(v.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(v.shape)}, expected {shape}")
+            raise ShapeError(f"{name} has shape {tuple(v.shape)}, expected {shape}")
         _check_dtype(f"{name}.dtype", v.dtype, dtypes)
         if v.device != device:
-            raise ValueError(f"{name} is on device {v.device}, the inputs on device {device}")
+            raise DeviceMismatchError(f"{name} is on device {v.device}, the inputs on device {device}")
+        _check_strides(name, v)
         return v
 
     if f["activation"] not in (None,) + ACTIVATIONS:
@@ -321,30 +517,73 @@ def _user_arg(x):
 
 def _check_dtype(what, dt, allowed):
     if dt not in allowed:
-        raise TypeError(f"{what} must be one of {allowed}; got {dt!r}")
+        raise DtypeError(f"{what} must be one of {allowed}; got {dt!r}")
+
+
+def _check_strides(name, v: DeviceView):
+    # Negative strides (flipped views) are refused rather than copied: the copy path reads
+    # through numba arrays, and a silent copy would hide a likely mistake.
+    if any(s < 0 for s in v.strides):
+        raise LayoutError(f"{name} has negative strides {v.strides}; pass a copy (e.g. .contiguous())")
 
 
 def _check_inputs(va: DeviceView, vb: DeviceView):
     for name, v in (("a", va), ("b", vb)):
         if len(v.shape) != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {v.shape}")
+            raise ShapeError(f"{name} must be 2-D, got shape {v.shape}")
         _check_dtype(f"{name}.dtype", v.dtype, INPUT_DTYPES)
+        _check_strides(name, v)
     if va.dtype != vb.dtype:
-        raise TypeError(f"a and b must have the same dtype; got {va.dtype} and {vb.dtype}")
+        raise DtypeError(f"a and b must have the same dtype; got {va.dtype} and {vb.dtype}")
     if va.shape[1] != vb.shape[0]:
-        raise ValueError(f"shape mismatch: a is {va.shape}, b is {vb.shape} (a.shape[1] must equal b.shape[0])")
+        raise ShapeError(f"shape mismatch: a is {va.shape}, b is {vb.shape} (a.shape[1] must equal b.shape[0])")
     if va.device != vb.device:
-        raise ValueError(f"a is on device {va.device} and b on device {vb.device}")
+        raise DeviceMismatchError(f"a is on device {va.device} and b on device {vb.device}")
 
 
-def _check_out(vo: DeviceView, M, N, device, out_dtype):
-    if tuple(vo.shape) != (M, N):
-        raise ValueError(f"out has shape {tuple(vo.shape)}, expected {(M, N)}")
+def _check_out(vo: DeviceView, shape, device, out_dtype):
+    if tuple(vo.shape) != shape:
+        raise ShapeError(f"out has shape {tuple(vo.shape)}, expected {shape}")
     _check_dtype("out.dtype", vo.dtype, OUTPUT_DTYPES)
     if out_dtype is not None and out_dtype != vo.dtype:
-        raise TypeError(f"out has dtype {vo.dtype} but out_dtype={out_dtype!r}")
+        raise DtypeError(f"out has dtype {vo.dtype} but out_dtype={out_dtype!r}")
     if vo.device != device:
-        raise ValueError(f"out is on device {vo.device}, the inputs on device {device}")
+        raise DeviceMismatchError(f"out is on device {vo.device}, the inputs on device {device}")
+    _check_strides("out", vo)
+    if 0 not in vo.shape and any(s == 0 and n > 1 for s, n in zip(vo.strides, vo.shape)):
+        raise LayoutError(f"out has a zero stride {vo.strides} (a broadcast view): its elements alias")
+
+
+def _byte_range(v: DeviceView):
+    """``[first, last)`` bytes that ``v``'s elements span (strides are non-negative here)."""
+    last = v.ptr + sum((n - 1) * s for n, s in zip(v.shape, v.byte_strides)) + v.itemsize
+    return v.ptr, last
+
+
+def _check_no_overlap(vo, va: DeviceView, vb: DeviceView, fusion=None):
+    """What the kernel writes (``out``, ``aux_out``) must not share memory with anything else
+    it reads or writes: it reads them while it writes.
+
+    Judged by address ranges (conservative for interleaved views). The one allowed overlap
+    is ``c`` being exactly ``out`` (in place): each element of C is read by the CTA that
+    then writes it, before it writes it. ``vo``: None for an output allocated here.
+    """
+    c = fusion and fusion.c
+    aux = fusion and fusion.aux
+    written = [(name, v) for name, v in (("out", vo), ("aux_out", aux)) if v is not None]
+    for i, (wname, w) in enumerate(written):
+        others = [("a", va), ("b", vb), *written[i + 1:]]
+        if c is not None and not (wname == "out" and _same_view(c, w)):
+            others.append(("c", c))
+        for name, v in others:
+            if 0 not in w.shape and 0 not in v.shape:
+                (lo, hi), (vlo, vhi) = _byte_range(w), _byte_range(v)
+                if lo < vhi and vlo < hi:
+                    raise OverlapError(f"{wname} [0x{lo:x}, 0x{hi:x}) overlaps {name} [0x{vlo:x}, 0x{vhi:x})")
+
+
+def _same_view(v: DeviceView, w: DeviceView):
+    return (v.ptr, tuple(v.shape), tuple(v.strides), v.itemsize) == (w.ptr, tuple(w.shape), tuple(w.strides), w.itemsize)
 
 
 # --- layouts ---------------------------------------------------------------------------
@@ -387,32 +626,52 @@ def _canonical(v):
     return dataclasses.replace(v, strides=(_leading_dim(v), 1))
 
 
-def _choose_config(va, vb, vo, config, epilogue=None):
+def _choose_config(va, vb, vo, config, debug, epilogue=None):
+    """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
+
+    Default: 128x256 tiles, the deepest ring that fits, and a 1x2 cluster (the two CTAs of
+    a tile row share their A tile through multicast) once every CTA has at least two tiles
+    to do: measured +3-8% over no cluster from 4096^3 up, -6% at 2048^3 (one tile per CTA),
+    benchmarks/NOTES.md.
+    """
     a_major = "K" if _tma_ok(va, row_major=True) else "M"
     b_major = "N" if _tma_ok(vb, row_major=True) else "K"
-    base = config or GemmConfig()
-    stages = config.stages if config else max_stages(
-        va.dtype, vo.dtype, base.block_n, device_limits(vo.device).max_shared_per_block_optin,
-        a_major=a_major, b_major=b_major, epilogue=epilogue,
-    )
+    limits = device_limits(vo.device)
+    if config is None:
+        M, N = vo.shape
+        base = GemmConfig(block_n=128 if N <= 128 else 256)  # no half-empty tiles for N <= 128
+        tiles_m, tiles_n = -(-M // base.block_m), -(-N // base.block_n)
+        if tiles_n >= 2 and tiles_m * tiles_n >= 2 * limits.sm_count:
+            base = dataclasses.replace(base, cluster_n=2)
+        stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
+                            a_major=a_major, b_major=b_major, epilogue=epilogue)
+    else:
+        base, stages = config, config.stages
     return dataclasses.replace(base, in_dtype=va.dtype, out_dtype=vo.dtype, a_major=a_major,
-                               b_major=b_major, stages=stages, epilogue=epilogue)
+                               b_major=b_major, stages=stages, debug=debug, epilogue=epilogue)
 
 
-def _tensor_maps(cfg, va, vb, vo):
-    """TMA descriptors matching the kernel's boxes (see kernels/gemm_sm90.py)."""
+def _tensor_maps(cfg, va, vb, vo, batch):
+    """3-D TMA descriptors (batch outermost) matching the kernel's boxes (gemm_sm90.py)."""
     # K-major A: (M, K) rows of 64 k; M-major A: stored (K, M), 64 x 64 boxes.
-    if cfg.a_major == "K":
-        ta = TensorMap(_canonical(va), (cfg.block_m, 64), swizzle=128)
-    else:
-        ta = TensorMap(_canonical(_t(va)), (64, 64), swizzle=128)
+    ta = TensorMap(_batched(va if cfg.a_major == "K" else _t(va), batch.count, batch.a), cfg.a_box, swizzle=128)
     # K-major B: stored (N, K); N-major B: (K, N), 64 x 64 boxes.
-    if cfg.b_major == "K":
-        tb = TensorMap(_canonical(_t(vb)), (cfg.block_n, 64), swizzle=128)
-    else:
-        tb = TensorMap(_canonical(vb), (64, 64), swizzle=128)
-    tc = TensorMap(_canonical(vo), (64, cfg.epi_cols), swizzle=128)
+    tb = TensorMap(_batched(_t(vb) if cfg.b_major == "K" else vb, batch.count, batch.b), cfg.b_box, swizzle=128)
+    tc = TensorMap(_batched(vo, batch.count, batch.c), cfg.c_box, swizzle=128)
     return ta, tb, tc
+
+
+def _batched(v, count, stride):
+    """The row-major 2-D view ``v`` repeated ``count`` times, ``stride`` elements apart.
+
+    A ``stride`` of 0 (one matrix for every unit) is a batch dimension of 1: the kernel
+    reads it at batch coordinate 0. TMA wants every stride a multiple of 16 bytes, also of
+    a dimension of 1, so a single matrix gets its own size as the stride.
+    """
+    v = _canonical(v)
+    if stride == 0:
+        count, stride = 1, v.shape[0] * v.strides[0]
+    return dataclasses.replace(v, shape=(count, *v.shape), strides=(stride, *v.strides))
 
 
 # --- arrays of the caller's kind -----------------------------------------------------------
@@ -427,8 +686,8 @@ def _empty_like(a, shape, dt, va):
     if va.framework == "cupy":
         import cupy
 
-        if dt == "bf16":
-            return cupy.empty(shape, dtype=cupy.uint16)
+        if dt == "bf16":  # CuPy's own bfloat16 (ml_dtypes, CuPy >= 14) if ``a`` is one, else bits
+            return cupy.empty(shape, dtype=a.dtype if va.dtype == "bf16" and a.dtype.name == "bfloat16" else cupy.uint16)
         return cupy.empty(shape, dtype={"f16": cupy.float16, "f32": cupy.float32}[dt])
     from numba import cuda
     import numpy as np
@@ -440,6 +699,8 @@ def _array_key(x):
     """What identifies an array's memory layout, read without building a DeviceView."""
     if hasattr(x, "data_ptr"):  # torch
         return x.data_ptr(), x.shape, x.stride(), x.dtype
+    if type(x).__module__.startswith("cupy"):  # its array interface cannot name bfloat16
+        return x.data.ptr, x.shape, x.strides, x.dtype
     cai = x.__cuda_array_interface__
     return cai["data"][0], cai["shape"], cai["strides"], cai["typestr"]
 

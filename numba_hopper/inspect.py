@@ -47,7 +47,7 @@ def find_tool(name: str) -> str:
     path = path or shutil.which(name)
     if not path:
         raise ToolNotFoundError(
-            f"'{name}' was not found. Install the test extra (pip install 'numba-hopper[test]', "
+            f"'{name}' was not found. Install the inspect extra (pip install 'numba-hopper[inspect]', "
             f"which brings nvidia-cuda-nvdisasm and nvidia-cuda-cuobjdump) or put a CUDA 13 "
             f"toolkit's bin directory on PATH."
         )

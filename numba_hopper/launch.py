@@ -34,11 +34,13 @@ import math
 import threading
 from dataclasses import dataclass
 
+from . import _kernel_cache
 from . import _numba_internals as _internals
 
 __all__ = [
     "launch",
     "prepare_launch",
+    "max_active_clusters",
     "PreparedLaunch",
     "validate_launch",
     "DeviceLimits",
@@ -299,8 +301,14 @@ def _core_stream(handle: int):
 
 
 def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: int = 0,
-                   non_portable_cluster: bool = False) -> PreparedLaunch:
-    """Validate and set up ``kernel`` for the current device; see :func:`launch`."""
+                   non_portable_cluster: bool = False, cache_key=None) -> PreparedLaunch:
+    """Validate and set up ``kernel`` for the current device; see :func:`launch`.
+
+    ``cache_key``: if given (a hashable repr-stable value naming every compile-time
+    constant of ``kernel`` that its source does not show, e.g. a config dataclass), the
+    compiled kernel is kept on disk and a new process loads it instead of compiling
+    (``numba_hopper._kernel_cache``).
+    """
     from cuda.core import LaunchConfig
     from numba import cuda
 
@@ -308,7 +316,7 @@ def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: in
     device = cuda.get_current_device().id
     limits = device_limits(device)
     dims = validate_launch(grid, block, cluster, shared_mem, limits, non_portable_cluster=non_portable_cluster)
-    compiled = _internals.kernel_for_args(kernel, args)
+    compiled = _compiled(kernel, args, cache_key, limits.cc)
     static = _internals.static_shared_bytes(compiled)
     if static:
         dims = validate_launch(
@@ -321,6 +329,33 @@ def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: in
     if dims.cluster is not None:
         config["cluster"] = dims.cluster
     return PreparedLaunch(core_kernel, LaunchConfig(**config), packed)
+
+
+def _compiled(kernel, args, cache_key, cc):
+    """The compiled kernel for ``args``: from the on-disk cache when ``cache_key`` is given."""
+    if cache_key is None:
+        return _internals.kernel_for_args(kernel, args)
+    return _kernel_cache.kernel_for_args(kernel, args, cache_key, cc)
+
+
+def max_active_clusters(kernel, cluster, block, args=(), *, shared_mem: int = 0, cache_key=None) -> int:
+    """How many clusters of ``cluster`` CTAs can be resident at once (cuOccupancyMaxActiveClusters).
+
+    A persistent kernel must not launch more: GPCs have uneven numbers of free SMs, so
+    e.g. 132 SMs hold fewer than 33 clusters of 4, and CTAs beyond the resident ones
+    would wait for a second wave.
+    """
+    from cuda.core import LaunchConfig
+    from numba import cuda
+
+    device = cuda.get_current_device().id
+    compiled = _compiled(kernel, tuple(args), cache_key, device_limits(device).cc)
+    core_kernel = _internals.cu_kernel(compiled)
+    _opt_in(core_kernel, device, shared_mem, False)
+    dims = validate_launch(cluster, block, cluster, shared_mem, device_limits(device))
+    config = LaunchConfig(grid=_core_grid(dims, _core_grid_counts_clusters()), cluster=dims.cluster,
+                          block=dims.block, shmem_size=shared_mem)
+    return int(core_kernel.occupancy.max_active_clusters(config, stream=_core_stream(0)))
 
 
 def launch(

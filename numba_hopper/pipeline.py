@@ -22,22 +22,42 @@ Usage, as in CuTe's ``PipelineTmaAsync``::
     full = producer_commit(bars, st, TX_BYTES)      ... wgmma on slot st.stage ...
     tma_load_2d(dst, tmap, x, y, full)              consumer_release(bars, STAGES, st)
     st = pipeline_advance(st, STAGES)               st = pipeline_advance(st, STAGES)
+
+Debug builds: ``producer_acquire`` and ``consumer_wait`` take an optional ``site``, a
+:class:`DebugSite` built by ``debug_site(record, tile, k_block)`` (the address of a debug
+record, the tile and the k-block being waited for). With ``site=None`` (the default, and what release kernels pass) a wait spins without
+bound and compiles to exactly what it did before: numba prunes the ``site is None`` branch
+at compile time. With a site the wait gives up after ``DEBUG_TIMEOUT_NS``; the first thread
+in the grid to give up fills the record (fields ``RECORD_FIELDS``, one ``uint32`` each) and
+every thread that gives up traps. ``numba_hopper.debug.DebugRecord`` allocates the record in
+host-mapped memory, which the host can still read once the trap has killed the context.
 """
 
 from collections import namedtuple
 
+import numpy as np
 from numba import cuda
 
 from .intrinsics import (
+    atom_cas_global_u32,
     fence_mbarrier_init,
     mbarrier_arrive,
+    mbarrier_arrive_cluster_rank,
     mbarrier_arrive_expect_tx,
     mbarrier_init,
     mbarrier_wait_parity,
+    mbarrier_wait_parity_timeout,
+    st_global_u32,
+    trap,
 )
 
 __all__ = [
     "PipelineState",
+    "DebugSite",
+    "debug_site",
+    "RECORD_FIELDS",
+    "ROLES",
+    "DEBUG_TIMEOUT_NS",
     "pipeline_barrier_bytes",
     "pipeline_init",
     "pipeline_advance",
@@ -45,9 +65,17 @@ __all__ = [
     "producer_commit",
     "consumer_wait",
     "consumer_release",
+    "consumer_release_in",
 ]
 
 PipelineState = namedtuple("PipelineState", ["stage", "phase"])
+DebugSite = namedtuple("DebugSite", ["record", "tile", "k_block"])
+
+# Debug record: uint32 words in this order; "status" is 0 until a wait times out.
+RECORD_FIELDS = ("status", "role", "slot", "phase", "barrier", "tile", "k_block", "block", "thread")
+ROLES = {1: "producer", 2: "consumer"}  # the producer waits on empty[slot], consumers on full[slot]
+_PRODUCER, _CONSUMER = 1, 2
+DEBUG_TIMEOUT_NS = 2_000_000_000  # far beyond any healthy wait, short enough to fail a test
 
 
 def pipeline_barrier_bytes(stages):
@@ -66,6 +94,7 @@ def pipeline_init(bars, stages, consumer_arrivals):
 
 @cuda.jit(device=True, forceinline=True)
 def pipeline_advance(state, stages):
+    """The next slot's state: the stage wraps at ``stages`` and the phase flips when it does."""
     # (A field named "index" would be shadowed by numba's tuple.index method.)
     stage = state.stage + 1
     if stage == stages:
@@ -74,9 +103,40 @@ def pipeline_advance(state, stages):
 
 
 @cuda.jit(device=True, forceinline=True)
-def producer_acquire(bars, stages, state):
+def debug_site(record, tile, k_block):
+    """A :class:`DebugSite` of fixed field types, whatever integer types the caller has."""
+    return DebugSite(np.int64(record), np.int64(tile), np.int64(k_block))
+
+
+@cuda.jit(device=True, forceinline=True)  # a call would spill the consumers' accumulators
+def _report_hang(site, role, bar, state, parity):
+    """Fill the debug record if no thread has yet (first failure wins), then trap."""
+    rec = site.record
+    if atom_cas_global_u32(rec, 0, 1) == 0:
+        st_global_u32(rec + 4, role)
+        st_global_u32(rec + 8, state.stage)
+        st_global_u32(rec + 12, parity)
+        st_global_u32(rec + 16, bar)
+        st_global_u32(rec + 20, site.tile)
+        st_global_u32(rec + 24, site.k_block)
+        st_global_u32(rec + 28, cuda.blockIdx.x)
+        st_global_u32(rec + 32, cuda.threadIdx.x)
+        cuda.threadfence_system()  # the record reaches host memory before the trap
+    trap()
+
+
+@cuda.jit(device=True, forceinline=True)
+def _wait(bar, parity, site, role, state):
+    if site is None:  # release build: resolved at compile time
+        mbarrier_wait_parity(bar, parity)
+    elif not mbarrier_wait_parity_timeout(bar, parity, DEBUG_TIMEOUT_NS):
+        _report_hang(site, role, bar, state, parity)
+
+
+@cuda.jit(device=True, forceinline=True)
+def producer_acquire(bars, stages, state, site=None):
     """Wait until every consumer has released slot ``state.stage``."""
-    mbarrier_wait_parity(bars + 8 * (stages + state.stage), state.phase ^ 1)
+    _wait(bars + 8 * (stages + state.stage), state.phase ^ 1, site, _PRODUCER, state)
 
 
 @cuda.jit(device=True, forceinline=True)
@@ -91,12 +151,21 @@ def producer_commit(bars, state, tx_bytes):
 
 
 @cuda.jit(device=True, forceinline=True)
-def consumer_wait(bars, state):
+def consumer_wait(bars, state, site=None):
     """Wait until the data of slot ``state.stage`` has landed."""
-    mbarrier_wait_parity(bars + 8 * state.stage, state.phase)
+    _wait(bars + 8 * state.stage, state.phase, site, _CONSUMER, state)
 
 
 @cuda.jit(device=True, forceinline=True)
 def consumer_release(bars, stages, state):
     """Give slot ``state.stage`` back to the producer (one arrival of ``consumer_arrivals``)."""
     mbarrier_arrive(bars + 8 * (stages + state.stage))
+
+
+@cuda.jit(device=True, forceinline=True)
+def consumer_release_in(bars, stages, state, cta_rank):
+    """:func:`consumer_release` on the pipeline of CTA ``cta_rank`` of the cluster.
+
+    A producer that multicasts into its peers' slots must hear from their consumers too.
+    """
+    mbarrier_arrive_cluster_rank(bars + 8 * (stages + state.stage), cta_rank)

@@ -301,6 +301,7 @@ def clear_cache() -> None:
 
 
 def cache_info() -> dict:
+    """Descriptor cache statistics: ``hits``, ``misses``, ``size`` and ``maxsize``."""
     with _lock:
         return dict(_stats, size=len(_cache), maxsize=CACHE_SIZE)
 

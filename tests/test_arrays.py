@@ -127,14 +127,15 @@ def test_cpu_torch_tensor_is_a_type_error():
         device_view(FakeTensor((4,), (1,), "float32", device=("cpu", None)))
 
 
-class FakeCupyArray(FakeCAI):
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
+class FakeCupyArray:
+    """What device_view reads of a cupy.ndarray (never its array interface)."""
 
-        class _Dev:
-            id = 3
-
-        self.device = _Dev()
+    def __init__(self, shape, dtype, strides=None, ptr=0x7F0000000000, device=3):
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(shape)
+        self.strides = strides or tuple(int(s) for s in np.empty(shape, self.dtype).strides)
+        self.data = type("MemoryPointer", (), {"ptr": ptr})()
+        self.device = type("Device", (), {"id": device})()
 
 
 FakeCupyArray.__module__ = "cupy._core.core"
@@ -143,3 +144,14 @@ FakeCupyArray.__module__ = "cupy._core.core"
 def test_cupy_like_array_gets_its_device_from_the_array():
     v = device_view(FakeCupyArray((8, 8), "<f2"))
     assert v.framework == "cupy" and v.device == 3 and v.dtype == "f16"
+
+
+def test_cupy_bfloat16_by_dtype_name_and_uint16_override():
+    class Bfloat16Dtype:  # ml_dtypes.bfloat16 as CuPy 14 reports it: named, opaque typestr
+        name, itemsize, str = "bfloat16", 2, "<V2"
+
+    a = FakeCupyArray((4, 6), "<u2", strides=(24, 2))
+    a.dtype = Bfloat16Dtype()
+    v = device_view(a)
+    assert (v.dtype, v.shape, v.strides) == ("bf16", (4, 6), (12, 1))
+    assert device_view(FakeCupyArray((4, 6), "<u2"), dtype="bf16").dtype == "bf16"

@@ -1,10 +1,13 @@
 """Fused GEMM epilogues on a CPU: what the fused kernels compile to, and gemm()'s option checks."""
 
+import itertools
+
 import pytest
 from numba import cuda
 from numba.cuda import types
 
 from _fakes import FakeCAI
+from numba_hopper.errors import OverlapError
 from numba_hopper.gemm import gemm
 from numba_hopper.inspect import inspect_kernel
 from numba_hopper.kernels import GEMM_SIGNATURE
@@ -19,11 +22,11 @@ def _scaled(v, row, col, scale):
     return v * scale[col]
 
 
-def _fused(out_dtype, ecfg, ep_types):
+def _fused(out_dtype, ecfg, ep_types, **kw):
     stages = max_stages("bf16", out_dtype, 256, epilogue=ecfg)
-    cfg = GemmConfig("bf16", out_dtype, "K", "N", stages=stages, epilogue=ecfg)
+    cfg = GemmConfig("bf16", out_dtype, "K", "N", stages=stages, epilogue=ecfg, **kw)
     assert cfg.shared_bytes <= 227 * 1024
-    return inspect_kernel(make_gemm_kernel(cfg), (I64,) * 6 + (types.Tuple(ep_types),))
+    return inspect_kernel(make_gemm_kernel(cfg), (I64,) * 11 + (types.Tuple(ep_types),))
 
 
 BIAS_GELU_C = (EpilogueConfig(c_dtype="bf16", bias="col", bias_dtype="bf16", activation="gelu_tanh"),
@@ -41,6 +44,18 @@ def test_fused_kernels_do_not_spill(fusion, out_dtype):
     assert r.count("UTMASTG") == 256 // GemmConfig(out_dtype=out_dtype).epi_cols  # sub-tiles unrolled
     if ecfg.c_dtype and out_dtype == "bf16":
         assert r.count("LDSM") > 0  # C read back with ldmatrix at stmatrix's addresses
+
+
+@pytest.mark.parametrize("kw", [dict(cluster_n=2), dict(cluster_m=2), dict(debug=True)], ids=str)
+def test_fused_kernels_with_clusters_and_debug_do_not_spill(kw):
+    r = _fused("bf16", *BIAS_GELU_C, **kw)
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert r.count("UTMASTG") == 4 and r.count("LDSM") > 0
+
+
+def test_split_k_refuses_an_epilogue():
+    with pytest.raises(ValueError, match="split_k > 1 cannot run a fused epilogue"):
+        GemmConfig(split_k=2, epilogue=EpilogueConfig(activation="relu"))
 
 
 def test_plain_kernel_has_no_epilogue_code():
@@ -72,12 +87,15 @@ def test_epilogue_config_rejects_bad_values(kw, msg):
 # --- gemm()'s checks of the epilogue options, before any GPU is needed ------------------------
 
 
+_addresses = itertools.count(0x7F0000000000, 1 << 20)  # every fake array its own memory
+
+
 def _m(rows, cols, typestr="<f2"):
-    return FakeCAI((rows, cols), typestr)
+    return FakeCAI((rows, cols), typestr, ptr=next(_addresses))
 
 
 def _v(n, typestr="<f4"):
-    return FakeCAI((n,), typestr)
+    return FakeCAI((n,), typestr, ptr=next(_addresses))
 
 
 A, B = _m(4, 8), _m(8, 6)  # M = 4, N = 6
@@ -119,3 +137,50 @@ def test_valid_options_reach_the_gpu_check(monkeypatch):
              row_scale=_v(4), col_scale=_v(6), epilogue=_scaled, epilogue_args=(_v(6),), alpha=2.0)
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
         gemm(_m(4, 8), _m(8, 4), bias=_v(4), bias_dim=0)
+
+
+def _reach_gpu_check(monkeypatch, **kw):
+    import numba_hopper.gemm as g
+
+    monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
+    with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
+        gemm(A, B, **kw)
+
+
+def test_out_may_be_c(monkeypatch):
+    c = _m(4, 6, "<f4")
+    _reach_gpu_check(monkeypatch, out=c, c=c, beta=1.0)
+
+
+def _overlapping_calls():
+    out, c = _m(4, 6, "<f4"), _m(4, 6, "<f4")
+    inside_out = FakeCAI((4, 6), "<f4", ptr=out.__cuda_array_interface__["data"][0] + 8)
+    return {"c inside out": dict(out=out, c=inside_out, beta=1.0), "aux_out is out": dict(out=out, aux_out=out),
+            "aux_out is c": dict(c=c, beta=1.0, aux_out=c), "aux_out is a": dict(aux_out=FakeCAI((4, 6), "<f2"))}  # FakeCAI's default address is A's
+
+
+@pytest.mark.parametrize("case", list(_overlapping_calls()))
+def test_written_arrays_must_not_overlap(case):
+    with pytest.raises(OverlapError, match="overlaps"):
+        gemm(A, B, **_overlapping_calls()[case])
+
+
+def test_user_epilogue_kernels_skip_the_disk_cache(monkeypatch):
+    import numba_hopper.gemm as g
+    from numba_hopper._arrays import device_view
+
+    keys = []
+    monkeypatch.setattr(g, "make_gemm_kernel", lambda cfg: None)
+    monkeypatch.setattr(g, "_tensor_maps", lambda *a: (FakeMap(),) * 3)
+    monkeypatch.setattr(g, "device_limits", lambda device: type("L", (), {"sm_count": 132})())
+    monkeypatch.setattr(g, "prepare_launch", lambda *a, cache_key=None, **kw: keys.append(cache_key))
+    va, vb, vo = device_view(_m(128, 64)), device_view(_m(64, 256)), device_view(_m(128, 256))
+    for ecfg in (EpilogueConfig(activation="relu"), EpilogueConfig(user=_scaled)):
+        fusion = g._Fusion(1.0, 0.0, None, None, 1, ecfg.activation, None, ecfg.user, (), None, None)
+        g._prepare(GemmConfig(epilogue=ecfg), va, vb, vo, g._Batch(), fusion=fusion)
+    assert keys[0] == ("gemm_sm90", GemmConfig(epilogue=EpilogueConfig(activation="relu")))
+    assert keys[1] is None
+
+
+class FakeMap:
+    device_ptr = 0

@@ -13,15 +13,21 @@ ALL_CONFIGS = [
     for i, o in (("bf16", "bf16"), ("f16", "f32"))
     for am in ("K", "M")
     for bm in ("K", "N")
-] + [GemmConfig("f16", "f16", stages=3)]
+] + [GemmConfig("f16", "f16", stages=3)] + [
+    GemmConfig("bf16", "bf16", am, bm, cluster_m=cm, cluster_n=cn)
+    for am, bm in (("K", "N"), ("M", "K"))
+    for cm, cn in ((2, 1), (1, 2), (2, 2))
+]
 
 
-@pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}")
+@pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}")
 def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     r = inspect_kernel(make_gemm_kernel(cfg), GEMM_SIGNATURE)
     assert r.count("HGMMA") >= 4, r.summary()  # 4 k16 steps per 64-wide k-block
     assert r.count("UTMALDG") >= 2 and r.count("UTMASTG") >= 1
     assert r.count("USETMAXREG") == 2  # producer dec, consumer inc
+    if cfg.cluster_size > 1:  # the shared operand is loaded once per cluster and multicast
+        assert r.count("UTMALDG.3D.MULTICAST") > 0 and r.count("UCGABAR_WAIT") > 0
     assert r.count("SYNCS") > 0  # mbarrier
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     assert not r.setmaxnreg_ignored
@@ -54,7 +60,7 @@ def test_stage_count_fills_shared_memory():
 @pytest.mark.parametrize("kw,msg", [
     (dict(in_dtype="f32"), "in_dtype"), (dict(out_dtype="i8"), "out_dtype"),
     (dict(a_major="N"), "majors"), (dict(block_m=64), "block_m"), (dict(block_n=100), "block_n"),
-    (dict(stages=1), "stages"),
+    (dict(stages=1), "stages"), (dict(cluster_m=4), "cluster"),
 ])
 def test_config_rejects_bad_values(kw, msg):
     with pytest.raises(ValueError, match=msg):

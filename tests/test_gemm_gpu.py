@@ -146,3 +146,39 @@ def test_strided_output_view_goes_through_scratch(torch):
     ref = a.double() @ b.double()
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-4
     assert torch.isnan(big[1::2]).all() and torch.isnan(big[::2, 1::2]).all()  # nothing else written
+
+
+CLUSTERS = [(2, 1), (1, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda c: f"cluster{c[0]}x{c[1]}")
+@pytest.mark.parametrize("layout", ["RR", "RC", "CR", "CC"])
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (129, 300, 77), (1000, 1000, 1000), (300, 520, 200)])
+def test_clusters_with_multicast(torch, cluster, layout, M, N, K):
+    # Odd tile counts leave a cluster CTA with no tile of its own: it must still load its
+    # share of the peer's operand (zero-filled for itself) and store nothing.
+    from numba_hopper.gemm import GemmConfig
+
+    cfg = GemmConfig(cluster_m=cluster[0], cluster_n=cluster[1])
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(np.random.SeedSequence().entropy % 2**63)
+    a = _operand(torch, M, K, "bf16", layout[0], gen)
+    b = _operand(torch, K, N, "bf16", layout[1], gen)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float32)
+    gemm(a, b, out=out, config=cfg)
+    ref = a.double() @ b.double()
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-4
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda c: f"cluster{c[0]}x{c[1]}")
+def test_clusters_persistent_many_tiles(torch, cluster):
+    from numba_hopper.gemm import GemmConfig
+
+    a = torch.randn(4096 + 64, 13 * 64 - 5, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(13 * 64 - 5, 4096 + 200, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((a.shape[0], b.shape[1]), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm(a, b, out=out, config=GemmConfig(cluster_m=cluster[0], cluster_n=cluster[1]))
+    ref = a.double() @ b.double()
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2

@@ -40,3 +40,63 @@ def test_explicit_stream_argument():
     s.synchronize()
     ref = a.double() @ b.double()
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-4
+
+
+SLEEP_CYCLES = 500_000_000  # ~0.3 s of spinning at H100 clocks
+
+
+def _new_stream(kind, torch):
+    """A new stream of ``kind``: (what gemm is given, its CUstream handle, the owner to keep)."""
+    if kind == "torch":
+        s = torch.cuda.Stream()
+        return s, s.cuda_stream, s
+    if kind == "raw int":
+        s = torch.cuda.Stream()
+        return s.cuda_stream, s.cuda_stream, s
+    if kind == "numba":
+        from numba import cuda
+
+        s = cuda.stream()
+        return s, int(s.handle), s
+    if kind == "cupy":
+        cupy = pytest.importorskip("cupy")
+        s = cupy.cuda.Stream(non_blocking=True)
+        return s, s.ptr, s
+    from cuda.core import Device
+
+    s = Device().create_stream()
+    return s, int(s.handle), s
+
+
+@pytest.mark.parametrize("kind", ["torch", "raw int", "numba", "cupy", "cuda.core"])
+def test_gemm_is_queued_behind_earlier_work_on_the_given_stream(kind):
+    import time
+
+    torch = pytest.importorskip("torch")
+    a = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 768, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(1024, 768, device="cuda", dtype=torch.float32)
+    gemm(a, b, out=out)  # compile and plan first: the call below takes the steady-state path
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+
+    arg, handle, owner = _new_stream(kind, torch)
+    assert handle != 0, "a test stream must not be the legacy default stream (it orders everything)"
+    stream = torch.cuda.ExternalStream(handle)
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(SLEEP_CYCLES)
+    gemm(a, b, out=out, stream=arg)
+    done = torch.cuda.Event()
+    done.record(stream)
+
+    time.sleep(0.02)  # had gemm run on another stream, it would be finished by now
+    peek = torch.cuda.Stream()  # does not wait for `stream`
+    with torch.cuda.stream(peek):
+        early = out.clone()
+    peek.synchronize()
+    assert not done.query(), "the event recorded after gemm completed before the sleep ended"
+    assert torch.isnan(early).all(), "gemm wrote out before the work queued ahead of it finished"
+    done.synchronize()
+    ref = a.double() @ b.double()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-4
+    del owner

@@ -73,5 +73,5 @@ def _many_live_values(x, n):
 
 
 def test_missing_tool_is_a_clear_error():
-    with pytest.raises(ToolNotFoundError, match="numba-hopper\\[test\\]"):
+    with pytest.raises(ToolNotFoundError, match="numba-hopper\\[inspect\\]"):
         find_tool("definitely-not-a-cuda-tool")

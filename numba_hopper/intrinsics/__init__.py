@@ -8,13 +8,15 @@ TMA destinations, wgmma tiles) are 32-bit shared-state-space addresses (``uint32
 Modules: ``mbarrier`` (async transaction barriers), ``wgmma`` (warpgroup MMA), ``sync``
 (fences, elect.sync, named barriers, setmaxnreg), ``smem`` (shared addresses, dynamic
 shared memory, matrix descriptors), ``matrix`` (ldmatrix/stmatrix), ``tma`` (bulk tensor
-copies), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers), ``convert`` (bf16/f16
-conversions, hardware tanh).
+copies), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers), ``gmem`` (raw global
+addresses: atomic compare-and-swap, volatile store), ``convert`` (bf16/f16 conversions,
+hardware tanh).
 """
 
 from ._ptx import Choice, Const, ptx_intrinsic  # noqa: F401
 from .cluster import *  # noqa: F401,F403
 from .convert import *  # noqa: F401,F403
+from .gmem import *  # noqa: F401,F403
 from .matrix import *  # noqa: F401,F403
 from .mbarrier import *  # noqa: F401,F403
 from .registers import *  # noqa: F401,F403

@@ -18,6 +18,7 @@ __all__ = [
     "mbarrier_try_wait_parity",
     "mbarrier_test_wait_parity",
     "mbarrier_wait_parity",
+    "mbarrier_wait_parity_timeout",
     "mbarrier_inval",
     "fence_mbarrier_init",
     "mbarrier_arrive_cluster",
@@ -92,6 +93,22 @@ mbarrier_wait_parity = ptx_intrinsic(
     "ClusterBarrier::wait): returns once the phase of parity ``phase`` has completed.",
 )
 
+mbarrier_wait_parity_timeout = ptx_intrinsic(
+    "mbarrier_wait_parity_timeout",
+    "{ .reg .pred done, more; .reg .u64 t0, t; mov.u64 t0, %globaltimer; "
+    "NH_TWAIT: mbarrier.try_wait.parity.shared::cta.b64 done, [{bar}], {phase}; @done bra NH_TDONE; "
+    "mov.u64 t, %globaltimer; sub.u64 t, t, t0; setp.lt.u64 more, t, {timeout_ns}; @more bra NH_TWAIT; "
+    "NH_TDONE: selp.u32 {out}, 1, 0, done; }",
+    result="bool",
+    bar="u32",
+    phase="u32",
+    timeout_ns="u64",
+    doc="mbarrier_wait_parity bounded in time: spin on try_wait.parity until the phase of parity "
+    "``phase`` has completed (True) or ``timeout_ns`` nanoseconds of %globaltimer have passed "
+    "(False). Bounded by time, not by a spin count: how long one try_wait suspends is "
+    "system-dependent.",
+)
+
 mbarrier_inval = ptx_intrinsic(
     "mbarrier_inval",
     "mbarrier.inval.shared::cta.b64 [{bar}];",
@@ -116,10 +133,12 @@ mbarrier_arrive_cluster = ptx_intrinsic(
 mbarrier_arrive_cluster_rank = ptx_intrinsic(
     "mbarrier_arrive_cluster_rank",
     "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, {bar}, {cta_rank}; "
-    "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote]; }",
+    "mbarrier.arrive.shared::cluster.b64 _, [remote]; }",
     bar="u32",
     cta_rank="u32",
     doc="PTX ISA mapa + 9.7.13.15.13 mbarrier.arrive: arrive on the mbarrier at the same "
-    "offset ``bar`` in the shared memory of CTA ``cta_rank`` of the cluster (CUTLASS "
-    "ClusterBarrier::arrive(cta_id)).",
+    "offset ``bar`` in the shared memory of CTA ``cta_rank`` of the cluster, with the default "
+    "``.release.cta`` semantics (CUTLASS ClusterBarrier::arrive(cta_id)). Enough to hand back "
+    "a buffer whose readers (wgmma, TMA) are complete; ``.release.cluster`` (see "
+    "``mbarrier_arrive_cluster``) costs a MEMBAR.ALL.GPU per arrive.",
 )

@@ -1,4 +1,4 @@
-"""Synchronization: setmaxnreg, proxy fences, elect.sync, named barriers.
+"""Synchronization: setmaxnreg, proxy fences, elect.sync, named barriers, trap.
 
 ``setmaxnreg_inc``/``setmaxnreg_dec`` only take effect when the kernel has a register cap
 at entry: declare it with ``@cuda.jit(launch_bounds=(threads, 1))``; otherwise ptxas drops
@@ -16,6 +16,7 @@ __all__ = [
     "elect_sync",
     "named_barrier_sync",
     "named_barrier_arrive",
+    "trap",
 ]
 
 
@@ -82,4 +83,11 @@ named_barrier_arrive = ptx_intrinsic(
     barrier_id="u32",
     nthreads="u32",
     doc="PTX ISA 9.7.13.1 bar.arrive: arrive at barrier ``barrier_id`` without waiting (producer side).",
+)
+
+trap = ptx_intrinsic(
+    "trap",
+    "trap;",
+    doc="PTX ISA 9.7.19.3 trap: abort the kernel with an error the host sees at its next "
+    "synchronization (the CUDA context is unusable afterwards).",
 )

@@ -36,6 +36,7 @@ config value is a compile-time constant of that kernel.
 from __future__ import annotations
 
 import functools
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +46,9 @@ from .. import intrinsics as nh
 from ..pipeline import (
     PipelineState,
     consumer_release,
+    consumer_release_in,
     consumer_wait,
+    debug_site,
     pipeline_advance,
     pipeline_barrier_bytes,
     pipeline_init,
@@ -62,8 +65,10 @@ WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 BLOCK_K = 64  # one 128-byte swizzle row of 16-bit elements
 EPI_ROWS = 64
 EPI_BUF_BYTES = EPI_ROWS * 128  # one 128-byte-wide swizzled sub-tile
-PRODUCER_REGS = 40
-CONSUMER_REGS = 232
+# Register budgets after setmaxnreg (128 * producer + 256 * consumer <= 64K registers). The
+# cluster producer also computes multicast masks and peer offsets: at 40 it spills.
+REGS_NO_CLUSTER = (40, 232)
+REGS_CLUSTER = (56, 224)
 ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
 
@@ -73,8 +78,10 @@ class GemmConfig:
 
     ``a_major``: "K" (A row-major) or "M" (A column-major); ``b_major``: "K" (B
     column-major) or "N" (B row-major). The output is always row-major (the host swaps
-    operands for a column-major output). ``epilogue``: None for a plain ``C = A @ B``
-    (the kernel has no epilogue code at all), or the fused epilogue to compile in.
+    operands for a column-major output). ``debug``: bounded mbarrier waits that fill the
+    kernel's debug record and trap on a hang (``numba_hopper.debug``); False compiles none
+    of that code. ``epilogue``: None for a plain ``C = A @ B`` (the kernel has no epilogue
+    code at all), or the fused epilogue to compile in.
     """
 
     in_dtype: str = "bf16"
@@ -85,6 +92,10 @@ class GemmConfig:
     block_n: int = 256
     stages: int = 4
     group_m: int = 8
+    cluster_m: int = 1
+    cluster_n: int = 1
+    debug: bool = False
+    split_k: int = 1  # host side: K slices summed by a second kernel (not a kernel parameter)
     epilogue: EpilogueConfig | None = None
 
     def __post_init__(self):
@@ -100,6 +111,38 @@ class GemmConfig:
             raise ValueError(f"block_n must be 64, 128, 192 or 256, got {self.block_n}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
+        if self.split_k < 1:
+            raise ValueError(f"split_k must be >= 1, got {self.split_k}")
+        if self.split_k > 1 and self.epilogue is not None:  # slices write partial sums, not outputs
+            raise ValueError("split_k > 1 cannot run a fused epilogue")
+        if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
+            raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}x{self.cluster_n}")
+
+    @property
+    def cluster_size(self):
+        return self.cluster_m * self.cluster_n
+
+    # --- TMA boxes (numpy order, batch outermost) ---
+    @property
+    def a_box(self):
+        """Box of A's tensor map: the part of an A tile one CTA of the cluster loads.
+
+        CTAs of a cluster that share a tile row (same A tile) each load 1/cluster_n of it
+        and multicast it to all of them.
+        """
+        if self.a_major == "K":
+            return (1, self.block_m // self.cluster_n, BLOCK_K)
+        return (1, BLOCK_K, 64)
+
+    @property
+    def b_box(self):
+        if self.b_major == "K":
+            return (1, self.block_n // self.cluster_m, BLOCK_K)
+        return (1, BLOCK_K, 64)
+
+    @property
+    def c_box(self):
+        return (1, EPI_ROWS, self.epi_cols)
 
     # --- shared-memory layout (bytes from the 1024-aligned dynamic base) ---
     @property
@@ -151,18 +194,30 @@ def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 
     return stages
 
 
-@functools.lru_cache(maxsize=None)
 def make_gemm_kernel(cfg: GemmConfig):
-    """The ``@cuda.jit`` kernel ``(tmap_a, tmap_b, tmap_c, M, N, K)`` for ``cfg``.
+    """The ``@cuda.jit`` kernel for ``cfg`` (compiled once per kernel-relevant config)."""
+    return _build_gemm_kernel(dataclasses.replace(cfg, split_k=1))
 
-    ``tmap_*`` are device addresses of TMA descriptors (:mod:`numba_hopper.tensormap`):
-    A and B with 128-byte swizzle and the boxes described in the module docstring, C with
-    box (64 rows, ``cfg.epi_cols`` columns) and 128-byte swizzle.
 
-    With ``cfg.epilogue`` the kernel takes a seventh argument, the epilogue tuple laid out
-    by ``cfg.epilogue.arg_names``; its ``c_map`` is a descriptor of the residual C (row-major,
-    like the output) with box (64 rows, ``c_box_cols(cfg)`` columns) and ``c_box_cols(cfg)
-    * itemsize`` bytes of swizzle (128, or 64 for a 16-bit C next to an f32 output).
+@functools.lru_cache(maxsize=None)
+def _build_gemm_kernel(cfg: GemmConfig):
+    """The ``@cuda.jit`` kernel for ``cfg``.
+
+    Arguments ``(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split,
+    debug_record)``: ``tmap_*`` are device addresses of 3-D TMA descriptors
+    (:mod:`numba_hopper.tensormap`), batch outermost: A and B with 128-byte swizzle and the
+    boxes of ``cfg.a_box`` / ``cfg.b_box``, C with box ``cfg.c_box`` and 128-byte swizzle.
+    The grid computes ``batches`` units: batch items (``a_batched``/``b_batched`` are 1, or
+    0 for an operand broadcast over the batch) or, with ``k_split`` > 0, slices of
+    ``k_split`` k-blocks of one product whose partial sums go to batch ``b`` of C.
+    ``debug_record``: the device address of a ``numba_hopper.debug.DebugRecord`` (read
+    only if ``cfg.debug``).
+
+    With ``cfg.epilogue`` the kernel takes a twelfth argument, the epilogue tuple laid out
+    by ``cfg.epilogue.arg_names``; its ``c_map`` is a 3-D descriptor of the residual C
+    (row-major like the output, batch outermost) with box ``(1, 64, c_box_cols(cfg))`` and
+    ``c_box_cols(cfg) * itemsize`` bytes of swizzle (128, or 64 for a 16-bit C next to an
+    f32 output).
     """
     BM, BN, S, GROUP_M = cfg.block_m, cfg.block_n, cfg.stages, cfg.group_m
     IN_T = cfg.in_dtype
@@ -184,7 +239,18 @@ def make_gemm_kernel(cfg: GemmConfig):
     A_WG_OFF = WG_ROWS * 128  # consumer 1's 64 rows: 64 K-major rows, or the second M box
     EPI_COLS = cfg.epi_cols
     EPI_CHUNKS = BN // EPI_COLS
-    CONSUMER_WARPS = 8  # empty-barrier arrivals: one per consumer warp
+    CONSUMER_WARPS = 8  # empty-barrier arrivals per CTA: one per consumer warp
+    CM, CN = cfg.cluster_m, cfg.cluster_n
+    CLUSTER = CM * CN
+    PRODUCER_REGS, CONSUMER_REGS = REGS_CLUSTER if CLUSTER > 1 else REGS_NO_CLUSTER
+    # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
+    # column (B), so all of their consumers must release it: CM + CN - 1 CTAs' worth.
+    EMPTY_ARRIVALS = CONSUMER_WARPS * (CM + CN - 1)
+    A_PARTS = CN if A_K_MAJOR else 2  # M-major A is two 64-wide boxes
+    B_PARTS = B_BOXES if not B_K_MAJOR else 1
+    A_PART_BYTES = A_TILE // CN  # K-major: BM/CN rows of 128 B; M-major: CN=2 -> one box
+    B_PART_BYTES = B_TILE // CM
+    DEBUG = cfg.debug
     EPI = cfg.epilogue
     FUSED = EPI is not None
     HAS_C = FUSED and EPI.c_dtype is not None
@@ -201,19 +267,79 @@ def make_gemm_kernel(cfg: GemmConfig):
     unpack = nh.unpack_bf16x2 if HAS_C and EPI.c_dtype == "bf16" else nh.unpack_f16x2
 
     @cuda.jit(device=True, forceinline=True)
-    def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0):
+    def cta_coords():
+        """``(rm, rn)``: this CTA's place in its cluster. Ranks run along M first: rank = rm + CM * rn."""
+        rank = nh.cluster_ctarank() if CLUSTER > 1 else 0
+        return rank % CM, rank // CM
+
+    @cuda.jit(device=True, forceinline=True)
+    def tile_walk(M, N, batches):
+        """``(ctiles_m, ctiles_n, per_batch, num_tiles)``: the cluster tiles the CTAs walk.
+
+        Cluster tiles cover CM x CN output tiles; a CTA whose tile falls past the edge (odd
+        tile count) still loads its share for its peers: its own part is zero-filled by TMA
+        and its store is clipped away. Work units: batch items, or slices of K.
+        """
+        ctiles_m = ((M + BM - 1) // BM + CM - 1) // CM
+        ctiles_n = ((N + BN - 1) // BN + CN - 1) // CN
+        per_batch = ctiles_m * ctiles_n
+        return ctiles_m, ctiles_n, per_batch, batches * per_batch
+
+    @cuda.jit(device=True, forceinline=True)
+    def tile_origin(tile, per_batch, ctiles_m, ctiles_n, rm, rn):
+        """``(batch, m0, n0)`` of this CTA's output tile in the CTA's ``tile``-th cluster tile.
+
+        A fused kernel runs one product (gemm() neither batches nor splits K with an
+        epilogue): batch 0, and no division in the epilogue's C loads, whose registers the
+        consumer does not have (the division spilled).
+        """
+        b = 0 if FUSED else tile // per_batch
+        cm, cn = grouped_tile(tile - b * per_batch, ctiles_m, ctiles_n, GROUP_M)
+        return b, (CM * cm + rm) * BM, (CN * cn + rn) * BN
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0, ba, bb, rm, rn, a_mask, b_mask):
+        """Issue this CTA's TMA loads of one k-block: its share of the A and B tiles.
+
+        Without a cluster that is all of both. In a cluster, CTA (rm, rn) loads part rn of
+        its A tile and part rm of its B tile, each multicast to every CTA that needs it.
+        """
         a_dst = smem + st.stage * A_TILE
         b_dst = smem + B_OFF + st.stage * B_TILE
-        if A_K_MAJOR:
-            nh.tma_load_2d(a_dst, tmap_a, k0, m0, full)
+        if CN == 1:
+            if A_K_MAJOR:
+                nh.tma_load_3d(a_dst, tmap_a, k0, m0, ba, full)
+            else:
+                for i in range(A_PARTS):
+                    nh.tma_load_3d(a_dst + i * MN_BOX_BYTES, tmap_a, m0 + 64 * i, k0, ba, full)
+        elif A_K_MAJOR:
+            rows = BM // CN
+            nh.tma_load_multicast_3d(a_dst + rn * A_PART_BYTES, tmap_a, k0, m0 + rn * rows, ba, full, a_mask)
         else:
-            nh.tma_load_2d(a_dst, tmap_a, m0, k0, full)
-            nh.tma_load_2d(a_dst + MN_BOX_BYTES, tmap_a, m0 + 64, k0, full)
-        if B_K_MAJOR:
-            nh.tma_load_2d(b_dst, tmap_b, k0, n0, full)
+            nh.tma_load_multicast_3d(a_dst + rn * MN_BOX_BYTES, tmap_a, m0 + 64 * rn, k0, ba, full, a_mask)
+        if CM == 1:
+            if B_K_MAJOR:
+                nh.tma_load_3d(b_dst, tmap_b, k0, n0, bb, full)
+            else:
+                for i in range(B_BOXES):
+                    nh.tma_load_3d(b_dst + i * MN_BOX_BYTES, tmap_b, n0 + 64 * i, k0, bb, full)
+        elif B_K_MAJOR:
+            rows = BN // CM
+            nh.tma_load_multicast_3d(b_dst + rm * B_PART_BYTES, tmap_b, k0, n0 + rm * rows, bb, full, b_mask)
         else:
-            for i in range(B_BOXES):
-                nh.tma_load_2d(b_dst + i * MN_BOX_BYTES, tmap_b, n0 + 64 * i, k0, full)
+            for i in range(B_BOXES // CM):
+                box = rm * (B_BOXES // CM) + i
+                nh.tma_load_multicast_3d(b_dst + box * MN_BOX_BYTES, tmap_b, n0 + 64 * box, k0, bb, full, b_mask)
+
+    @cuda.jit(device=True, forceinline=True)
+    def release(bars, st, rm, rn):
+        """Give slot ``st`` back to every producer that multicasts into it (this warp's arrival)."""
+        if CLUSTER == 1:
+            consumer_release(bars, S, st)
+        else:
+            for r in range(CLUSTER):
+                if r % CM == rm or r // CM == rn:
+                    consumer_release_in(bars, S, st, r)
 
     @cuda.jit(device=True, forceinline=True)
     def mma_stage(acc, smem, st, cw, first):
@@ -323,27 +449,31 @@ def make_gemm_kernel(cfg: GemmConfig):
     pack = nh.pack_bf16x2 if OUT_T == "bf16" else nh.pack_f16x2
 
     @cuda.jit(device=True, forceinline=True)
-    def load_c(smem, cw, s, tmap, tiles_m, tiles_n, num_tiles):
+    def load_c(smem, cw, s, tmap, M, N, batches):
         """(Leader) start loading C sub-tile ``s`` of this consumer's sequence, if there is one.
 
         Sub-tile s is sub-tile s % EPI_CHUNKS of the CTA's (s // EPI_CHUNKS)-th tile; it goes
-        to buffer s % 2 and completes phase s // 2 of that buffer's mbarrier.
+        to buffer s % 2 and completes phase s // 2 of that buffer's mbarrier. The tile walk is
+        recomputed from kernel arguments and special registers: carrying it through the
+        epilogue would cost registers the consumer does not have.
         """
-        tile = cuda.blockIdx.x + (s // EPI_CHUNKS) * cuda.gridDim.x
+        ctiles_m, ctiles_n, per_batch, num_tiles = tile_walk(M, N, batches)
+        rm, rn = cta_coords()
+        tile = cuda.blockIdx.x // CLUSTER + (s // EPI_CHUNKS) * (cuda.gridDim.x // CLUSTER)
         if tile < num_tiles:
-            pm, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+            bc, m0, n0 = tile_origin(tile, per_batch, ctiles_m, ctiles_n, rm, rn)
             slot = 2 * cw + s % 2
             bar = smem + C_BAR_OFF + 8 * slot
             nh.mbarrier_arrive_expect_tx(bar, C_BUF)
-            col = pn * BN + (s % EPI_CHUNKS) * EPI_COLS
+            col = n0 + (s % EPI_CHUNKS) * EPI_COLS
             for box in range(C_BOXES):
-                nh.tma_load_2d(smem + C_OFF + slot * C_BUF + box * C_BOX_BYTES, tmap,
-                               col + box * C_BOX_COLS, pm * BM + cw * WG_ROWS, bar)
+                nh.tma_load_3d(smem + C_OFF + slot * C_BUF + box * C_BOX_BYTES, tmap,
+                               col + box * C_BOX_COLS, m0 + cw * WG_ROWS, bc, bar)
 
     @cuda.jit(device=True, forceinline=True)
     def epilogue_subtile(q, stores, args):
         """Sub-tile ``q`` of a tile (the CTA's ``stores``-th) to global memory; ``stores + 1``."""
-        frag, smem, cw, leader, row_in_wg, lane, pn, row0, tmap_c, M, N, ep, tiles_m, tiles_n, num_tiles = args
+        frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c, M, N, batches, ep = args
         buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF_BYTES
         if leader:
             nh.bulk_wait_group_read(1)  # the store that last read buf is done
@@ -353,15 +483,15 @@ def make_gemm_kernel(cfg: GemmConfig):
             slot = 2 * cw + stores % 2
             if HAS_C:
                 nh.mbarrier_wait_parity(smem + C_BAR_OFF + 8 * slot, (stores // 2) % 2)
-            at = (smem + C_OFF + slot * C_BUF - buf, row0, pn * BN + q * EPI_COLS, M, N, ep)
+            at = (smem + C_OFF + slot * C_BUF - buf, row0, n0 + q * EPI_COLS, M, N, ep)
         write_subtile(frag, buf, q, row_in_wg, lane, at)
         nh.fence_proxy_async()
         nh.named_barrier_sync(1 + cw, 128)
         if leader:
-            nh.tma_store_2d(tmap_c, buf, pn * BN + q * EPI_COLS, row0)
+            nh.tma_store_3d(tmap_c, buf, n0 + q * EPI_COLS, row0, bc)
             nh.bulk_commit_group()
         if HAS_C and leader:  # every thread has read C sub-tile `stores`: refill its buffer
-            load_c(smem, cw, stores + 2, ep[0], tiles_m, tiles_n, num_tiles)
+            load_c(smem, cw, stores + 2, ep[0], M, N, batches)
         return stores + 1
 
     # q must be a constant in each sub-tile's code: LLVM leaves a loop over a fused epilogue
@@ -370,7 +500,7 @@ def make_gemm_kernel(cfg: GemmConfig):
     epilogue = (unrolled if FUSED else looped)(epilogue_subtile, EPI_CHUNKS)
 
     @cuda.jit(device=True, forceinline=True)
-    def gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, ep):
+    def gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record, ep):
         tid = cuda.threadIdx.x
         wg = tid // 128
         smem = nh.dynamic_shared_base()
@@ -379,13 +509,27 @@ def make_gemm_kernel(cfg: GemmConfig):
             if HAS_C:
                 for slot in range(4):
                     nh.mbarrier_init(smem + C_BAR_OFF + 8 * slot, 1)
-            pipeline_init(bars, S, CONSUMER_WARPS)
-        cuda.syncthreads()
+            pipeline_init(bars, S, EMPTY_ARRIVALS)
+        # CTA (rm, rn) of a cluster computes output tile (CM*cm + rm, CN*cn + rn) of cluster
+        # tile (cm, cn).
+        rm, rn = cta_coords()
+        a_mask = 0  # ranks sharing this CTA's A tile (same rm) / B tile (same rn)
+        b_mask = 0
+        for j in range(CN):
+            a_mask |= 1 << (rm + CM * j)
+        for i in range(CM):
+            b_mask |= 1 << (i + CM * rn)
+        if CLUSTER > 1:
+            nh.cluster_sync()  # every barrier of the cluster is initialized before any use
+        else:
+            cuda.syncthreads()
 
-        tiles_m = (M + BM - 1) // BM
-        tiles_n = (N + BN - 1) // BN
-        num_tiles = tiles_m * tiles_n
-        k_blocks = (K + BLOCK_K - 1) // BLOCK_K
+        # Work units: batch items (A/B batch coordinate b * a_batched / b * b_batched), or
+        # slices of K (k_split k-blocks each, unit b writing partial sums to batch b of C).
+        ctiles_m, ctiles_n, per_batch, num_tiles = tile_walk(M, N, batches)
+        k_blocks = k_split if k_split else (K + BLOCK_K - 1) // BLOCK_K
+        first_tile = cuda.blockIdx.x // CLUSTER
+        tile_step = cuda.gridDim.x // CLUSTER
 
         if wg == 0:
             nh.setmaxnreg_dec(PRODUCER_REGS)
@@ -393,15 +537,18 @@ def make_gemm_kernel(cfg: GemmConfig):
                 nh.fence_proxy_tensormap_acquire(tmap_a)
                 nh.fence_proxy_tensormap_acquire(tmap_b)
                 st = PipelineState(0, 0)
-                tile = cuda.blockIdx.x
+                tile = first_tile
                 while tile < num_tiles:
-                    pm, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+                    b, m0, n0 = tile_origin(tile, per_batch, ctiles_m, ctiles_n, rm, rn)
+                    k_first = b * k_split
                     for kb in range(k_blocks):
-                        producer_acquire(bars, S, st)
+                        # Debug builds bound the wait; release builds pass None (compiled out).
+                        producer_acquire(bars, S, st, debug_site(debug_record, tile, kb) if DEBUG else None)
                         full = producer_commit(bars, st, STAGE_TX)
-                        load_stage(smem, st, full, tmap_a, tmap_b, pm * BM, pn * BN, kb * BLOCK_K)
+                        load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, (k_first + kb) * BLOCK_K,
+                                   b * a_batched, b * b_batched, rm, rn, a_mask, b_mask)
                         st = pipeline_advance(st, S)
-                    tile += cuda.gridDim.x
+                    tile += tile_step
         else:
             nh.setmaxnreg_inc(CONSUMER_REGS)
             cw = wg - 1
@@ -413,45 +560,50 @@ def make_gemm_kernel(cfg: GemmConfig):
                 nh.fence_proxy_tensormap_acquire(tmap_c)
             if HAS_C and leader:
                 nh.fence_proxy_tensormap_acquire(ep[0])
-                load_c(smem, cw, 0, ep[0], tiles_m, tiles_n, num_tiles)
-                load_c(smem, cw, 1, ep[0], tiles_m, tiles_n, num_tiles)
+                load_c(smem, cw, 0, ep[0], M, N, batches)
+                load_c(smem, cw, 1, ep[0], M, N, batches)
             acc = nh.wgmma_accumulator(BN, "f32")
             st = PipelineState(0, 0)
             stores = 0
-            tile = cuda.blockIdx.x
+            tile = first_tile
             while tile < num_tiles:
-                pm, pn = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+                bc, m0, n0 = tile_origin(tile, per_batch, ctiles_m, ctiles_n, rm, rn)
                 prev = st
                 for kb in range(k_blocks):
-                    consumer_wait(bars, st)
+                    consumer_wait(bars, st, debug_site(debug_record, tile, kb) if DEBUG else None)
                     acc = mma_stage(acc, smem, st, cw, kb == 0)
                     nh.wgmma_wait_group(1)  # k-block kb-1 is done reading its slot
                     if kb > 0 and lane == 0:
-                        consumer_release(bars, S, prev)
+                        release(bars, prev, rm, rn)
                     prev = st
                     st = pipeline_advance(st, S)
                 nh.wgmma_wait_group(0)
                 if k_blocks > 0 and lane == 0:
-                    consumer_release(bars, S, prev)
+                    release(bars, prev, rm, rn)
 
-                row0 = pm * BM + cw * WG_ROWS
+                row0 = m0 + cw * WG_ROWS
                 frag = nh.tuple_as_array(acc)
-                stores = epilogue(stores, (frag, smem, cw, leader, row_in_wg, lane, pn, row0, tmap_c,
-                                           M, N, ep, tiles_m, tiles_n, num_tiles))
-                tile += cuda.gridDim.x
+                stores = epilogue(stores, (frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c,
+                                           M, N, batches, ep))
+                tile += tile_step
             if leader:
                 nh.bulk_wait_group(0)
+        if CLUSTER > 1:
+            # No CTA may exit while a peer can still arrive on its barriers or multicast
+            # into its shared memory.
+            cuda.syncwarp()
+            nh.cluster_sync()
 
     if not FUSED:
         @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
-        def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K):
-            gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, ())
+        def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record):
+            gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record, ())
 
         return gemm_kernel
 
     @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
-    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, ep):
-        gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, ep)
+    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record, ep):
+        gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record, ep)
 
     return gemm_kernel
 

@@ -1,0 +1,69 @@
+"""First-call cost of numba_hopper.gemm in a new process: cold (empty kernel cache), then warm.
+
+    python benchmarks/first_call.py [--json PATH]   # two new processes sharing a fresh cache dir
+    python benchmarks/first_call.py --child         # (what each of them runs) prints one JSON line
+
+Each child times its first gemm call (2048^3 bf16; torch's CUDA context already up) and its
+second; the parent reports both and whether the warm child wrote any cache entry (it only
+writes after compiling).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def child():
+    import torch
+
+    from numba_hopper.gemm import gemm
+
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    times = []
+    for _ in range(2):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = gemm(a, b)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    ref = a.double() @ b.double()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    print(json.dumps({"first_call_s": times[0], "second_call_s": times[1], "rel_error": err}))
+
+
+def _entries(directory):
+    return {p.name: p.stat().st_mtime_ns for p in pathlib.Path(directory).glob("*.nbk")}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--child", action="store_true")
+    p.add_argument("--json")
+    args = p.parse_args()
+    if args.child:
+        return child()
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_HOPPER_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        runs = {}
+        for name in ("cold", "warm"):
+            before = _entries(cache)
+            proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True)
+            runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+            runs[name]["wrote_cache_entries"] = _entries(cache) != before
+    for name, r in runs.items():
+        print(f"{name}: first call {r['first_call_s'] * 1e3:9.1f} ms, second {r['second_call_s'] * 1e3:6.2f} ms, "
+              f"wrote cache entries: {r['wrote_cache_entries']}, rel error {r['rel_error']:.1e}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(runs, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Draw a benchmark results file: TFLOP/s of numba_hopper and cuBLAS per shape, and their ratio.
+
+    python benchmarks/plot_results.py [RESULTS.json] [-o chart.png]
+
+Default input: the newest ``benchmarks/results/gemm-*.json`` (by modification time); default
+output: the input's name with ``.png``. Needs matplotlib (``pip install 'numba-hopper[plot]'``).
+"""
+
+import argparse
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def newest_results() -> pathlib.Path:
+    files = sorted((ROOT / "benchmarks" / "results").glob("gemm-*.json"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        raise SystemExit("no benchmarks/results/gemm-*.json; run benchmarks/bench_gemm.py first")
+    return files[-1]
+
+
+def plot(result: dict, out: pathlib.Path):
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    records = result["records"]
+    names = [r["name"] for r in records]
+    x = range(len(records))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, height_ratios=(3, 1.3))
+    width = 0.4
+    top.bar([i - width / 2 for i in x], [r["ours_tflops"] for r in records], width, label="numba_hopper.gemm")
+    top.bar([i + width / 2 for i in x], [r["cublas_tflops"] for r in records], width, label="cuBLAS (torch.matmul)")
+    top.set_ylabel("TFLOP/s")
+    top.set_ylim(0, 1.15 * max(max(r["ours_tflops"], r["cublas_tflops"]) for r in records))  # room for the legend
+    top.legend(loc="upper left", ncols=2)
+    top.set_title(f"GEMM on {result['gpu']} ({result['date']}, commit {result['commit']})")
+    top.grid(axis="y", alpha=0.3)
+    bottom.bar(list(x), [r["ratio"] for r in records], 0.6, color="tab:green")
+    bottom.axhline(1.0, color="black", linewidth=0.8)
+    bottom.set_ylabel("ours / cuBLAS")
+    bottom.set_ylim(0, max(1.2, max(r["ratio"] for r in records) * 1.05))
+    bottom.grid(axis="y", alpha=0.3)
+    bottom.set_xticks(list(x), names, rotation=35, ha="right", fontsize=8)  # names say dtype/layout if not bf16 RR
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("results", nargs="?", type=pathlib.Path)
+    p.add_argument("-o", "--output", type=pathlib.Path)
+    args = p.parse_args()
+    src = args.results or newest_results()
+    out = args.output or src.with_suffix(".png")
+    plot(json.loads(src.read_text()), out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
