@@ -46,8 +46,10 @@ def test_fused_kernels_do_not_spill(fusion, out_dtype):
         assert r.count("LDSM") > 0  # C read back with ldmatrix at stmatrix's addresses
 
 
-@pytest.mark.parametrize("kw", [dict(cluster_n=2), dict(cluster_m=2), dict(debug=True)], ids=str)
-def test_fused_kernels_with_clusters_and_debug_do_not_spill(kw):
+# Debug builds are not in this list: like plain debug builds (tests/test_debug_cpu.py) they
+# spill, the bounded waits' bookkeeping costs registers and speed is not their point.
+@pytest.mark.parametrize("kw", [dict(cluster_n=2), dict(cluster_m=2)], ids=str)
+def test_fused_kernels_with_clusters_do_not_spill(kw):
     r = _fused("bf16", *BIAS_GELU_C, **kw)
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     assert r.count("UTMASTG") == 4 and r.count("LDSM") > 0
