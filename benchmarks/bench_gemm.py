@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from numba_hopper.gemm import GemmConfig, bmm, gemm  # noqa: E402
+from numba_hopper.kernels.gemm_sm90 import max_stages  # noqa: E402
 
 # (name, M, N, K, dtype, layout)
 SUITE = [
@@ -83,11 +84,24 @@ def _time(fn, sets, reps):
 
 
 def _config(name):
-    """``default`` (the library's choice) or a cluster shape ``MxN`` such as ``2x1``."""
+    """``default`` (the library's choice) or a kernel spelled as dash-separated parts:
+    a cluster shape ``MxN`` (``2x1``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``);
+    e.g. ``n128-s2``. Unnamed parts keep GemmConfig's defaults (128x256, no cluster, no split).
+    """
     if name == "default":
         return None
-    cm, cn = (int(x) for x in name.split("x"))
-    return GemmConfig(cluster_m=cm, cluster_n=cn, stages=4)
+    kw = {}
+    for part in name.split("-"):
+        if "x" in part:
+            kw["cluster_m"], kw["cluster_n"] = (int(x) for x in part.split("x"))
+        elif part[0] == "n":
+            kw["block_n"] = int(part[1:])
+        elif part[0] == "s":
+            kw["split_k"] = int(part[1:])
+        else:
+            raise ValueError(f"bad config part {part!r} in {name!r}")
+    block_n = kw.get("block_n", 256)
+    return GemmConfig(stages=max_stages("bf16", "f32" if kw.get("split_k", 1) > 1 else "bf16", block_n), **kw)
 
 
 def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), batch=1):
@@ -150,7 +164,7 @@ def main(argv=None):
     p.add_argument("--shapes", nargs="*", help="MxNxK shapes (bf16, RR) instead of the suite")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--configs", nargs="*", default=["default"],
-                   help="our variants to time: 'default' and/or cluster shapes like 2x1, 1x2, 2x2")
+                   help="our variants to time: 'default' and/or kernels like 2x1, 1x2, n192, n128-s2")
     p.add_argument("--json", help="results file (default benchmarks/results/gemm-<date>.json)")
     args = p.parse_args(argv)
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from numba_hopper.gemm import gemm
+from numba_hopper.gemm import GemmConfig, gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -25,14 +25,14 @@ def _operand(torch, rows, cols, dtype, major, gen):
     return torch.randn(cols, rows, generator=gen, device="cuda").to(tdt).t()
 
 
-def _check(torch, M, N, K, dtype="bf16", out_dtype="bf16", layout="RR", out_major="R"):
+def _check(torch, M, N, K, dtype="bf16", out_dtype="bf16", layout="RR", out_major="R", config=None):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(np.random.SeedSequence().entropy % 2**63)
     a = _operand(torch, M, K, dtype, layout[0], gen)
     b = _operand(torch, K, N, dtype, layout[1], gen)
     out = _operand(torch, M, N, out_dtype, out_major, gen)
     out.fill_(float("nan"))
-    res = gemm(a, b, out=out)
+    res = gemm(a, b, out=out, config=config)
     assert res is out
     torch.cuda.synchronize()
     ref = a.double() @ b.double()
@@ -53,6 +53,14 @@ def test_ragged_sizes_all_layouts(torch, M, N, K, layout):
 @pytest.mark.parametrize("layout", ["RR", "CC"])
 def test_dtypes(torch, dtype, out_dtype, layout):
     _check(torch, 333, 520, 270, dtype, out_dtype, layout)
+
+
+@pytest.mark.parametrize("block_n", [64, 128, 192])
+@pytest.mark.parametrize("M,N,K,layout", [(333, 520, 270, "RR"), (1000, 7, 300, "CC"), (129, 1000, 1000, "RC"),
+                                          (1792, 1280, 640, "CR")])
+def test_tile_widths(torch, block_n, M, N, K, layout):
+    """Every tile width the heuristic may pick, ragged and with several tiles per CTA."""
+    _check(torch, M, N, K, layout=layout, config=GemmConfig(block_n=block_n, stages=4))
 
 
 @pytest.mark.parametrize("M,N,K", [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 512),

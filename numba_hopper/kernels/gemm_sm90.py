@@ -270,7 +270,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     C_BOXES = EPI_COLS // C_BOX_COLS
     C_SWIZZLE_MASK = C_BOX_ROW // 16 - 1
     C_LIKE_OUT = C_ITEM == ELEMENT_BYTES[OUT_T]  # C's buffer is laid out as the output's
-    apply = make_epilogue(EPI) if FUSED else None
+    row_terms, apply = make_epilogue(EPI) if FUSED else (None, None)
     unpack = nh.unpack_bf16x2 if HAS_C and EPI.c_dtype == "bf16" else nh.unpack_f16x2
 
     @cuda.jit(device=True, forceinline=True)
@@ -392,18 +392,20 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 c_pair(cbuf, r, col + 8), c_pair(cbuf, r + 8, col + 8))
 
     @cuda.jit(device=True, forceinline=True)
-    def pair(frag, k, r, col, c, at):
-        """Registers ``k``, ``k + 1`` (sub-tile row ``r``, columns ``col``, ``col`` + 1), as stored.
+    def pair(frag, k, row_in_wg, j, col, c, at):
+        """Registers ``k``, ``k + 1`` (sub-tile row ``row_in_wg + 8j``, columns ``col``, ``col`` + 1), as stored.
 
         ``c``: C's f32 pair there (if any); ``at``: ``(C buffer - output buffer, row0, col0,
-        M, N, ep)`` of a fused epilogue (row0, col0: the sub-tile's first output row and
-        column), ``()`` for a plain GEMM.
+        M, N, ep, row_terms(row 0 + row_in_wg), row_terms(row 8 + row_in_wg))`` of a fused
+        epilogue (row0, col0: the sub-tile's first output row and column), ``()`` for a plain
+        GEMM.
         """
         if not FUSED:
             return frag[k], frag[k + 1]
-        row, col = at[1] + r, at[2] + col
+        row, col = at[1] + row_in_wg + 8 * j, at[2] + col
         M, N, ep = at[3], at[4], at[5]
-        return apply(frag[k], c[0], row, col, M, N, ep), apply(frag[k + 1], c[1], row, col + 1, M, N, ep)
+        rt = at[6] if j == 0 else at[7]
+        return apply(frag[k], c[0], rt, row, col, M, N, ep), apply(frag[k + 1], c[1], rt, row, col + 1, M, N, ep)
 
     @cuda.jit(device=True, forceinline=True)
     def write_subtile(frag, buf, q, row_in_wg, lane, at):
@@ -424,7 +426,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
                     col = 8 * ii + 2 * (lane % 4)
                     k = 4 * i + 2 * j
                     c = c_f32_pair(buf, addr, r, col, at) if HAS_C else (frag[k], frag[k])
-                    v0, v1 = pair(frag, k, r, col, c, at)
+                    v0, v1 = pair(frag, k, row_in_wg, j, col, c, at)
                     nh.st_shared_v2_f32(addr, v0, v1)
         else:
             # stmatrix.x4: matrix m (its row addresses from lanes 8m..8m+7) is the 8x8 block
@@ -440,10 +442,10 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 c = c_quad(buf, addr, row_in_wg, col, at) if HAS_C else (f, f, f, f)
                 # register pair x = 2h + j: row row_in_wg + 8j, column col + 8h
                 v = (
-                    pair(frag, base + 0, row_in_wg, col, c[0], at),
-                    pair(frag, base + 2, row_in_wg + 8, col, c[1], at),
-                    pair(frag, base + 4, row_in_wg, col + 8, c[2], at),
-                    pair(frag, base + 6, row_in_wg + 8, col + 8, c[3], at),
+                    pair(frag, base + 0, row_in_wg, 0, col, c[0], at),
+                    pair(frag, base + 2, row_in_wg, 1, col, c[1], at),
+                    pair(frag, base + 4, row_in_wg, 0, col + 8, c[2], at),
+                    pair(frag, base + 6, row_in_wg, 1, col + 8, c[3], at),
                 )
                 regs = (
                     pack(v[0][0], v[0][1]),
@@ -490,7 +492,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
             slot = 2 * cw + stores % 2
             if HAS_C:
                 nh.mbarrier_wait_parity(smem + C_BAR_OFF + 8 * slot, (stores // 2) % 2)
-            at = (smem + C_OFF + slot * C_BUF - buf, row0, n0 + q * EPI_COLS, M, N, ep)
+            at = (smem + C_OFF + slot * C_BUF - buf, row0, n0 + q * EPI_COLS, M, N, ep,
+                  row_terms(row0 + row_in_wg, M, ep), row_terms(row0 + row_in_wg + 8, M, ep))
         write_subtile(frag, buf, q, row_in_wg, lane, at)
         nh.fence_proxy_async()
         nh.named_barrier_sync(1 + cw, 128)
