@@ -199,7 +199,7 @@ def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None)
                 f"with 16-byte-aligned base, leading dimension and batch stride; got strides "
                 f"{(stride, *m.strides)} (elements) at {m.ptr:#x}"
             )
-    cfg = _choose_config(ma, mb, mo, config, debug=False)
+    cfg = _choose_config(ma, mb, mo, config, debug=False, units=batch)
     launch, maps = _prepare(cfg, ma, mb, mo, _Batch(batch, sa, sb, so))
     plan = _Plan(lambda s: launch, keep=maps)
     if key:
@@ -343,15 +343,17 @@ def _split_count(cfg, M, N, K, sms):
     """K slices for a product with too few output tiles to fill the GPU (1: no split).
 
     Each slice writes fp32 partials that a second kernel sums in a fixed order, so the
-    result is deterministic; the workspace round trip is worth it only when at most half
-    the SMs would otherwise have a tile and K is long (>= 32 k-blocks, each slice >= 8):
-    measured at 1024^3 (16 k-blocks), two slices ran at 0.56x cuBLAS, none at 0.90x.
+    result is deterministic. The workspace round trip and the second launch cost more than
+    idle SMs unless most SMs would idle and K is long: measured (benchmarks/NOTES.md), two
+    slices lost at 1024^3 (0.47x vs 0.67x cuBLAS), and at 64x4096x4096 with 128x64 tiles
+    (64 tiles on 132 SMs; 0.52x vs 0.61x). So: at most a quarter of the SMs busy, >= 128
+    k-blocks, >= 32 per slice.
     """
     tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
     k_blocks = -(-K // 64)
-    if 2 * tiles > sms or k_blocks < 32:
+    if 4 * tiles > sms or k_blocks < 128:
         return 1
-    return max(1, min(sms // tiles, k_blocks // 8, 16))
+    return max(1, min(sms // tiles, k_blocks // 32, 16))
 
 
 def _split_k_plan(cfg, va, vb, target, vo, splits, copies_in, scratch, record):
@@ -626,22 +628,42 @@ def _canonical(v):
     return dataclasses.replace(v, strides=(_leading_dim(v), 1))
 
 
-def _choose_config(va, vb, vo, config, debug, epilogue=None):
+# Relative time per output column of a 128-row tile, from benchmarks/NOTES.md (1792x1280x4096,
+# one wave each): a narrower tile reads A from shared memory for fewer columns of MMA.
+TILE_COST = {256: 1.0, 192: 1.075, 128: 1.065, 64: 1.52}
+
+
+def _tile_width(M, N, units, sms):
+    """The tile width with the shortest estimated run: waves of tiles x width x tile cost.
+
+    Wave quantization decides it: 1792x1280 takes 98 tiles of 128x192 (one wave on 132
+    SMs) rather than 70 of 128x256 (also one wave, of slower tiles); a skinny 128x8192
+    takes 128 tiles of 128x64 rather than leaving 100 SMs idle with 32 tiles of 128x256.
+    Ties go to the wider tile.
+    """
+    def estimate(bn):
+        tiles = units * -(-M // 128) * -(-N // bn)
+        return -(-tiles // sms) * bn * TILE_COST[bn]
+
+    return min(TILE_COST, key=estimate)
+
+
+def _choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
 
-    Default: 128x256 tiles, the deepest ring that fits, and a 1x2 cluster (the two CTAs of
-    a tile row share their A tile through multicast) once every CTA has at least two tiles
-    to do: measured +3-8% over no cluster from 4096^3 up, -6% at 2048^3 (one tile per CTA),
-    benchmarks/NOTES.md.
+    Default: 128-row tiles of the width :func:`_tile_width` picks for ``units`` products,
+    the deepest ring that fits, and a 1x2 cluster (the two CTAs of a tile row share their A
+    tile through multicast) once every CTA has at least two tiles to do: measured +3-8%
+    over no cluster from 4096^3 up, -6% at 2048^3 (one tile per CTA), benchmarks/NOTES.md.
     """
     a_major = "K" if _tma_ok(va, row_major=True) else "M"
     b_major = "N" if _tma_ok(vb, row_major=True) else "K"
     limits = device_limits(vo.device)
     if config is None:
         M, N = vo.shape
-        base = GemmConfig(block_n=128 if N <= 128 else 256)  # no half-empty tiles for N <= 128
+        base = GemmConfig(block_n=_tile_width(M, N, units, limits.sm_count))
         tiles_m, tiles_n = -(-M // base.block_m), -(-N // base.block_n)
-        if tiles_n >= 2 and tiles_m * tiles_n >= 2 * limits.sm_count:
+        if tiles_n >= 2 and units * tiles_m * tiles_n >= 2 * limits.sm_count:
             base = dataclasses.replace(base, cluster_n=2)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, epilogue=epilogue)

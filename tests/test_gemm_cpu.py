@@ -17,10 +17,10 @@ ALL_CONFIGS = [
     GemmConfig("bf16", "bf16", am, bm, cluster_m=cm, cluster_n=cn)
     for am, bm in (("K", "N"), ("M", "K"))
     for cm, cn in ((2, 1), (1, 2), (2, 2))
-]
+] + [GemmConfig("bf16", o, "K", "N", block_n=bn, stages=4) for bn in (64, 128, 192) for o in ("bf16", "f32")]
 
 
-@pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}")
+@pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-n{c.block_n}")
 def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     r = inspect_kernel(make_gemm_kernel(cfg), GEMM_SIGNATURE)
     assert r.count("HGMMA") >= 4, r.summary()  # 4 k16 steps per 64-wide k-block
@@ -103,3 +103,23 @@ def test_gemm_without_hopper_gpu_says_so(monkeypatch):
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "device 0 is compute capability 8.0, not Hopper (9.x)")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU.*8.0"):
         gemm(_m(4, 8), _m(8, 4))
+
+
+@pytest.mark.parametrize("M,N,units,width", [
+    (4096, 4096, 1, 256), (8192, 8192, 1, 256), (6144, 6144, 1, 256), (256, 14336, 1, 256),
+    (1792, 1280, 1, 192), (1920, 1280, 1, 192),  # one wave of 192-wide tiles (98, 105 tiles)
+    (128, 8192, 1, 64), (64, 4096, 1, 64),  # skinny: fill the SMs with narrow tiles
+    (16384, 128, 1, 128), (1000, 7, 1, 64), (1024, 1024, 32, 256),
+])
+def test_tile_width_heuristic(M, N, units, width):
+    from numba_hopper.gemm import _tile_width
+
+    assert _tile_width(M, N, units, 132) == width
+
+
+@pytest.mark.parametrize("M,N,K,splits", [(64, 4096, 4096, 1), (1024, 1024, 1024, 1), (64, 2048, 16384, 4),
+                                          (128, 1024, 65536, 8), (64, 256, 4096, 1)])
+def test_split_k_heuristic(M, N, K, splits):
+    from numba_hopper.gemm import _split_count
+
+    assert _split_count(GemmConfig(block_n=64), M, N, K, 132) == splits
