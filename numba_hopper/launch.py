@@ -15,7 +15,7 @@ What it does beyond ``kernel[grid, block, stream, shared_mem](*args)``:
 - opts the kernel into ``shared_mem`` bytes of dynamic shared memory
   (``cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)`` on its
   ``CUkernel``, once per kernel and device for the largest size asked so far);
-- launches through ``cuda.core`` with a cluster dimension (and sets
+- launches with a cluster dimension (``cuLaunchKernelEx``; and sets
   ``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`` for clusters of 9-16 CTAs when
   ``non_portable_cluster=True``);
 - checks the configuration first (:func:`validate_launch`) and raises ``ValueError``
@@ -277,19 +277,53 @@ def _opt_in(core_kernel, device: int, shared_mem: int, non_portable: bool):
 class PreparedLaunch:
     """A validated, opted-in, argument-packed launch; call it with a stream to run it.
 
-    Everything but the stream is fixed at preparation, so a repeated launch (the GEMM's
-    steady state) costs one ``cuda.core.launch`` call.
+    Everything but the stream is fixed at preparation: the call is one
+    ``cuLaunchKernelEx`` (cuda.bindings) on a ``void*[]`` of numba's packed arguments and a
+    launch configuration built once per stream. That costs ~5 us of host time where
+    ``cuda.core.launch``, which re-packs its arguments on every call, costs ~12 us
+    (H100 host, benchmarks/NOTES.md): for a small GEMM the host's call rate, not the GPU,
+    sets the pace. ``config`` is the same launch as a ``cuda.core.LaunchConfig``.
     """
 
-    __slots__ = ("kernel", "config", "args", "_launch")
+    __slots__ = ("kernel", "config", "args", "_dims", "_shared", "_func", "_params", "_per_stream")
 
-    def __init__(self, kernel, config, args):
-        from cuda.core import launch as core_launch
+    def __init__(self, kernel, config, args, dims, shared_mem):
+        from cuda.bindings import driver
 
-        self.kernel, self.config, self.args, self._launch = kernel, config, args, core_launch
+        self.kernel, self.config, self.args = kernel, config, args  # args: ctypes values
+        self._dims, self._shared = dims, shared_mem
+        self._func = driver.CUfunction(int(kernel.handle))  # a CUkernel launches as a CUfunction
+        self._params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
+        self._per_stream = {}
+
+    def _driver_config(self, handle):
+        from cuda.bindings import driver
+
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self._dims.grid  # blocks, also with clusters
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self._dims.block
+        cfg.sharedMemBytes = self._shared
+        cfg.hStream = handle
+        if self._dims.cluster is not None:
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            dim = attr.value.clusterDim
+            dim.x, dim.y, dim.z = self._dims.cluster
+            cfg.attrs, cfg.numAttrs = [attr], 1
+        return cfg
 
     def __call__(self, stream=None):
-        self._launch(_core_stream(as_stream_handle(stream)), self.config, self.kernel, *self.args)
+        from cuda.bindings import driver
+
+        handle = as_stream_handle(stream)
+        cfg = self._per_stream.get(handle)
+        if cfg is None:
+            if len(self._per_stream) >= 64:  # streams come and go: keep the table small
+                self._per_stream.clear()
+            cfg = self._per_stream.setdefault(handle, self._driver_config(handle))
+        (err,) = driver.cuLaunchKernelEx(cfg, self._func, ctypes.addressof(self._params), 0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuLaunchKernelEx failed: {err}")
 
 
 @functools.lru_cache(maxsize=64)
@@ -328,7 +362,7 @@ def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: in
     config = {"grid": _core_grid(dims, _core_grid_counts_clusters()), "block": dims.block, "shmem_size": shared_mem}
     if dims.cluster is not None:
         config["cluster"] = dims.cluster
-    return PreparedLaunch(core_kernel, LaunchConfig(**config), packed)
+    return PreparedLaunch(core_kernel, LaunchConfig(**config), packed, dims, shared_mem)
 
 
 def _compiled(kernel, args, cache_key, cc):
