@@ -21,6 +21,7 @@ What is private and why:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 
 from numba.cuda import cgutils  # noqa: F401  (re-exported for intrinsics)
 from numba.cuda import types
@@ -191,7 +192,21 @@ def pack_kernel_args(kernel, args, stream=0):
             "host arrays were passed to a kernel launched by numba_hopper.launch; "
             "copy them to the device first"
         )
-    return packed
+    # numba leaves array fields (pointers, sizes, shapes, strides) as Python ints and
+    # booleans as bools, as cuda.core's launch reads them; make every parameter a ctypes value.
+    return [_as_ctypes(v) for v in packed]
+
+
+def _as_ctypes(value):
+    if isinstance(value, (ctypes._SimpleCData, ctypes.Structure)):
+        return value
+    if isinstance(value, bool):
+        return ctypes.c_bool(value)
+    if isinstance(value, int):
+        return ctypes.c_ssize_t(value)  # intptr_t
+    if isinstance(value, float):
+        return ctypes.c_double(value)
+    raise TypeError(f"cannot pass {type(value).__name__} {value!r} as a kernel parameter")
 
 
 def cu_kernel(kernel):

@@ -202,3 +202,17 @@ def test_opt_in_is_set_once_per_kernel_and_device_for_the_largest_size(monkeypat
         (0xAB, 0, "MAX_DYNAMIC_SHARED_SIZE_BYTES", 200_000),
         (0xAB, 0, "NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1),
     ]
+
+
+def test_packed_parameters_become_ctypes_values():
+    """numba packs array fields as Python ints; cuLaunchKernelEx needs addressable values."""
+    import ctypes
+
+    from numba_hopper._numba_internals import _as_ctypes
+
+    assert _as_ctypes(5).value == 5 and ctypes.sizeof(_as_ctypes(5)) == 8  # intptr_t
+    assert isinstance(_as_ctypes(True), ctypes.c_bool) and _as_ctypes(0.5).value == 0.5
+    kept = ctypes.c_int32(3)
+    assert _as_ctypes(kept) is kept
+    with pytest.raises(TypeError, match="kernel parameter"):
+        _as_ctypes("x")
