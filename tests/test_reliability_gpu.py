@@ -98,49 +98,62 @@ def test_bitwise_deterministic(torch, M, N, K):
 
 
 def test_two_threads_two_streams_many_shapes_memory_stable(torch):
-    # The same two streams in every pass: PyTorch gives each new stream its own cuBLAS
-    # workspace (32 MiB on Hopper) for the reference matmuls, which is not ours to measure.
-    streams = [torch.cuda.Stream() for _ in range(2)]
+    # The same two threads, each on its own stream, in every pass: PyTorch gives each new
+    # (thread's cuBLAS handle, stream) pair its own workspace (32 MiB on Hopper) for the
+    # reference matmuls, which is not ours to measure.
+    import queue
 
-    def work(seed, stream, calls, errors):
-        rng = np.random.default_rng(seed)
-        try:
-            with torch.cuda.stream(stream):
-                for _ in range(calls):
-                    M, N, K = (int(x) for x in rng.integers(1, 700, 3))
-                    a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
-                    b = torch.randn(K, N, device="cuda").to(torch.bfloat16)
-                    if rng.random() < 0.5:
-                        a = a.t().contiguous().t()
-                    out = torch.full((M, N), float("nan"), device="cuda")
-                    gemm(a, b, out=out)
-                    ref = a.double() @ b.double()
-                    err = ((out.double() - ref).norm() / ref.norm()).item()
-                    if not err < 1e-4:
-                        errors.append((M, N, K, err))
-            stream.synchronize()
-        except Exception as exc:  # reported by the main thread
-            errors.append(repr(exc))
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    done = queue.Queue()
+
+    def work(stream, passes):
+        while (job := passes.get()) is not None:
+            seed, calls = job
+            rng = np.random.default_rng(seed)
+            errors = []
+            try:
+                with torch.cuda.stream(stream):
+                    for _ in range(calls):
+                        M, N, K = (int(x) for x in rng.integers(1, 700, 3))
+                        a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+                        b = torch.randn(K, N, device="cuda").to(torch.bfloat16)
+                        if rng.random() < 0.5:
+                            a = a.t().contiguous().t()
+                        out = torch.full((M, N), float("nan"), device="cuda")
+                        gemm(a, b, out=out)
+                        ref = a.double() @ b.double()
+                        err = ((out.double() - ref).norm() / ref.norm()).item()
+                        if not err < 1e-4:
+                            errors.append((M, N, K, err))
+                stream.synchronize()
+            except Exception as exc:  # reported by the main thread
+                errors.append(repr(exc))
+            done.put(errors)
+
+    inboxes = [queue.Queue() for _ in streams]
+    threads = [threading.Thread(target=work, args=(stream, inbox), daemon=True) for stream, inbox in zip(streams, inboxes)]
+    for t in threads:
+        t.start()
 
     def run(calls):
-        errors = []
-        seeds = np.random.SeedSequence().generate_state(2)
-        threads = [threading.Thread(target=work, args=(seed, stream, calls, errors)) for seed, stream in zip(seeds, streams)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for seed, inbox in zip(np.random.SeedSequence().generate_state(2), inboxes):
+            inbox.put((seed, calls))
+        errors = done.get() + done.get()
         torch.cuda.synchronize()
         assert not errors, errors[:5]
 
-    # Warm up with as many calls as are measured: every kernel variant these shapes need is
-    # compiled and loaded (module memory is not a leak) and the plan cache is at its bound.
-    run(200)
-    torch.cuda.empty_cache()
-    free_before, _ = torch.cuda.mem_get_info()
-    run(200)  # 400 calls of fresh shapes: more than the plan cache holds
-    torch.cuda.empty_cache()
-    free_after, _ = torch.cuda.mem_get_info()
+    try:
+        # Warm up with as many calls as are measured: every kernel variant these shapes need
+        # is compiled and loaded (module memory is not a leak), the plan cache at its bound.
+        run(200)
+        torch.cuda.empty_cache()
+        free_before, _ = torch.cuda.mem_get_info()
+        run(200)  # 400 calls of fresh shapes: more than the plan cache holds
+        torch.cuda.empty_cache()
+        free_after, _ = torch.cuda.mem_get_info()
+    finally:
+        for inbox in inboxes:
+            inbox.put(None)
     assert len(g._plans) <= g.PLAN_CACHE_SIZE
     info = tensormap.cache_info()
     assert info["size"] <= info["maxsize"]
