@@ -28,27 +28,16 @@ def main():
         gemm(a, b, out=c)
         torch.matmul(a, b, out=c)
     torch.cuda.synchronize()
+    from cuda.core import launch as core_launch
+
     from numba_hopper import gemm as gemm_module
+    from numba_hopper.launch import _core_stream
 
     plan = next(iter(gemm_module._plans.values()))
     stream = torch.cuda.current_stream().cuda_stream
-    launch = plan.launch_for(stream)
-    core_stream = __import__("numba_hopper.launch", fromlist=["_core_stream"])._core_stream(stream)
-    from cuda.core import launch as core_launch
-
-    import ctypes
-
-    from cuda.bindings import driver
-
-    params = (ctypes.c_void_p * len(launch.args))(*[ctypes.addressof(x) for x in launch.args])
-    func = driver.CUfunction(int(launch.kernel.handle))
-    grid, block, smem = launch.config.grid, launch.config.block, launch.config.shmem_size
-
-    def raw():
-        driver.cuLaunchKernel(func, *grid, *block, smem, stream, ctypes.addressof(params), 0)
-
+    launch = plan.launch_for(stream)  # one cuLaunchKernelEx on pre-packed arguments
+    core_stream = _core_stream(stream)
     parts = (("numba_hopper.gemm", lambda: gemm(a, b, out=c)), ("torch.matmul", lambda: torch.matmul(a, b, out=c)),
-             ("  cuLaunchKernel (packed)", raw),
              ("  its cached plan", lambda: plan(stream)), ("  its prepared launch", lambda: launch(stream)),
              ("  cuda.core.launch", lambda: core_launch(core_stream, launch.config, launch.kernel, *launch.args)))
     for name, fn in parts:

@@ -285,7 +285,8 @@ class PreparedLaunch:
     sets the pace. ``config`` is the same launch as a ``cuda.core.LaunchConfig``.
     """
 
-    __slots__ = ("kernel", "config", "args", "_dims", "_shared", "_func", "_params", "_per_stream")
+    __slots__ = ("kernel", "config", "args", "_dims", "_shared", "_func", "_params", "_per_stream", "_launch_ex",
+                 "_success")
 
     def __init__(self, kernel, config, args, dims, shared_mem):
         from cuda.bindings import driver
@@ -295,6 +296,7 @@ class PreparedLaunch:
         self._func = driver.CUfunction(int(kernel.handle))  # a CUkernel launches as a CUfunction
         self._params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
         self._per_stream = {}
+        self._launch_ex, self._success = driver.cuLaunchKernelEx, driver.CUresult.CUDA_SUCCESS
 
     def _driver_config(self, handle):
         from cuda.bindings import driver
@@ -313,16 +315,14 @@ class PreparedLaunch:
         return cfg
 
     def __call__(self, stream=None):
-        from cuda.bindings import driver
-
         handle = as_stream_handle(stream)
         cfg = self._per_stream.get(handle)
         if cfg is None:
             if len(self._per_stream) >= 64:  # streams come and go: keep the table small
                 self._per_stream.clear()
             cfg = self._per_stream.setdefault(handle, self._driver_config(handle))
-        (err,) = driver.cuLaunchKernelEx(cfg, self._func, ctypes.addressof(self._params), 0)
-        if err != driver.CUresult.CUDA_SUCCESS:
+        (err,) = self._launch_ex(cfg, self._func, ctypes.addressof(self._params), 0)
+        if err != self._success:
             raise RuntimeError(f"cuLaunchKernelEx failed: {err}")
 
 
