@@ -96,8 +96,9 @@ def _time(fn, sets, reps):
 def _config(name):
     """``default`` (the library's choice) or a kernel spelled as dash-separated parts:
     a cluster shape ``MxN`` (``2x1``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``),
-    ``p<pipeline stages>`` (``p3``); e.g. ``n128-s2``. Unnamed parts keep GemmConfig's
-    defaults (128x256 tiles, no cluster, no split, the deepest ring that fits).
+    ``p<pipeline stages>`` (``p3``), ``sk`` (stream-K); e.g. ``n128-s2``, ``n192-sk``. Unnamed
+    parts keep GemmConfig's defaults (128x256 tiles, no cluster, no split, no stream-K, the
+    deepest ring that fits).
     """
     if name == "default":
         return None
@@ -105,6 +106,8 @@ def _config(name):
     for part in name.split("-"):
         if "x" in part:
             kw["cluster_m"], kw["cluster_n"] = (int(x) for x in part.split("x"))
+        elif part == "sk":
+            kw["stream_k"] = True
         elif part[0] == "n":
             kw["block_n"] = int(part[1:])
         elif part[0] == "s":

@@ -34,7 +34,15 @@ from ._arrays import DeviceView, device_view
 from ._copy import aligned_scratch, copy_2d
 from ._device import hopper_device_reason
 from .kernels.epilogue import ACTIVATIONS, EpilogueConfig
-from .kernels.gemm_sm90 import EPI_ROWS, GEMM_THREADS, GemmConfig, c_box_cols, make_gemm_kernel, max_stages
+from .kernels.gemm_sm90 import (
+    EPI_ROWS,
+    GEMM_THREADS,
+    STREAM_K_MAX_BLOCK_N,
+    GemmConfig,
+    c_box_cols,
+    make_gemm_kernel,
+    max_stages,
+)
 from .debug import DebugRecord, debug_enabled
 from .errors import (
     DeviceMismatchError,
@@ -200,8 +208,7 @@ def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None)
                 f"{(stride, *m.strides)} (elements) at {m.ptr:#x}"
             )
     cfg = _choose_config(ma, mb, mo, config, debug=False, units=batch)
-    launch, maps = _prepare(cfg, ma, mb, mo, _Batch(batch, sa, sb, so))
-    plan = _Plan(lambda s: launch, keep=maps)
+    plan = _launch_plan(cfg, ma, mb, mo, _Batch(batch, sa, sb, so))
     if key:
         _remember(key, plan)
     plan(handle)
@@ -283,13 +290,40 @@ def _plan(va, vb, vo, config, debug, fusion=None):
     M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
     # Split-K slices write fp32 partial sums, so an epilogue could only run after the reduce:
     # fused calls simply do not split (GemmConfig refuses split_k > 1 with an epilogue).
-    auto_split = not fusion and config is None
+    auto_split = not fusion and config is None and not cfg.stream_k
     splits = _split_count(cfg, M, N, K, device_limits(vo.device).sm_count) if auto_split else cfg.split_k
     if splits > 1:
         return _split_k_plan(cfg, va, vb, target, vo, splits, copies_in, scratch, record)
-    launch, maps = _prepare(cfg, va, vb, vo, _Batch(), record, fusion)
     finish = (lambda stream: copy_2d(vo, target, stream)) if vo is not target else None
-    return _Plan(lambda stream: launch, copies_in, finish, (maps, scratch), not scratch, record)
+    return _launch_plan(cfg, va, vb, vo, _Batch(), record, fusion, copies_in, finish, scratch)
+
+
+def _launch_plan(cfg, va, vb, vo, batch, record=None, fusion=None, copies_in=(), finish=None, scratch=()):
+    """The plan of one launch of ``cfg`` (with a stream-K workspace per stream if it needs one)."""
+    if not cfg.stream_k:
+        launch, maps = _prepare(cfg, va, vb, vo, batch, record, fusion)
+        return _Plan(lambda stream: launch, copies_in, finish, (maps, scratch), not scratch, record)
+    from numba import cuda
+
+    M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
+    tiles = batch.count * -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    k_blocks, sms = -(-K // 64), device_limits(vo.device).sm_count
+    if not _stream_k_fits(tiles, k_blocks, sms):
+        raise ValueError(f"stream_k: {tiles} tiles of {k_blocks} k-blocks are too many for its 32-bit index math")
+    grid, dp_tiles = _stream_k_schedule(tiles, k_blocks, sms)
+    flags_offset = grid * 2 * cfg.partial_bytes
+    per_stream = {}
+
+    def launch_for(stream):
+        if stream not in per_stream:  # flags start at zero, and each launch leaves them so
+            ws = cuda.device_array(flags_offset + grid * 2 * 4, dtype=np.uint8)
+            addr = ws.device_ctypes_pointer.value
+            _memset(addr + flags_offset, grid * 2 * 4, stream)
+            launch, maps = _prepare(cfg, va, vb, vo, batch, record, fusion, grid, dp_tiles, addr)
+            per_stream[stream] = (launch, ws, maps)
+        return per_stream[stream][0]
+
+    return _Plan(launch_for, copies_in, finish, (per_stream, scratch), not scratch, record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,16 +337,18 @@ class _Batch:
     k_split: int = 0  # k-blocks per unit when the units are K slices
 
 
-def _prepare(cfg, va, vb, vo, batch, record=None, fusion=None):
+def _prepare(cfg, va, vb, vo, batch, record=None, fusion=None, grid=None, dp_tiles=0, workspace=0):
     """Descriptors and the prepared persistent launch of ``cfg`` over ``batch`` units.
 
     ``fusion``: the fused epilogue of a single (count 1) product, in kernel coordinates.
+    ``grid``, ``dp_tiles``, ``workspace``: a stream-K launch's (:func:`_stream_k_schedule`).
     """
     maps = _tensor_maps(cfg, va, vb, vo, batch)
     M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
     kernel = make_gemm_kernel(cfg)
     args = (maps[0].device_ptr, maps[1].device_ptr, maps[2].device_ptr, M, N, K, batch.count,
-            int(batch.a != 0), int(batch.b != 0), batch.k_split, record.address if record else 0)
+            int(batch.a != 0), int(batch.b != 0), batch.k_split, dp_tiles, workspace,
+            record.address if record else 0)
     if fusion:
         cols = fusion.c is not None and c_box_cols(cfg)
         c_map = cols and TensorMap(_batched(fusion.c, 1, 0), (1, EPI_ROWS, cols), swizzle=cols * fusion.c.itemsize)
@@ -332,7 +368,7 @@ def _prepare(cfg, va, vb, vo, batch, record=None, fusion=None):
     else:
         resident = device_limits(vo.device).sm_count
     launch = prepare_launch(
-        kernel, min(cluster_tiles, resident) * cfg.cluster_size, GEMM_THREADS, args,
+        kernel, grid or min(cluster_tiles, resident) * cfg.cluster_size, GEMM_THREADS, args,
         cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, shared_mem=cfg.shared_bytes,
         cache_key=cache_key,
     )
@@ -631,27 +667,65 @@ def _canonical(v):
 # Relative time per output column of a 128-row tile, from benchmarks/NOTES.md (1792x1280x4096,
 # one wave each): a narrower tile reads A from shared memory for fewer columns of MMA.
 TILE_COST = {256: 1.0, 192: 1.075, 128: 1.065, 64: 1.52}
+# Stream-K: the cost of a tile's k-iterations spread over CTAs, relative to one CTA's
+# (partials out and in through L2, the wait), the fewest k-blocks a product needs to be
+# considered, and the fewest a CTA gets (benchmarks/NOTES.md, "Issue 7, third pass").
+SK_COST = 1.10
+SK_MIN_K_BLOCKS = 8
+SK_MIN_ITERS = 4
 
 
-def _tile_width(M, N, units, sms):
-    """The tile width with the shortest estimated run: waves of tiles x width x tile cost.
+def _schedule(M, N, K, units, sms, stream_k=True):
+    """``(block_n, stream_k)`` with the shortest estimated run: waves x width x tile cost.
 
-    Wave quantization decides it: 1792x1280 takes 98 tiles of 128x192 (one wave on 132
-    SMs) rather than 70 of 128x256 (also one wave, of slower tiles); a skinny 128x8192
-    takes 128 tiles of 128x64 rather than leaving 100 SMs idle with 32 tiles of 128x256.
-    Ties go to the wider tile.
+    Data-parallel, wave quantization decides: 1792x1280 takes 98 tiles of 128x192 (one wave
+    on 132 SMs) rather than 70 of 128x256 (also one wave, of slower tiles); a skinny
+    128x8192 takes 128 tiles of 128x64 rather than leaving 100 SMs idle with 32 tiles of
+    128x256. Stream-K (if ``stream_k``) has no partial wave: its waves are ``tiles / sms``
+    at ``SK_COST`` for the fix-ups. Ties go to the data-parallel, wider tile.
     """
-    def estimate(bn):
-        tiles = units * -(-M // 128) * -(-N // bn)
-        return -(-tiles // sms) * bn * TILE_COST[bn]
+    k_blocks = -(-K // 64)
 
-    return min(TILE_COST, key=estimate)
+    def estimate(option):
+        bn, stream_k = option
+        tiles = units * -(-M // 128) * -(-N // bn)
+        if not stream_k:
+            return -(-tiles // sms) * bn * TILE_COST[bn]
+        grid, dp_tiles = _stream_k_schedule(tiles, k_blocks, sms)
+        waves = dp_tiles / sms + (tiles - dp_tiles) / grid * SK_COST
+        return waves * bn * TILE_COST[bn]
+
+    options = [(bn, False) for bn in TILE_COST]
+    if stream_k and k_blocks >= SK_MIN_K_BLOCKS:
+        options += [(bn, True) for bn in TILE_COST if bn <= STREAM_K_MAX_BLOCK_N
+                    and _stream_k_fits(units * -(-M // 128) * -(-N // bn), k_blocks, sms)]
+    return min(options, key=estimate)
+
+
+def _stream_k_fits(tiles, k_blocks, sms):
+    """The kernel's stream-K index math is 32-bit: ``sk_iters * (cta + 1)`` must fit."""
+    grid, dp_tiles = _stream_k_schedule(tiles, k_blocks, sms)
+    return (tiles - dp_tiles) * k_blocks * grid < 2**32
+
+
+def _stream_k_schedule(tiles, k_blocks, sms):
+    """``(grid, dp_tiles)`` of a stream-K launch of ``tiles`` tiles of ``k_blocks`` each.
+
+    With at least one full wave, all but the last full wave are data-parallel and the last
+    full wave plus the partial one are stream-K: every CTA gets one to two tiles' worth of
+    k-iterations, so a tile is shared by at most three CTAs. With less than one wave, all
+    tiles are stream-K, over at most as many CTAs as leave each ``SK_MIN_ITERS``.
+    """
+    full = tiles // sms
+    if full == 0:
+        return max(1, min(sms, tiles * k_blocks // SK_MIN_ITERS)), 0
+    return sms, (full - 1) * sms
 
 
 def _choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
 
-    Default: 128-row tiles of the width :func:`_tile_width` picks for ``units`` products,
+    Default: 128-row tiles of the width (and stream-K or not) :func:`_schedule` picks for ``units`` products,
     the deepest ring that fits, and a 1x2 cluster (the two CTAs of a tile row share their A
     tile through multicast) once every CTA has at least two tiles to do: measured +3-8%
     over no cluster from 4096^3 up, -6% at 2048^3 (one tile per CTA), benchmarks/NOTES.md.
@@ -661,9 +735,10 @@ def _choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
     limits = device_limits(vo.device)
     if config is None:
         M, N = vo.shape
-        base = GemmConfig(block_n=_tile_width(M, N, units, limits.sm_count))
+        block_n, stream_k = _schedule(M, N, va.shape[1], units, limits.sm_count, stream_k=epilogue is None)
+        base = GemmConfig(block_n=block_n, stream_k=stream_k)
         tiles_m, tiles_n = -(-M // base.block_m), -(-N // base.block_n)
-        if tiles_n >= 2 and units * tiles_m * tiles_n >= 2 * limits.sm_count:
+        if tiles_n >= 2 and units * tiles_m * tiles_n >= 2 * limits.sm_count and not base.stream_k:
             base = dataclasses.replace(base, cluster_n=2)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, epilogue=epilogue)
@@ -737,6 +812,14 @@ def _stream_handle(stream, a):
             return raw(a.get_device())
         return torch.cuda.current_stream(a.get_device()).cuda_stream
     return as_stream_handle(stream)
+
+
+def _memset(addr, nbytes, stream):
+    from cuda.bindings import driver
+
+    (err,) = driver.cuMemsetD8Async(addr, 0, nbytes, stream)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuMemsetD8Async failed: {err}")
 
 
 def _zero_fill(v, stream):

@@ -26,7 +26,7 @@ def _fused(out_dtype, ecfg, ep_types, **kw):
     stages = max_stages("bf16", out_dtype, 256, epilogue=ecfg)
     cfg = GemmConfig("bf16", out_dtype, "K", "N", stages=stages, epilogue=ecfg, **kw)
     assert cfg.shared_bytes <= 227 * 1024
-    return inspect_kernel(make_gemm_kernel(cfg), (I64,) * 11 + (types.Tuple(ep_types),))
+    return inspect_kernel(make_gemm_kernel(cfg), (I64,) * 13 + (types.Tuple(ep_types),))
 
 
 BIAS_GELU_C = (EpilogueConfig(c_dtype="bf16", bias="col", bias_dtype="bf16", activation="gelu_tanh"),

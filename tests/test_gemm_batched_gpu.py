@@ -87,3 +87,14 @@ def test_bmm_rejects_what_it_cannot_address(torch):
         bmm(_rand(torch, 3, 8, 8), _rand(torch, 4, 8, 8))
     with pytest.raises(ValueError, match="16-byte"):
         bmm(_rand(torch, 2, 8, 9), _rand(torch, 2, 9, 8))
+
+
+@pytest.mark.parametrize("batch", [1, 3, 17])
+def test_bmm_stream_k(torch, batch):
+    """Stream-K runs across batch items too (a CTA's run may end in one and start in the next)."""
+    a = _rand(torch, batch, 200, 1000)
+    b = _rand(torch, 1, 1000, 136).expand(batch, 1000, 136)
+    out = torch.full((batch, 200, 136), float("nan"), device="cuda")
+    bmm(a, b, out=out, config=GemmConfig(block_n=64, stages=4, stream_k=True))
+    assert torch.isfinite(out).all()
+    assert _err(out, a.double() @ b.double()) < 1e-4

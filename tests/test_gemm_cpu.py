@@ -34,6 +34,55 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     assert not any("C7517" in w or "C75" in w for w in r.warnings), r.warnings
 
 
+@pytest.mark.parametrize("cfg", [GemmConfig("bf16", o, am, bm, block_n=bn, stream_k=True)
+                                 for bn in (64, 128, 192) for o in ("bf16", "f32")
+                                 for am, bm in (("K", "N"), ("M", "K"))],
+                         ids=lambda c: f"{c.out_dtype}-{c.a_major}{c.b_major}-n{c.block_n}")
+def test_stream_k_sass_has_the_fixup_and_no_spills(cfg):
+    r = inspect_kernel(make_gemm_kernel(cfg), GEMM_SIGNATURE)
+    quads = cfg.block_n // 8  # float4s of a consumer thread's partial
+    assert r.count("STG.E.128") == quads and r.count("LDG.E.128.STRONG.GPU") == quads, r.summary()
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+
+
+def test_stream_k_rejects_what_it_cannot_compile():
+    with pytest.raises(ValueError, match="block_n <= 192"):
+        GemmConfig(stream_k=True)  # 256 wide
+    with pytest.raises(ValueError, match="without a cluster"):
+        GemmConfig(block_n=128, stream_k=True, cluster_n=2)
+
+
+@pytest.mark.parametrize("tiles,k_blocks", [(98, 64), (27, 16), (360, 13), (64, 64), (300, 3), (1, 1), (5, 100),
+                                            (132, 7), (264, 2), (17, 1)])
+def test_stream_k_walk_covers_every_k_block_once(tiles, k_blocks):
+    """Every (tile, k-block) is done by exactly one CTA; a tile a CTA leaves unfinished goes
+    on in the next CTA, whose first stream-K item it is (what the fix-up waits for)."""
+    from numba_hopper.gemm import _stream_k_schedule
+    from numba_hopper.kernels.scheduler import host_work_walk
+
+    first_item, next_item = host_work_walk()
+    grid, dp_tiles = _stream_k_schedule(tiles, k_blocks, 132)
+    done = np.zeros((tiles, k_blocks), dtype=int)
+    runs = []
+    for cta in range(grid):
+        items, item = [], first_item(cta, grid, dp_tiles, tiles, k_blocks)
+        while item[0] < tiles:
+            assert 0 <= item[1] < item[2] <= k_blocks
+            items.append(item)
+            item = next_item(item, cta, grid, dp_tiles, tiles, k_blocks)
+        assert items, "an idle CTA"
+        for tile, k0, k1 in items:
+            done[tile, k0:k1] += 1
+        assert all(k0 == 0 and k1 == k_blocks for tile, k0, k1 in items if tile < dp_tiles)
+        run = [item for item in items if item[0] >= dp_tiles]  # the stream-K run
+        assert all(k0 == 0 for _, k0, _ in run[1:])  # only its first item starts mid-tile
+        runs.append(run)
+    assert (done == 1).all()
+    for cta, run in enumerate(runs):
+        if run and run[-1][2] < k_blocks:  # the fix-up reads the next CTA's partial of this tile
+            assert runs[cta + 1][0][:2] == run[-1][::2]
+
+
 def test_shipped_kernels_are_listed():
     labels = [label for label, _, sig in shipped_kernels()]
     assert labels and all("gemm" in x for x in labels)

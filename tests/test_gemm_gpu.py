@@ -63,6 +63,38 @@ def test_tile_widths(torch, block_n, M, N, K, layout):
     _check(torch, M, N, K, layout=layout, config=GemmConfig(block_n=block_n, stages=4))
 
 
+@pytest.mark.parametrize("block_n", [64, 128, 192])
+@pytest.mark.parametrize("M,N,K,layout", [
+    (1792, 1280, 640, "CR"),  # fewer tiles than SMs: runs shorter than a tile, chains of 2-3 CTAs
+    (333, 520, 1000, "RC"),  # few tiles, 4 k-blocks a CTA: chains of up to 5 CTAs
+    (2304, 1280, 777, "RR"),  # data-parallel waves, then stream-K over the last full and partial wave
+    (64, 4096, 4096, "RR"),
+    (300, 300, 129, "CC"),  # 3 k-blocks a tile: runs of whole tiles and pieces
+])
+def test_stream_k(torch, block_n, M, N, K, layout):
+    _check(torch, M, N, K, layout=layout, out_dtype="f32", config=GemmConfig(block_n=block_n, stages=4, stream_k=True))
+
+
+def test_stream_k_is_deterministic_and_leaves_its_flags_clear(torch):
+    """Bitwise-equal results on every call (cached plan, same workspace) and on a second stream."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(3)
+    a = torch.randn(333, 1000, generator=gen, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1000, 520, generator=gen, device="cuda").to(torch.bfloat16)
+    cfg = GemmConfig(block_n=64, stages=4, stream_k=True)
+    outs = []
+    for stream in (None, None, None, torch.cuda.Stream()):
+        out = torch.full((333, 520), float("nan"), device="cuda", dtype=torch.float32)
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            gemm(a, b, out=out, config=cfg)
+        torch.cuda.synchronize()
+        outs.append(out)
+    ref = a.double() @ b.double()
+    assert ((outs[0].double() - ref).norm() / ref.norm()).item() < 1e-4
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+
+
 @pytest.mark.parametrize("M,N,K", [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 512),
                                    (1792, 1280, 4096), (1920, 1280, 4096), (1000, 1000, 1000),
                                    (4096, 4096, 4096)])

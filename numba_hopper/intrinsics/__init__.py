@@ -9,11 +9,13 @@ Modules: ``mbarrier`` (async transaction barriers), ``wgmma`` (warpgroup MMA), `
 (fences, elect.sync, named barriers, setmaxnreg), ``smem`` (shared addresses, dynamic
 shared memory, matrix descriptors), ``matrix`` (ldmatrix/stmatrix), ``tma`` (bulk tensor
 copies), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers), ``gmem`` (raw global
-addresses: atomic compare-and-swap, volatile store), ``convert`` (bf16/f16 conversions,
+addresses: atomics, release/acquire flags, vector stores and loads), ``arith`` (inline
+32-bit division), ``convert`` (bf16/f16 conversions,
 hardware tanh).
 """
 
 from ._ptx import Choice, Const, ptx_intrinsic  # noqa: F401
+from .arith import *  # noqa: F401,F403
 from .cluster import *  # noqa: F401,F403
 from .convert import *  # noqa: F401,F403
 from .gmem import *  # noqa: F401,F403

@@ -1,12 +1,21 @@
 """Global memory through raw 64-bit addresses (``u64``), for data that is no numba array.
 
 The GEMM's debug record is one: a host-mapped buffer whose address reaches the kernel as an
-integer, so that the release kernel's parameters need no array.
+integer, so that the release kernel's parameters need no array. Stream-K's partial tiles
+and their flags are others: a CTA stores its partial sums, then releases a flag at GPU
+scope; the CTA that finishes the tile acquires the flag and reads the partials from L2.
 """
 
 from ._ptx import ptx_intrinsic
 
-__all__ = ["atom_cas_global_u32", "st_global_u32"]
+__all__ = [
+    "atom_cas_global_u32",
+    "st_global_u32",
+    "st_release_gpu_u32",
+    "ld_acquire_gpu_u32",
+    "st_global_v4_f32",
+    "ld_global_cg_v4_f32",
+]
 
 atom_cas_global_u32 = ptx_intrinsic(
     "atom_cas_global_u32",
@@ -25,4 +34,42 @@ st_global_u32 = ptx_intrinsic(
     addr="u64",
     value="u32",
     doc="PTX ISA 9.7.9.10 st.volatile.global: store ``value`` at ``addr`` (not cached away).",
+)
+
+st_release_gpu_u32 = ptx_intrinsic(
+    "st_release_gpu_u32",
+    "st.release.gpu.global.u32 [{addr}], {value};",
+    addr="u64",
+    value="u32",
+    doc="PTX ISA 9.7.9.10 st.release.gpu: store ``value`` at ``addr`` after every earlier memory "
+    "access of this thread (and those ordered before it by a barrier) is visible GPU-wide.",
+)
+
+ld_acquire_gpu_u32 = ptx_intrinsic(
+    "ld_acquire_gpu_u32",
+    "ld.acquire.gpu.global.u32 {out}, [{addr}];",
+    result="u32",
+    addr="u64",
+    doc="PTX ISA 9.7.9.8 ld.acquire.gpu: load the u32 at ``addr``; later accesses see what the "
+    "releasing thread's did.",
+)
+
+st_global_v4_f32 = ptx_intrinsic(
+    "st_global_v4_f32",
+    "st.global.v4.f32 [{addr}], {{x}, {y}, {z}, {w}};",
+    addr="u64",
+    x="f32",
+    y="f32",
+    z="f32",
+    w="f32",
+    doc="PTX ISA 9.7.9.10 st: four float32 to a 16-byte-aligned global address.",
+)
+
+ld_global_cg_v4_f32 = ptx_intrinsic(
+    "ld_global_cg_v4_f32",
+    "ld.global.cg.v4.f32 {{out0}, {out1}, {out2}, {out3}}, [{addr}];",
+    result=("f32", 4),
+    addr="u64",
+    doc="PTX ISA 9.7.9.8 ld.cg: four float32 from a 16-byte-aligned global address, cached in L2 "
+    "only (never a stale L1 line).",
 )

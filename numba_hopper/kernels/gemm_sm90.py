@@ -56,7 +56,7 @@ from ..pipeline import (
     producer_commit,
 )
 from .epilogue import EpilogueConfig, make_epilogue
-from .scheduler import grouped_tile
+from .scheduler import device_work_walk, grouped_tile
 
 __all__ = ["GemmConfig", "EpilogueConfig", "make_gemm_kernel", "c_box_cols", "GEMM_THREADS"]
 
@@ -74,6 +74,7 @@ REGS_CLUSTER = (56, 224)
 REGS_FUSED = (24, 240)
 REGS_FUSED_CLUSTER = (40, 232)
 ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+STREAM_K_MAX_BLOCK_N = 192
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ class GemmConfig:
     operands for a column-major output). ``debug``: bounded mbarrier waits that fill the
     kernel's debug record and trap on a hang (``numba_hopper.debug``); False compiles none
     of that code. ``epilogue``: None for a plain ``C = A @ B`` (the kernel has no epilogue
-    code at all), or the fused epilogue to compile in.
+    code at all), or the fused epilogue to compile in. ``stream_k``: compile in the
+    stream-K fix-up (tiles whose K loop several CTAs share, see ``scheduler.work_item``).
     """
 
     in_dtype: str = "bf16"
@@ -100,6 +102,7 @@ class GemmConfig:
     cluster_n: int = 1
     debug: bool = False
     split_k: int = 1  # host side: K slices summed by a second kernel (not a kernel parameter)
+    stream_k: bool = False
     epilogue: EpilogueConfig | None = None
 
     def __post_init__(self):
@@ -121,10 +124,21 @@ class GemmConfig:
             raise ValueError("split_k > 1 cannot run a fused epilogue")
         if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
             raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}x{self.cluster_n}")
+        if self.stream_k and (self.cluster_size > 1 or self.split_k > 1 or self.epilogue is not None):
+            raise ValueError("stream_k runs without a cluster, split_k or a fused epilogue")
+        if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:
+            # 128 accumulators per thread leave no registers for a partial's loads: ptxas
+            # issues all 32 float4 loads before the adds, and spills (SASS, CPU test).
+            raise ValueError(f"stream_k needs block_n <= {STREAM_K_MAX_BLOCK_N}, got {self.block_n}")
 
     @property
     def cluster_size(self):
         return self.cluster_m * self.cluster_n
+
+    @property
+    def partial_bytes(self):
+        """One consumer's stream-K partial tile: 64 x ``block_n`` f32 in fragment order."""
+        return WG_ROWS * self.block_n * 4
 
     # --- TMA boxes (numpy order, batch outermost) ---
     @property
@@ -208,16 +222,19 @@ def _build_gemm_kernel(cfg: GemmConfig):
     """The ``@cuda.jit`` kernel for ``cfg``.
 
     Arguments ``(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split,
-    debug_record)``: ``tmap_*`` are device addresses of 3-D TMA descriptors
+    dp_tiles, workspace, debug_record)``: ``tmap_*`` are device addresses of 3-D TMA descriptors
     (:mod:`numba_hopper.tensormap`), batch outermost: A and B with 128-byte swizzle and the
     boxes of ``cfg.a_box`` / ``cfg.b_box``, C with box ``cfg.c_box`` and 128-byte swizzle.
     The grid computes ``batches`` units: batch items (``a_batched``/``b_batched`` are 1, or
     0 for an operand broadcast over the batch) or, with ``k_split`` > 0, slices of
     ``k_split`` k-blocks of one product whose partial sums go to batch ``b`` of C.
-    ``debug_record``: the device address of a ``numba_hopper.debug.DebugRecord`` (read
+    ``dp_tiles``: tiles below it are data-parallel, the others stream-K (only with
+    ``cfg.stream_k``, which also needs ``workspace``: the device address of
+    ``gridDim.x * 2 * cfg.partial_bytes`` bytes of partials followed by ``gridDim.x * 2``
+    u32 flags, zero before the launch and left zero after it). ``debug_record``: the device address of a ``numba_hopper.debug.DebugRecord`` (read
     only if ``cfg.debug``).
 
-    With ``cfg.epilogue`` the kernel takes a twelfth argument, the epilogue tuple laid out
+    With ``cfg.epilogue`` the kernel takes a fourteenth argument, the epilogue tuple laid out
     by ``cfg.epilogue.arg_names``; its ``c_map`` is a 3-D descriptor of the residual C
     (row-major like the output, batch outermost) with box ``(1, 64, c_box_cols(cfg))`` and
     ``c_box_cols(cfg) * itemsize`` bytes of swizzle (128, or 64 for a 16-bit C next to an
@@ -272,6 +289,10 @@ def _build_gemm_kernel(cfg: GemmConfig):
     C_LIKE_OUT = C_ITEM == ELEMENT_BYTES[OUT_T]  # C's buffer is laid out as the output's
     row_terms, apply = make_epilogue(EPI) if FUSED else (None, None)
     unpack = nh.unpack_bf16x2 if HAS_C and EPI.c_dtype == "bf16" else nh.unpack_f16x2
+    STREAM_K = cfg.stream_k
+    PARTIAL_BYTES = cfg.partial_bytes
+    PARTIAL_QUADS = BN // 8  # float4s per thread: 4 * PARTIAL_QUADS = BN / 2 accumulators
+    first_item, next_item = device_work_walk(STREAM_K)
 
     @cuda.jit(device=True, forceinline=True)
     def cta_coords():
@@ -363,6 +384,43 @@ def _build_gemm_kernel(cfg: GemmConfig):
             )
         nh.wgmma_commit_group()
         return acc
+
+    @cuda.jit(device=True, forceinline=True)
+    def publish_partial(frag, workspace, slot, t, leader, cw):
+        """Stream-K: store this consumer's partial sums to ``slot`` and raise its flag.
+
+        Fragment order (float4 q of thread t at ``16 * (128 q + t)``): every store of a warp
+        is 512 contiguous bytes, and the reader uses the same layout, so nothing is shuffled.
+        The warpgroup's barrier orders every thread's stores before the leader's release.
+        """
+        base = workspace + slot * PARTIAL_BYTES + 16 * t
+        for q in range(PARTIAL_QUADS):
+            nh.st_global_v4_f32(base + 2048 * q, frag[4 * q], frag[4 * q + 1], frag[4 * q + 2], frag[4 * q + 3])
+        nh.named_barrier_sync(1 + cw, 128)
+        if leader:
+            nh.st_release_gpu_u32(workspace + cuda.gridDim.x * 2 * PARTIAL_BYTES + 4 * slot, 1)
+
+    @cuda.jit(device=True, forceinline=True)
+    def add_partial(frag, workspace, slot, t, leader, cw):
+        """Stream-K: add the partial sums in ``slot`` (the next CTA's), once they are there.
+
+        The next CTA's run holds the rest of this tile's K loop; it published its partial
+        (after adding its own next CTA's, if the tile goes on) before it could wait on this
+        CTA, so the wait ends while every CTA is resident. Each tile's sum is taken in the
+        same order on every run, so results are deterministic. The flag goes back to zero
+        for the next launch.
+        """
+        flag = workspace + cuda.gridDim.x * 2 * PARTIAL_BYTES + 4 * slot
+        if leader:
+            while nh.ld_acquire_gpu_u32(flag) == 0:
+                pass
+            nh.st_global_u32(flag, 0)
+        nh.named_barrier_sync(1 + cw, 128)
+        base = workspace + slot * PARTIAL_BYTES + 16 * t
+        for q in range(PARTIAL_QUADS):
+            p = nh.ld_global_cg_v4_f32(base + 2048 * q)
+            for e in range(4):
+                frag[4 * q + e] += p[e]
 
     @cuda.jit(device=True, forceinline=True)
     def c_pair(cbuf, r, col):
@@ -510,7 +568,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
     epilogue = (unrolled if FUSED else looped)(epilogue_subtile, EPI_CHUNKS)
 
     @cuda.jit(device=True, forceinline=True)
-    def gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record, ep):
+    def gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
+                  debug_record, ep):
         tid = cuda.threadIdx.x
         wg = tid // 128
         smem = nh.dynamic_shared_base()
@@ -538,8 +597,10 @@ def _build_gemm_kernel(cfg: GemmConfig):
         # slices of K (k_split k-blocks each, unit b writing partial sums to batch b of C).
         ctiles_m, ctiles_n, per_batch, num_tiles = tile_walk(M, N, batches)
         k_blocks = k_split if k_split else (K + BLOCK_K - 1) // BLOCK_K
-        first_tile = cuda.blockIdx.x // CLUSTER
-        tile_step = cuda.gridDim.x // CLUSTER
+        cta = cuda.blockIdx.x // CLUSTER
+        ctas = cuda.gridDim.x // CLUSTER
+        if not STREAM_K:
+            dp_tiles = num_tiles
 
         if wg == 0:
             nh.setmaxnreg_dec(PRODUCER_REGS)
@@ -547,18 +608,19 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 nh.fence_proxy_tensormap_acquire(tmap_a)
                 nh.fence_proxy_tensormap_acquire(tmap_b)
                 st = PipelineState(0, 0)
-                tile = first_tile
-                while tile < num_tiles:
+                item = first_item(cta, ctas, dp_tiles, num_tiles, k_blocks)
+                while item[0] < num_tiles:
+                    tile, k_begin, k_end = item
                     b, m0, n0 = tile_origin(tile, per_batch, ctiles_m, ctiles_n, rm, rn)
                     k_first = b * k_split
-                    for kb in range(k_blocks):
+                    for kb in range(k_begin, k_end):
                         # Debug builds bound the wait; release builds pass None (compiled out).
                         producer_acquire(bars, S, st, debug_site(debug_record, tile, kb) if DEBUG else None)
                         full = producer_commit(bars, st, STAGE_TX)
                         load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, (k_first + kb) * BLOCK_K,
                                    b * a_batched, b * b_batched, rm, rn, a_mask, b_mask)
                         st = pipeline_advance(st, S)
-                    tile += tile_step
+                    item = next_item(item, cta, ctas, dp_tiles, num_tiles, k_blocks)
         else:
             nh.setmaxnreg_inc(CONSUMER_REGS)
             cw = wg - 1
@@ -575,27 +637,33 @@ def _build_gemm_kernel(cfg: GemmConfig):
             acc = nh.wgmma_accumulator(BN, "f32")
             st = PipelineState(0, 0)
             stores = 0
-            tile = first_tile
-            while tile < num_tiles:
+            item = first_item(cta, ctas, dp_tiles, num_tiles, k_blocks)
+            while item[0] < num_tiles:
+                tile, k_begin, k_end = item
                 bc, m0, n0 = tile_origin(tile, per_batch, ctiles_m, ctiles_n, rm, rn)
                 prev = st
-                for kb in range(k_blocks):
+                for kb in range(k_begin, k_end):
                     consumer_wait(bars, st, debug_site(debug_record, tile, kb) if DEBUG else None)
-                    acc = mma_stage(acc, smem, st, cw, kb == 0)
+                    acc = mma_stage(acc, smem, st, cw, kb == k_begin)
                     nh.wgmma_wait_group(1)  # k-block kb-1 is done reading its slot
-                    if kb > 0 and lane == 0:
+                    if kb > k_begin and lane == 0:
                         release(bars, prev, rm, rn)
                     prev = st
                     st = pipeline_advance(st, S)
                 nh.wgmma_wait_group(0)
-                if k_blocks > 0 and lane == 0:
+                if k_end > k_begin and lane == 0:
                     release(bars, prev, rm, rn)
 
-                row0 = m0 + cw * WG_ROWS
                 frag = nh.tuple_as_array(acc)
-                stores = epilogue(stores, (frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c,
-                                           M, N, batches, ep))
-                tile += tile_step
+                if STREAM_K and k_end < k_blocks:  # the next CTA did the rest of the K loop
+                    add_partial(frag, workspace, 2 * (cta + 1) + cw, t, leader, cw)
+                if STREAM_K and k_begin > 0:  # and the previous CTA finishes the tile
+                    publish_partial(frag, workspace, 2 * cta + cw, t, leader, cw)
+                else:
+                    row0 = m0 + cw * WG_ROWS
+                    stores = epilogue(stores, (frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c,
+                                               M, N, batches, ep))
+                item = next_item(item, cta, ctas, dp_tiles, num_tiles, k_blocks)
             if leader:
                 nh.bulk_wait_group(0)
         if CLUSTER > 1:
@@ -606,14 +674,18 @@ def _build_gemm_kernel(cfg: GemmConfig):
 
     if not FUSED:
         @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
-        def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record):
-            gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record, ())
+        def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles,
+                        workspace, debug_record):
+            gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles,
+                      workspace, debug_record, ())
 
         return gemm_kernel
 
     @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
-    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record, ep):
-        gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, debug_record, ep)
+    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
+                    debug_record, ep):
+        gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
+                  debug_record, ep)
 
     return gemm_kernel
 
