@@ -666,40 +666,24 @@ def _canonical(v):
 
 # Relative time per output column of a 128-row tile, from benchmarks/NOTES.md (1792x1280x4096,
 # one wave each): a narrower tile reads A from shared memory for fewer columns of MMA.
-TILE_COST = {256: 1.0, 192: 1.075, 128: 1.065, 64: 1.52}
-# Stream-K: the cost of a tile's k-iterations spread over CTAs, relative to one CTA's
-# (partials out and in through L2, the wait), the fewest k-blocks a product needs to be
-# considered, and the fewest a CTA gets (benchmarks/NOTES.md, "Issue 7, third pass").
-SK_COST = 1.10
-SK_MIN_K_BLOCKS = 8
+TILE_COST = {256: 1.0, 192: 1.075, 160: 1.07, 128: 1.065, 64: 1.52}
+# The fewest k-blocks a stream-K CTA gets (more CTAs would only add fix-ups).
 SK_MIN_ITERS = 4
 
 
-def _schedule(M, N, K, units, sms, stream_k=True):
-    """``(block_n, stream_k)`` with the shortest estimated run: waves x width x tile cost.
+def _tile_width(M, N, units, sms, fused=False):
+    """The tile width with the shortest estimated run: waves of tiles x width x tile cost.
 
-    Data-parallel, wave quantization decides: 1792x1280 takes 98 tiles of 128x192 (one wave
-    on 132 SMs) rather than 70 of 128x256 (also one wave, of slower tiles); a skinny
-    128x8192 takes 128 tiles of 128x64 rather than leaving 100 SMs idle with 32 tiles of
-    128x256. Stream-K (if ``stream_k``) has no partial wave: its waves are ``tiles / sms``
-    at ``SK_COST`` for the fix-ups. Ties go to the data-parallel, wider tile.
+    Wave quantization decides: 1792x1280 takes 112 tiles of 128x160 (one wave on 132 SMs)
+    rather than 70 of 128x256 (also one wave, of slower tiles); a skinny 128x8192 takes 128
+    tiles of 128x64 rather than leaving 100 SMs idle with 32 tiles of 128x256. Ties go to
+    the wider tile. A fused epilogue has no 160-wide kernel.
     """
-    k_blocks = -(-K // 64)
-
-    def estimate(option):
-        bn, stream_k = option
+    def estimate(bn):
         tiles = units * -(-M // 128) * -(-N // bn)
-        if not stream_k:
-            return -(-tiles // sms) * bn * TILE_COST[bn]
-        grid, dp_tiles = _stream_k_schedule(tiles, k_blocks, sms)
-        waves = dp_tiles / sms + (tiles - dp_tiles) / grid * SK_COST
-        return waves * bn * TILE_COST[bn]
+        return -(-tiles // sms) * bn * TILE_COST[bn]
 
-    options = [(bn, False) for bn in TILE_COST]
-    if stream_k and k_blocks >= SK_MIN_K_BLOCKS:
-        options += [(bn, True) for bn in TILE_COST if bn <= STREAM_K_MAX_BLOCK_N
-                    and _stream_k_fits(units * -(-M // 128) * -(-N // bn), k_blocks, sms)]
-    return min(options, key=estimate)
+    return min((bn for bn in TILE_COST if not (fused and bn % 64)), key=estimate)
 
 
 def _stream_k_fits(tiles, k_blocks, sms):
@@ -725,7 +709,7 @@ def _stream_k_schedule(tiles, k_blocks, sms):
 def _choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
 
-    Default: 128-row tiles of the width (and stream-K or not) :func:`_schedule` picks for ``units`` products,
+    Default: 128-row tiles of the width :func:`_tile_width` picks for ``units`` products,
     the deepest ring that fits, and a 1x2 cluster (the two CTAs of a tile row share their A
     tile through multicast) once every CTA has at least two tiles to do: measured +3-8%
     over no cluster from 4096^3 up, -6% at 2048^3 (one tile per CTA), benchmarks/NOTES.md.
@@ -735,10 +719,9 @@ def _choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
     limits = device_limits(vo.device)
     if config is None:
         M, N = vo.shape
-        block_n, stream_k = _schedule(M, N, va.shape[1], units, limits.sm_count, stream_k=epilogue is None)
-        base = GemmConfig(block_n=block_n, stream_k=stream_k)
+        base = GemmConfig(block_n=_tile_width(M, N, units, limits.sm_count, fused=epilogue is not None))
         tiles_m, tiles_n = -(-M // base.block_m), -(-N // base.block_n)
-        if tiles_n >= 2 and units * tiles_m * tiles_n >= 2 * limits.sm_count and not base.stream_k:
+        if tiles_n >= 2 and units * tiles_m * tiles_n >= 2 * limits.sm_count:
             base = dataclasses.replace(base, cluster_n=2)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, epilogue=epilogue)
@@ -754,7 +737,7 @@ def _tensor_maps(cfg, va, vb, vo, batch):
     ta = TensorMap(_batched(va if cfg.a_major == "K" else _t(va), batch.count, batch.a), cfg.a_box, swizzle=128)
     # K-major B: stored (N, K); N-major B: (K, N), 64 x 64 boxes.
     tb = TensorMap(_batched(_t(vb) if cfg.b_major == "K" else vb, batch.count, batch.b), cfg.b_box, swizzle=128)
-    tc = TensorMap(_batched(vo, batch.count, batch.c), cfg.c_box, swizzle=128)
+    tc = TensorMap(_batched(vo, batch.count, batch.c), cfg.c_box, swizzle=cfg.epi_swizzle)
     return ta, tb, tc
 
 

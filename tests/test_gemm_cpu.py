@@ -17,7 +17,8 @@ ALL_CONFIGS = [
     GemmConfig("bf16", "bf16", am, bm, cluster_m=cm, cluster_n=cn)
     for am, bm in (("K", "N"), ("M", "K"))
     for cm, cn in ((2, 1), (1, 2), (2, 2))
-] + [GemmConfig("bf16", o, "K", "N", block_n=bn, stages=4) for bn in (64, 128, 192) for o in ("bf16", "f32")]
+] + [GemmConfig("bf16", o, "K", "N", block_n=bn, stages=4) for bn in (64, 128, 160, 192) for o in ("bf16", "f32")] + [
+    GemmConfig("bf16", "bf16", "M", "K", block_n=160, stages=4)]
 
 
 @pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-n{c.block_n}")
@@ -156,7 +157,7 @@ def test_gemm_without_hopper_gpu_says_so(monkeypatch):
 
 @pytest.mark.parametrize("M,N,units,width", [
     (4096, 4096, 1, 256), (8192, 8192, 1, 256), (6144, 6144, 1, 256), (256, 14336, 1, 256),
-    (1792, 1280, 1, 192), (1920, 1280, 1, 192),  # one wave of 192-wide tiles (98, 105 tiles)
+    (1792, 1280, 1, 160), (1920, 1280, 1, 160),  # one wave of 160-wide tiles (112, 120 tiles)
     (128, 8192, 1, 64), (64, 4096, 1, 64),  # skinny: fill the SMs with narrow tiles
     (16384, 128, 1, 128), (1000, 7, 1, 64), (1024, 1024, 32, 256),
 ])

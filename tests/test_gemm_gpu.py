@@ -55,12 +55,13 @@ def test_dtypes(torch, dtype, out_dtype, layout):
     _check(torch, 333, 520, 270, dtype, out_dtype, layout)
 
 
-@pytest.mark.parametrize("block_n", [64, 128, 192])
+@pytest.mark.parametrize("block_n", [64, 128, 160, 192])
 @pytest.mark.parametrize("M,N,K,layout", [(333, 520, 270, "RR"), (1000, 7, 300, "CC"), (129, 1000, 1000, "RC"),
                                           (1792, 1280, 640, "CR")])
 def test_tile_widths(torch, block_n, M, N, K, layout):
     """Every tile width the heuristic may pick, ragged and with several tiles per CTA."""
     _check(torch, M, N, K, layout=layout, config=GemmConfig(block_n=block_n, stages=4))
+    _check(torch, M, N, K, layout=layout, out_dtype="f32", config=GemmConfig(block_n=block_n, stages=4))
 
 
 @pytest.mark.parametrize("block_n", [64, 128, 192])

@@ -74,6 +74,7 @@ REGS_CLUSTER = (56, 224)
 REGS_FUSED = (24, 240)
 REGS_FUSED_CLUSTER = (40, 232)
 ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+BLOCK_NS = (64, 128, 160, 192, 256)
 STREAM_K_MAX_BLOCK_N = 192
 
 
@@ -114,8 +115,12 @@ class GemmConfig:
             raise ValueError(f"bad operand majors {self.a_major!r}, {self.b_major!r}")
         if self.block_m != 2 * WG_ROWS:
             raise ValueError("block_m must be 128 (two consumer warpgroups of 64 rows)")
-        if self.block_n % 64 or not 64 <= self.block_n <= 256:
-            raise ValueError(f"block_n must be 64, 128, 192 or 256, got {self.block_n}")
+        if self.block_n not in BLOCK_NS:
+            raise ValueError(f"block_n must be one of {BLOCK_NS}, got {self.block_n}")
+        if self.block_n % 64 and (self.epilogue is not None or self.cluster_m > 1):
+            # A 160-wide tile stores 32-column sub-tiles (64-byte swizzle), which the fused
+            # epilogue's C buffers do not follow, and its 2.5 B boxes do not split over 2 CTAs.
+            raise ValueError("block_n = 160 runs without a fused epilogue or cluster_m = 2")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
         if self.split_k < 1:
@@ -169,12 +174,21 @@ class GemmConfig:
 
     @property
     def b_tile_bytes(self):
-        return self.block_n * BLOCK_K * 2
+        """K-major: ``block_n`` rows of 64 k; N-major: whole 64-wide boxes (160 loads 192)."""
+        if self.b_major == "K":
+            return self.block_n * BLOCK_K * 2
+        return -(-self.block_n // 64) * 64 * BLOCK_K * 2
 
     @property
     def epi_cols(self):
-        """Columns of one epilogue sub-tile: 128 bytes of output elements."""
-        return 128 // ELEMENT_BYTES[self.out_dtype]
+        """Columns of one epilogue sub-tile: 128 bytes of output elements (64 bytes, 32 16-bit
+        columns, when 64 does not divide ``block_n``)."""
+        return min(128 // ELEMENT_BYTES[self.out_dtype], 32 if self.block_n % 64 else 64)
+
+    @property
+    def epi_swizzle(self):
+        """Bytes of one sub-tile row, which is also the output tensor map's swizzle span."""
+        return self.epi_cols * ELEMENT_BYTES[self.out_dtype]
 
     @property
     def b_offset(self):
@@ -249,7 +263,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     STAGE_TX = A_TILE + B_TILE
     B_OFF, EPI_OFF, BAR_OFF = cfg.b_offset, cfg.epi_offset, cfg.barrier_offset
     MN_BOX_BYTES = 64 * 128  # a 64 x 64 box of an MN-major operand
-    B_BOXES = BN // 64
+    B_BOXES = -(-BN // 64)
     # wgmma descriptors (128B swizzle). K-major: 8-row groups 1024 B apart (SBO), a k16 step
     # is 32 B along the swizzled row. MN-major: 64-element MN atoms one box apart (LBO),
     # 8-k groups 1024 B apart (SBO), a k16 step is 16 rows of 128 B.
@@ -260,6 +274,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
     A_WG_OFF = WG_ROWS * 128  # consumer 1's 64 rows: 64 K-major rows, or the second M box
     EPI_COLS = cfg.epi_cols
     EPI_CHUNKS = BN // EPI_COLS
+    EPI_ROW_BYTES = cfg.epi_swizzle
+    EPI_GROUPS = EPI_COLS // 16  # stmatrix 16-column groups of a 16-bit sub-tile
     CONSUMER_WARPS = 8  # empty-barrier arrivals per CTA: one per consumer warp
     CM, CN = cfg.cluster_m, cfg.cluster_n
     CLUSTER = CM * CN
@@ -471,8 +487,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
 
         Fragment of m64nNk16 (thread t, warp w = t // 32, lane l): register 4i + 2j + c
         holds row 16w + l//4 + 8j, column 8i + 2(l%4) + c. 128B swizzle: the 16-byte
-        chunk ``c`` of row ``r`` lives at chunk ``c ^ (r % 8)``. A fused epilogue
-        (:func:`pair`) maps each pair of values on the way.
+        chunk ``c`` of row ``r`` lives at chunk ``c ^ (r % 8)`` (64B: ``c ^ ((r // 2) % 4)``).
+        A fused epilogue (:func:`pair`) maps each pair of values on the way.
         """
         if OUT_T == "f32":
             for ii in range(4):  # 8-column groups of this 32-column sub-tile
@@ -491,10 +507,13 @@ def _build_gemm_kernel(cfg: GemmConfig):
             # at rows 8*(m%2), columns 8*(m//2) of a 16x16 block = registers 8P+2m, 8P+2m+1.
             m = lane // 8
             r = (row_in_wg - lane // 4) + 8 * (m % 2) + lane % 8
-            for p in range(4):  # 16-column groups of this 64-column sub-tile
-                base = 8 * (4 * q + p)
+            for p in range(EPI_GROUPS):  # 16-column groups of this sub-tile
+                base = 8 * (EPI_GROUPS * q + p)
                 chunk = 2 * p + m // 2
-                addr = buf + r * 128 + ((chunk ^ (r % 8)) * 16)
+                if EPI_ROW_BYTES == 128:
+                    addr = buf + r * 128 + ((chunk ^ (r % 8)) * 16)
+                else:  # 64-byte swizzle: chunk c of row r lives at chunk c ^ ((r // 2) % 4)
+                    addr = buf + r * 64 + ((chunk ^ ((r // 2) % 4)) * 16)
                 col = 16 * p + 2 * (lane % 4)
                 f = (frag[base], frag[base])
                 c = c_quad(buf, addr, row_in_wg, col, at) if HAS_C else (f, f, f, f)
