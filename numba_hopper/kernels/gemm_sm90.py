@@ -64,6 +64,7 @@ GEMM_THREADS = 384
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 BLOCK_K = 64  # one 128-byte swizzle row of 16-bit elements
 EPI_ROWS = 64
+EPI_BUF_BYTES = EPI_ROWS * 128  # one 128-byte-wide swizzled sub-tile
 # Register budgets after setmaxnreg (128 * producer + 256 * consumer <= 64K registers). The
 # cluster producer also computes multicast masks and peer offsets: at 40 it spills.
 REGS_NO_CLUSTER = (40, 232)
@@ -190,11 +191,6 @@ class GemmConfig:
         return self.epi_cols * ELEMENT_BYTES[self.out_dtype]
 
     @property
-    def epi_buf_bytes(self):
-        """One output sub-tile buffer (a 64-byte-wide one leaves a 160-wide tile a 5th stage)."""
-        return EPI_ROWS * self.epi_swizzle
-
-    @property
     def b_offset(self):
         return self.stages * self.a_tile_bytes
 
@@ -204,7 +200,7 @@ class GemmConfig:
 
     @property
     def c_offset(self):
-        return self.epi_offset + 4 * self.epi_buf_bytes  # 2 consumers x 2 buffers
+        return self.epi_offset + 4 * EPI_BUF_BYTES  # 2 consumers x 2 buffers
 
     @property
     def c_buf_bytes(self):
@@ -279,7 +275,6 @@ def _build_gemm_kernel(cfg: GemmConfig):
     EPI_COLS = cfg.epi_cols
     EPI_CHUNKS = BN // EPI_COLS
     EPI_ROW_BYTES = cfg.epi_swizzle
-    EPI_BUF = cfg.epi_buf_bytes
     EPI_GROUPS = EPI_COLS // 16  # stmatrix 16-column groups of a 16-bit sub-tile
     CONSUMER_WARPS = 8  # empty-barrier arrivals per CTA: one per consumer warp
     CM, CN = cfg.cluster_m, cfg.cluster_n
@@ -565,7 +560,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     def epilogue_subtile(q, stores, args):
         """Sub-tile ``q`` of a tile (the CTA's ``stores``-th) to global memory; ``stores + 1``."""
         frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c, M, N, batches, ep = args
-        buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF
+        buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF_BYTES
         if leader:
             nh.bulk_wait_group_read(1)  # the store that last read buf is done
         nh.named_barrier_sync(1 + cw, 128)
