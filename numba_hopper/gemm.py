@@ -37,7 +37,6 @@ from .kernels.epilogue import ACTIVATIONS, EpilogueConfig
 from .kernels.gemm_sm90 import (
     EPI_ROWS,
     GEMM_THREADS,
-    STREAM_K_MAX_BLOCK_N,
     GemmConfig,
     c_box_cols,
     make_gemm_kernel,
@@ -95,6 +94,10 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     - ``row_scale`` (length M), ``col_scale`` (length N): float32 vectors.
 
     A fused epilogue never uses split-K (whose K slices produce partial sums, not outputs).
+    Results are deterministic (bitwise the same on every call) on every path: split-K sums
+    its slices in a fixed order in a second kernel, and stream-K (``config=GemmConfig(...,
+    stream_k=True)``, never chosen automatically: it lost on every shape measured, see
+    benchmarks/NOTES.md) adds each tile's partial sums in CTA order.
 
     ``debug``: run the debug build (bounded pipeline waits) and synchronize; a hang raises
     :class:`~numba_hopper.errors.PipelineHangError` (default: ``NUMBA_HOPPER_DEBUG``).
