@@ -34,14 +34,7 @@ from ._arrays import DeviceView, device_view
 from ._copy import aligned_scratch, copy_2d
 from ._device import hopper_device_reason
 from .kernels.epilogue import ACTIVATIONS, EpilogueConfig
-from .kernels.gemm_sm90 import (
-    EPI_ROWS,
-    GEMM_THREADS,
-    GemmConfig,
-    c_box_cols,
-    make_gemm_kernel,
-    max_stages,
-)
+from .kernels.gemm_sm90 import EPI_ROWS, GEMM_THREADS, GemmConfig, c_box_cols, make_gemm_kernel, max_stages
 from .debug import DebugRecord, debug_enabled
 from .errors import (
     DeviceMismatchError,

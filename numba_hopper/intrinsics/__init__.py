@@ -10,8 +10,7 @@ Modules: ``mbarrier`` (async transaction barriers), ``wgmma`` (warpgroup MMA), `
 shared memory, matrix descriptors), ``matrix`` (ldmatrix/stmatrix), ``tma`` (bulk tensor
 copies), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers), ``gmem`` (raw global
 addresses: atomics, release/acquire flags, vector stores and loads), ``arith`` (inline
-32-bit division), ``convert`` (bf16/f16 conversions,
-hardware tanh).
+32-bit division), ``convert`` (bf16/f16 conversions, hardware tanh).
 """
 
 from ._ptx import Choice, Const, ptx_intrinsic  # noqa: F401

@@ -88,7 +88,7 @@ class GemmConfig:
     kernel's debug record and trap on a hang (``numba_hopper.debug``); False compiles none
     of that code. ``epilogue``: None for a plain ``C = A @ B`` (the kernel has no epilogue
     code at all), or the fused epilogue to compile in. ``stream_k``: compile in the
-    stream-K fix-up (tiles whose K loop several CTAs share, see ``scheduler.work_item``).
+    stream-K fix-up (tiles whose K loop several CTAs share, see ``scheduler.device_work_walk``).
     """
 
     in_dtype: str = "bf16"
@@ -236,17 +236,18 @@ def _build_gemm_kernel(cfg: GemmConfig):
     """The ``@cuda.jit`` kernel for ``cfg``.
 
     Arguments ``(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split,
-    dp_tiles, workspace, debug_record)``: ``tmap_*`` are device addresses of 3-D TMA descriptors
-    (:mod:`numba_hopper.tensormap`), batch outermost: A and B with 128-byte swizzle and the
-    boxes of ``cfg.a_box`` / ``cfg.b_box``, C with box ``cfg.c_box`` and 128-byte swizzle.
+    dp_tiles, workspace, debug_record)``: ``tmap_*`` are device addresses of 3-D TMA
+    descriptors (:mod:`numba_hopper.tensormap`), batch outermost: A and B with 128-byte
+    swizzle and the boxes of ``cfg.a_box`` / ``cfg.b_box``, C with box ``cfg.c_box`` and
+    ``cfg.epi_swizzle`` bytes of swizzle.
     The grid computes ``batches`` units: batch items (``a_batched``/``b_batched`` are 1, or
     0 for an operand broadcast over the batch) or, with ``k_split`` > 0, slices of
     ``k_split`` k-blocks of one product whose partial sums go to batch ``b`` of C.
     ``dp_tiles``: tiles below it are data-parallel, the others stream-K (only with
     ``cfg.stream_k``, which also needs ``workspace``: the device address of
     ``gridDim.x * 2 * cfg.partial_bytes`` bytes of partials followed by ``gridDim.x * 2``
-    u32 flags, zero before the launch and left zero after it). ``debug_record``: the device address of a ``numba_hopper.debug.DebugRecord`` (read
-    only if ``cfg.debug``).
+    u32 flags, zero before the launch and left zero after it). ``debug_record``: the device
+    address of a ``numba_hopper.debug.DebugRecord`` (read only if ``cfg.debug``).
 
     With ``cfg.epilogue`` the kernel takes a fourteenth argument, the epilogue tuple laid out
     by ``cfg.epilogue.arg_names``; its ``c_map`` is a 3-D descriptor of the residual C

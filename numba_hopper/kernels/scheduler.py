@@ -1,9 +1,9 @@
 """Static persistent tile schedulers (device functions, also callable on the host).
 
 A persistent CTA walks work items: whole tiles ``cta, cta + ctas, ...`` (data-parallel),
-then, with stream-K, pieces of the K loops of the last tiles. These functions map the
-CTA's i-th item to a tile and a k-block range, and a linear tile id to output-tile
-coordinates. Producer and consumers call the same functions on the same ids, so they agree
+then, with stream-K, pieces of the K loops of the last tiles. These functions give a
+CTA's items (a tile and a k-block range each) one after another, and map a linear tile id
+to output-tile coordinates. Producer and consumers call the same functions on the same ids, so they agree
 on every item without communicating.
 """
 
@@ -34,8 +34,6 @@ def _grouped_tile(tile, tiles_m, tiles_n, group_m):
 
 # Host code and tests call ``grouped_tile.py_func``.
 grouped_tile = cuda.jit(device=True, forceinline=True)(_grouped_tile)
-
-
 
 
 def _work_walk(div, stream_k, wrap):
