@@ -304,9 +304,9 @@ def _launch_plan(cfg, va, vb, vo, batch, record=None, fusion=None, copies_in=(),
     M, N, K = vo.shape[0], vo.shape[1], va.shape[1]
     tiles = batch.count * -(-M // cfg.block_m) * -(-N // cfg.block_n)
     k_blocks, sms = -(-K // 64), device_limits(vo.device).sm_count
-    if not _stream_k_fits(tiles, k_blocks, sms):
-        raise ValueError(f"stream_k: {tiles} tiles of {k_blocks} k-blocks are too many for its 32-bit index math")
     grid, dp_tiles = _stream_k_schedule(tiles, k_blocks, sms)
+    if (tiles - dp_tiles) * k_blocks * grid >= 2**32:  # the kernel's run bounds are 32-bit
+        raise ValueError(f"stream_k: {tiles} tiles of {k_blocks} k-blocks are too many for its 32-bit index math")
     flags_offset = grid * 2 * cfg.partial_bytes
     per_stream = {}
 
@@ -680,12 +680,6 @@ def _tile_width(M, N, units, sms, fused=False):
         return -(-tiles // sms) * bn * TILE_COST[bn]
 
     return min((bn for bn in TILE_COST if not (fused and bn % 64)), key=estimate)
-
-
-def _stream_k_fits(tiles, k_blocks, sms):
-    """The kernel's stream-K index math is 32-bit: ``sk_iters * (cta + 1)`` must fit."""
-    grid, dp_tiles = _stream_k_schedule(tiles, k_blocks, sms)
-    return (tiles - dp_tiles) * k_blocks * grid < 2**32
 
 
 def _stream_k_schedule(tiles, k_blocks, sms):
