@@ -34,7 +34,7 @@ from ._arrays import DeviceView, device_view
 from ._copy import aligned_scratch, copy_2d
 from ._device import hopper_device_reason
 from .kernels.epilogue import ACTIVATIONS, EpilogueConfig
-from .kernels.gemm_sm90 import EPI_ROWS, GEMM_THREADS, GemmConfig, c_box_cols, make_gemm_kernel, max_stages
+from .kernels.gemm_sm90 import EPI_ROWS, GemmConfig, c_box_cols, make_gemm_kernel, max_stages
 from .debug import DebugRecord, debug_enabled
 from .errors import (
     DeviceMismatchError,
@@ -359,12 +359,12 @@ def _prepare(cfg, va, vb, vo, batch, record=None, fusion=None, grid=None, dp_til
     # more than there is work for.
     cluster_tiles = batch.count * -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
     if cfg.cluster_size > 1:
-        resident = max_active_clusters(kernel, cfg.cluster_size, GEMM_THREADS, args,
+        resident = max_active_clusters(kernel, cfg.cluster_size, cfg.threads, args,
                                        shared_mem=cfg.shared_bytes, cache_key=cache_key)
     else:
         resident = device_limits(vo.device).sm_count
     launch = prepare_launch(
-        kernel, grid or min(cluster_tiles, resident) * cfg.cluster_size, GEMM_THREADS, args,
+        kernel, grid or min(cluster_tiles, resident) * cfg.cluster_size, cfg.threads, args,
         cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, shared_mem=cfg.shared_bytes,
         cache_key=cache_key,
     )
@@ -398,7 +398,7 @@ def _split_k_plan(cfg, va, vb, target, vo, splits, copies_in, scratch, record):
     k_split = -(-k_blocks // splits)  # k-blocks per slice
     cfg = dataclasses.replace(cfg, out_dtype="f32", stages=max_stages(
         cfg.in_dtype, "f32", cfg.block_n, device_limits(vo.device).max_shared_per_block_optin,
-        a_major=cfg.a_major, b_major=cfg.b_major))
+        a_major=cfg.a_major, b_major=cfg.b_major, block_m=cfg.block_m))
     ld = -(-N // 4) * 4
     per_stream = {}
 
@@ -660,26 +660,28 @@ def _canonical(v):
     return dataclasses.replace(v, strides=(_leading_dim(v), 1))
 
 
-# Relative time per output column of a 128-row tile, from benchmarks/NOTES.md (1792x1280x4096,
-# one wave each): a narrower tile reads A from shared memory for fewer columns of MMA.
+# Relative time per output column of a tile, from benchmarks/NOTES.md (1792x1280x4096, one
+# wave each): a narrower tile reads A from shared memory for fewer columns of MMA.
 TILE_COST = {256: 1.0, 192: 1.075, 160: 1.07, 128: 1.065, 64: 1.52}
 # The fewest k-blocks a stream-K CTA gets (more CTAs would only add fix-ups).
 SK_MIN_ITERS = 4
 
 
-def _tile_width(M, N, units, sms, fused=False):
-    """The tile width with the shortest estimated run: waves of tiles x width x tile cost.
+def _tile_shape(M, N, units, sms, fused=False):
+    """``(block_m, block_n)``: the tile with the shortest estimated run.
 
-    Wave quantization decides: 1792x1280 takes 112 tiles of 128x160 (one wave on 132 SMs)
-    rather than 70 of 128x256 (also one wave, of slower tiles); a skinny 128x8192 takes 128
-    tiles of 128x64 rather than leaving 100 SMs idle with 32 tiles of 128x256. Ties go to
-    the wider tile. A fused epilogue has no 160-wide kernel.
+    Rows: 64 when M <= 64, where half of a 128-row tile would be padding (measured at
+    64x4096x4096: 0.94x cuBLAS with 64x64 tiles, 0.58x with 128x64). Width: waves of tiles x
+    width x tile cost; wave quantization decides: 1792x1280 takes 112 tiles of 128x160 (one
+    wave on 132 SMs) rather than 70 of 128x256 (also one wave, of slower tiles); a skinny
+    128x8192 takes 128 tiles of 128x64 rather than leaving 100 SMs idle with 32 tiles of
+    128x256. Ties go to the wider tile. A fused epilogue has no 160-wide kernel.
     """
     def estimate(bn):
         tiles = units * -(-M // 128) * -(-N // bn)
         return -(-tiles // sms) * bn * TILE_COST[bn]
 
-    return min((bn for bn in TILE_COST if not (fused and bn % 64)), key=estimate)
+    return 64 if M <= 64 else 128, min((bn for bn in TILE_COST if not (fused and bn % 64)), key=estimate)
 
 
 def _stream_k_schedule(tiles, k_blocks, sms):
@@ -699,8 +701,8 @@ def _stream_k_schedule(tiles, k_blocks, sms):
 def _choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
 
-    Default: 128-row tiles of the width :func:`_tile_width` picks for ``units`` products,
-    the deepest ring that fits, and a 1x2 cluster (the two CTAs of a tile row share their A
+    Default: the tile :func:`_tile_shape` picks for ``units`` products, the deepest ring
+    that fits, and for 128-row tiles a 1x2 cluster (the two CTAs of a tile row share their A
     tile through multicast) once every CTA has at least two tiles to do: measured +3-8%
     over no cluster from 4096^3 up, -6% at 2048^3 (one tile per CTA), benchmarks/NOTES.md.
     """
@@ -709,12 +711,13 @@ def _choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
     limits = device_limits(vo.device)
     if config is None:
         M, N = vo.shape
-        base = GemmConfig(block_n=_tile_width(M, N, units, limits.sm_count, fused=epilogue is not None))
-        tiles_m, tiles_n = -(-M // base.block_m), -(-N // base.block_n)
-        if tiles_n >= 2 and units * tiles_m * tiles_n >= 2 * limits.sm_count:
+        block_m, block_n = _tile_shape(M, N, units, limits.sm_count, fused=epilogue is not None)
+        base = GemmConfig(block_m=block_m, block_n=block_n)
+        tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
+        if block_m == 128 and tiles_n >= 2 and units * tiles_m * tiles_n >= 2 * limits.sm_count:
             base = dataclasses.replace(base, cluster_n=2)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
-                            a_major=a_major, b_major=b_major, epilogue=epilogue)
+                            a_major=a_major, b_major=b_major, block_m=base.block_m, epilogue=epilogue)
     else:
         base, stages = config, config.stages
     return dataclasses.replace(base, in_dtype=va.dtype, out_dtype=vo.dtype, a_major=a_major,
@@ -726,7 +729,8 @@ def _tensor_maps(cfg, va, vb, vo, batch):
     # K-major A: (M, K) rows of 64 k; M-major A: stored (K, M), 64 x 64 boxes.
     ta = TensorMap(_batched(va if cfg.a_major == "K" else _t(va), batch.count, batch.a), cfg.a_box, swizzle=128)
     # K-major B: stored (N, K); N-major B: (K, N), 64 x 64 boxes.
-    tb = TensorMap(_batched(_t(vb) if cfg.b_major == "K" else vb, batch.count, batch.b), cfg.b_box, swizzle=128)
+    tb = TensorMap(_batched(_t(vb) if cfg.b_major == "K" else vb, batch.count, batch.b), cfg.b_box,
+                   swizzle=cfg.b_swizzle)
     tc = TensorMap(_batched(vo, batch.count, batch.c), cfg.c_box, swizzle=cfg.epi_swizzle)
     return ta, tb, tc
 

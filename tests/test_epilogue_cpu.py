@@ -22,9 +22,9 @@ def _scaled(v, row, col, scale):
     return v * scale[col]
 
 
-def _fused(out_dtype, ecfg, ep_types, **kw):
-    stages = max_stages("bf16", out_dtype, 256, epilogue=ecfg)
-    cfg = GemmConfig("bf16", out_dtype, "K", "N", stages=stages, epilogue=ecfg, **kw)
+def _fused(out_dtype, ecfg, ep_types, block_n=256, **kw):
+    stages = max_stages("bf16", out_dtype, block_n, epilogue=ecfg, **kw)
+    cfg = GemmConfig("bf16", out_dtype, "K", "N", block_n=block_n, stages=stages, epilogue=ecfg, **kw)
     assert cfg.shared_bytes <= 227 * 1024
     return inspect_kernel(make_gemm_kernel(cfg), (I64,) * 13 + (types.Tuple(ep_types),))
 
@@ -44,6 +44,13 @@ def test_fused_kernels_do_not_spill(fusion, out_dtype):
     assert r.count("UTMASTG") == 256 // GemmConfig(out_dtype=out_dtype).epi_cols  # sub-tiles unrolled
     if ecfg.c_dtype and out_dtype == "bf16":
         assert r.count("LDSM") > 0  # C read back with ldmatrix at stmatrix's addresses
+
+
+def test_fused_64_row_tiles_do_not_spill():
+    r = _fused("bf16", *BIAS_GELU_C, block_m=64, block_n=128)
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert r.count("USETMAXREG") == 0  # one consumer warpgroup keeps every register
+    assert r.count("UTMASTG") == 2 and r.count("LDSM") > 0
 
 
 # Debug builds are not in this list: like plain debug builds (tests/test_debug_cpu.py) they

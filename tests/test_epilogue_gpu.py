@@ -124,6 +124,14 @@ def test_bias_gelu_residual_ragged(torch, M, N, K):
     _check(torch, M, N, K, bias="bf16", bias_dim=1, activation="gelu", beta=1.0, with_c=True)
 
 
+@pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("M,N,K", [(37, 520, 270), (64, 4096, 640)])
+def test_64_row_tiles_with_every_option(torch, M, N, K, out_dtype):
+    """M <= 64 runs 64-row tiles (one consumer warpgroup): every part of the epilogue there."""
+    _check(torch, M, N, K, out_dtype=out_dtype, alpha=0.5, beta=-1.0, with_c=True, bias="f32", bias_dim=0,
+           activation="silu", row_scale=True, col_scale=True, aux_dtype="bf16", epilogue=_scale_cols)
+
+
 @pytest.mark.parametrize("layout", ["RR", "CC"])
 @pytest.mark.parametrize("out_major", ["R", "C"])
 @pytest.mark.parametrize("c_major", ["R", "C"])

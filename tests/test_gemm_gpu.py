@@ -64,6 +64,16 @@ def test_tile_widths(torch, block_n, M, N, K, layout):
     _check(torch, M, N, K, layout=layout, out_dtype="f32", config=GemmConfig(block_n=block_n, stages=4))
 
 
+@pytest.mark.parametrize("block_n", [32, 64, 128])
+@pytest.mark.parametrize("M,N,K,layout", [(1, 1, 1, "RR"), (7, 1000, 300, "CC"), (64, 4096, 640, "RR"),
+                                          (129, 129, 129, "RC"), (333, 520, 270, "CR")])
+def test_64_row_tiles(torch, block_n, M, N, K, layout):
+    """One consumer warpgroup per 64-row tile, a deep ring (wrapping several times), ragged
+    edges and several tiles per CTA; 32-wide tiles read an N-major B in 64-byte swizzled boxes."""
+    _check(torch, M, N, K, layout=layout, config=GemmConfig(block_m=64, block_n=block_n, stages=6))
+    _check(torch, M, N, K, layout=layout, out_dtype="f32", config=GemmConfig(block_m=64, block_n=block_n, stages=6))
+
+
 @pytest.mark.parametrize("block_n", [64, 128, 192])
 @pytest.mark.parametrize("M,N,K,layout", [
     (1792, 1280, 640, "CR"),  # fewer tiles than SMs: runs shorter than a tile, chains of 2-3 CTAs

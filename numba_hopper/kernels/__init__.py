@@ -14,6 +14,7 @@ def shipped_kernels():
         GemmConfig("bf16", "bf16", "K", "N", cluster_n=2),
         GemmConfig("bf16", "f32", "M", "K", stages=3),
         GemmConfig("bf16", "bf16", "K", "N", block_n=128, stream_k=True),
+        GemmConfig("bf16", "bf16", "K", "N", block_m=64, block_n=64, stages=13),
     ]
     return [
         (f"gemm {c.in_dtype}->{c.out_dtype} A {c.a_major}-major, B {c.b_major}-major, "

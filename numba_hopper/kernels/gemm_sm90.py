@@ -1,11 +1,13 @@
 """Warp-specialized, persistent TMA + wgmma GEMM for sm_90a: ``C = A @ B``.
 
-One CTA per SM, 384 threads in three warpgroups (seed 000, sections 7-9):
+One CTA per SM, 384 threads in three warpgroups (seed 000, sections 7-9), or 256 in two
+for 64-row tiles:
 
-- warpgroup 0, the producer: gives registers back (``setmaxnreg.dec``); one elected
-  thread walks the CTA's tiles and k-blocks, waits for a free ring slot and issues the TMA
-  loads of an A tile (BM x 64) and a B tile (64 x BN) into it;
-- warpgroups 1 and 2, the consumers: take registers (``setmaxnreg.inc``); each owns 64
+- warpgroup 0, the producer: gives registers back (``setmaxnreg.dec``, next to two
+  consumers); one elected thread walks the CTA's tiles and k-blocks, waits for a free ring
+  slot and issues the TMA loads of an A tile (BM x 64) and a B tile (64 x BN) into it;
+- warpgroups 1 and 2 (just 1 when BM = 64), the consumers: take registers
+  (``setmaxnreg.inc``; a single consumer has them all from the start); each owns 64
   rows of the BM x BN output tile and accumulates them in registers with
   ``wgmma.m64nBNk16`` (128 f32 per thread for BN = 256). A slot is released one k-block
   late, once ``wgmma.wait_group 1`` says the wgmmas that read it are done, so the tensor
@@ -26,8 +28,8 @@ One CTA per SM, 384 threads in three warpgroups (seed 000, sections 7-9):
 Layouts: a K-major operand (A row-major, B column-major) is loaded as one box of 64
 k-elements (128 bytes, the 128B swizzle span) by BM or BN rows. An MN-major operand
 (A column-major, B row-major) is loaded as 64 x 64 boxes stacked along M/N and read by
-wgmma with the transpose bit. Partial tiles need no code: TMA zero-fills loads outside
-the tensor and clips stores.
+wgmma with the transpose bit (a 32-wide B tile: one 64 x 32 box with 64-byte swizzle).
+Partial tiles need no code: TMA zero-fills loads outside the tensor and clips stores.
 
 ``make_gemm_kernel(config)`` builds (and caches) one kernel per :class:`GemmConfig`; every
 config value is a compile-time constant of that kernel.
@@ -58,9 +60,8 @@ from ..pipeline import (
 from .epilogue import EpilogueConfig, make_epilogue
 from .scheduler import device_work_walk, grouped_tile
 
-__all__ = ["GemmConfig", "EpilogueConfig", "make_gemm_kernel", "c_box_cols", "GEMM_THREADS"]
+__all__ = ["GemmConfig", "EpilogueConfig", "make_gemm_kernel", "c_box_cols"]
 
-GEMM_THREADS = 384
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 BLOCK_K = 64  # one 128-byte swizzle row of 16-bit elements
 EPI_ROWS = 64
@@ -74,7 +75,8 @@ REGS_CLUSTER = (56, 224)
 REGS_FUSED = (24, 240)
 REGS_FUSED_CLUSTER = (40, 232)
 ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
-BLOCK_NS = (64, 128, 160, 192, 256)
+BLOCK_MS = (64, 128)
+BLOCK_NS = (32, 64, 128, 160, 192, 256)
 STREAM_K_MAX_BLOCK_N = 192
 
 
@@ -113,14 +115,18 @@ class GemmConfig:
             raise ValueError(f"out_dtype must be one of {tuple(ELEMENT_BYTES)}, got {self.out_dtype!r}")
         if self.a_major not in ("K", "M") or self.b_major not in ("K", "N"):
             raise ValueError(f"bad operand majors {self.a_major!r}, {self.b_major!r}")
-        if self.block_m != 2 * WG_ROWS:
-            raise ValueError("block_m must be 128 (two consumer warpgroups of 64 rows)")
+        if self.block_m not in BLOCK_MS:
+            raise ValueError(f"block_m must be one of {BLOCK_MS} (consumer warpgroups of 64 rows), got {self.block_m}")
         if self.block_n not in BLOCK_NS:
             raise ValueError(f"block_n must be one of {BLOCK_NS}, got {self.block_n}")
+        if self.block_n == 32 and self.block_m != 64:
+            raise ValueError("block_n = 32 needs block_m = 64 (the narrow tile of skinny products)")
         if self.block_n % 64 and (self.epilogue is not None or self.cluster_m > 1):
-            # A 160-wide tile stores 32-column sub-tiles (64-byte swizzle), which the fused
-            # epilogue's C buffers do not follow, and its 2.5 B boxes do not split over 2 CTAs.
-            raise ValueError("block_n = 160 runs without a fused epilogue or cluster_m = 2")
+            # A 160- or 32-wide tile stores 32-column sub-tiles (64-byte swizzle), which the fused
+            # epilogue's C buffers do not follow, and its B boxes do not split over 2 CTAs.
+            raise ValueError(f"block_n = {self.block_n} runs without a fused epilogue or cluster_m = 2")
+        if self.block_m == 64 and (self.cluster_size > 1 or self.stream_k):
+            raise ValueError("block_m = 64 runs without a cluster or stream_k")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
         if self.split_k < 1:
@@ -139,6 +145,15 @@ class GemmConfig:
     @property
     def cluster_size(self):
         return self.cluster_m * self.cluster_n
+
+    @property
+    def consumers(self):
+        """Consumer warpgroups: one per 64 rows of the tile."""
+        return self.block_m // WG_ROWS
+
+    @property
+    def threads(self):
+        return 128 * (1 + self.consumers)
 
     @property
     def partial_bytes(self):
@@ -161,7 +176,13 @@ class GemmConfig:
     def b_box(self):
         if self.b_major == "K":
             return (1, self.block_n // self.cluster_m, BLOCK_K)
-        return (1, BLOCK_K, 64)
+        return (1, BLOCK_K, min(self.block_n, 64))
+
+    @property
+    def b_swizzle(self):
+        """B's swizzle span in bytes (its tensor map's and wgmma's): 128, or 64 for the
+        32-wide boxes of an N-major B in 32-wide tiles."""
+        return 64 if self.b_major == "N" and self.block_n == 32 else 128
 
     @property
     def c_box(self):
@@ -175,7 +196,7 @@ class GemmConfig:
     @property
     def b_tile_bytes(self):
         """K-major: ``block_n`` rows of 64 k; N-major: whole 64-wide boxes (160 loads 192)."""
-        if self.b_major == "K":
+        if self.b_major == "K" or self.block_n < 64:
             return self.block_n * BLOCK_K * 2
         return -(-self.block_n // 64) * 64 * BLOCK_K * 2
 
@@ -200,7 +221,7 @@ class GemmConfig:
 
     @property
     def c_offset(self):
-        return self.epi_offset + 4 * EPI_BUF_BYTES  # 2 consumers x 2 buffers
+        return self.epi_offset + 2 * self.consumers * EPI_BUF_BYTES  # 2 buffers per consumer
 
     @property
     def c_buf_bytes(self):
@@ -210,11 +231,11 @@ class GemmConfig:
 
     @property
     def barrier_offset(self):
-        return self.c_offset + 4 * self.c_buf_bytes  # 2 consumers x 2 buffers
+        return self.c_offset + 2 * self.consumers * self.c_buf_bytes
 
     @property
     def shared_bytes(self):
-        c_barriers = 8 * 4 if self.c_buf_bytes else 0
+        c_barriers = 2 * self.consumers * 8 if self.c_buf_bytes else 0
         return self.barrier_offset + pipeline_barrier_bytes(self.stages) + c_barriers
 
 
@@ -265,11 +286,14 @@ def _build_gemm_kernel(cfg: GemmConfig):
     B_OFF, EPI_OFF, BAR_OFF = cfg.b_offset, cfg.epi_offset, cfg.barrier_offset
     MN_BOX_BYTES = 64 * 128  # a 64 x 64 box of an MN-major operand
     B_BOXES = -(-BN // 64)
+    B_SWIZZLE = cfg.b_swizzle
     # wgmma descriptors (128B swizzle). K-major: 8-row groups 1024 B apart (SBO), a k16 step
     # is 32 B along the swizzled row. MN-major: 64-element MN atoms one box apart (LBO),
-    # 8-k groups 1024 B apart (SBO), a k16 step is 16 rows of 128 B.
+    # 8-k groups 1024 B apart (SBO), a k16 step is 16 rows of 128 B; with 64B swizzle (one
+    # 32-element atom) rows are 64 B: SBO 512, a k16 step 1024 B.
     A_LBO, A_KSTEP = (16, 32) if A_K_MAJOR else (MN_BOX_BYTES, 2048)
-    B_LBO, B_KSTEP = (16, 32) if B_K_MAJOR else (MN_BOX_BYTES, 2048)
+    B_LBO, B_KSTEP = (16, 32) if B_K_MAJOR else (MN_BOX_BYTES, 16 * B_SWIZZLE)
+    B_SBO = 8 * B_SWIZZLE
     TNSP_A = 0 if A_K_MAJOR else 1
     TNSP_B = 0 if B_K_MAJOR else 1
     A_WG_OFF = WG_ROWS * 128  # consumer 1's 64 rows: 64 K-major rows, or the second M box
@@ -277,7 +301,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
     EPI_CHUNKS = BN // EPI_COLS
     EPI_ROW_BYTES = cfg.epi_swizzle
     EPI_GROUPS = EPI_COLS // 16  # stmatrix 16-column groups of a 16-bit sub-tile
-    CONSUMER_WARPS = 8  # empty-barrier arrivals per CTA: one per consumer warp
+    CONSUMERS, THREADS = cfg.consumers, cfg.threads
+    CONSUMER_WARPS = 4 * CONSUMERS  # empty-barrier arrivals per CTA: one per consumer warp
     CM, CN = cfg.cluster_m, cfg.cluster_n
     CLUSTER = CM * CN
     if cfg.epilogue is None:
@@ -287,7 +312,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
     # column (B), so all of their consumers must release it: CM + CN - 1 CTAs' worth.
     EMPTY_ARRIVALS = CONSUMER_WARPS * (CM + CN - 1)
-    A_PARTS = CN if A_K_MAJOR else 2  # M-major A is two 64-wide boxes
+    A_PARTS = CN if A_K_MAJOR else CONSUMERS  # M-major A is 64-wide boxes
     B_PARTS = B_BOXES if not B_K_MAJOR else 1
     A_PART_BYTES = A_TILE // CN  # K-major: BM/CN rows of 128 B; M-major: CN=2 -> one box
     B_PART_BYTES = B_TILE // CM
@@ -389,7 +414,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     @cuda.jit(device=True, forceinline=True)
     def mma_stage(acc, smem, st, cw, first):
         a_desc = nh.matrix_descriptor(smem + st.stage * A_TILE + cw * A_WG_OFF, A_LBO, 1024, 128, 0)
-        b_desc = nh.matrix_descriptor(smem + B_OFF + st.stage * B_TILE, B_LBO, 1024, 128, 0)
+        b_desc = nh.matrix_descriptor(smem + B_OFF + st.stage * B_TILE, B_LBO, B_SBO, B_SWIZZLE, 0)
         nh.wgmma_fence()
         for kk in range(BLOCK_K // 16):
             scale_d = 0 if first and kk == 0 else 1
@@ -596,7 +621,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
         bars = smem + BAR_OFF
         if tid == 0:
             if HAS_C:
-                for slot in range(4):
+                for slot in range(2 * CONSUMERS):
                     nh.mbarrier_init(smem + C_BAR_OFF + 8 * slot, 1)
             pipeline_init(bars, S, EMPTY_ARRIVALS)
         # CTA (rm, rn) of a cluster computes output tile (CM*cm + rm, CN*cn + rn) of cluster
@@ -623,7 +648,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
             dp_tiles = num_tiles
 
         if wg == 0:
-            nh.setmaxnreg_dec(PRODUCER_REGS)
+            if CONSUMERS == 2:
+                nh.setmaxnreg_dec(PRODUCER_REGS)
             if tid < 32 and nh.elect_sync():
                 nh.fence_proxy_tensormap_acquire(tmap_a)
                 nh.fence_proxy_tensormap_acquire(tmap_b)
@@ -642,7 +668,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
                         st = pipeline_advance(st, S)
                     item = next_item(item, cta, ctas, dp_tiles, num_tiles, k_blocks)
         else:
-            nh.setmaxnreg_inc(CONSUMER_REGS)
+            if CONSUMERS == 2:
+                nh.setmaxnreg_inc(CONSUMER_REGS)
             cw = wg - 1
             t = tid - 128 * wg  # thread in the consumer warpgroup
             lane = t % 32
@@ -693,7 +720,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
             nh.cluster_sync()
 
     if not FUSED:
-        @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
+        @cuda.jit(launch_bounds=(THREADS, 1))
         def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles,
                         workspace, debug_record):
             gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles,
@@ -701,7 +728,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
 
         return gemm_kernel
 
-    @cuda.jit(launch_bounds=(GEMM_THREADS, 1))
+    @cuda.jit(launch_bounds=(THREADS, 1))
     def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
                     debug_record, ep):
         gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
