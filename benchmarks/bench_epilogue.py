@@ -2,6 +2,7 @@
 
     python benchmarks/bench_epilogue.py                # 4096^3 and 8192^3, both fusions
     python benchmarks/bench_epilogue.py --json out.json
+    python benchmarks/bench_epilogue.py --configs default pp   # our kernels as in bench_gemm.py
 
 Fusions (bf16 in and out, bias per column, row-major):
 
@@ -18,6 +19,7 @@ L2, CUDA-event timing of back-to-back calls, the three contenders in interleaved
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -27,19 +29,33 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench_gemm import ROOT, _operand, _time  # noqa: E402
+from bench_gemm import ROOT, _config, _operand, _time  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from numba_hopper.gemm import gemm  # noqa: E402
+from numba_hopper.kernels.epilogue import EpilogueConfig  # noqa: E402
+from numba_hopper.kernels.gemm_sm90 import max_stages  # noqa: E402
 
 SHAPES = [("4096^3", 4096), ("8192^3", 8192)]
 
 
-def _fusions():
+def _fused_config(name, c_dtype):
+    """``name`` as bench_gemm.py spells kernels, its ring as deep as the epilogue's buffers allow."""
+    cfg = _config(name)
+    if cfg is None:
+        return None
+    ecfg = EpilogueConfig(c_dtype=c_dtype, bias="col", bias_dtype="bf16")
+    kw = {f: getattr(cfg, f) for f in ("block_m", "cluster_m", "cluster_n", "pingpong", "narrow_subtiles")}
+    return dataclasses.replace(cfg, stages=max_stages("bf16", "bf16", cfg.block_n, epilogue=ecfg, **kw))
+
+
+def _fusions(name):
+    gelu_cfg, residual_cfg = _fused_config(name, None), _fused_config(name, "bf16")
+
     def ours_gelu(a, b, bias, c, out):
-        gemm(a, b, out=out, bias=bias, bias_dim=1, activation="gelu_tanh")
+        gemm(a, b, out=out, bias=bias, bias_dim=1, activation="gelu_tanh", config=gelu_cfg)
 
     def torch_gelu(a, b, bias, c, out):
         torch.addmm(bias, a, b, out=out)
@@ -49,7 +65,7 @@ def _fusions():
         return F.gelu(a.double() @ b.double() + bias.double(), approximate="tanh")
 
     def ours_residual(a, b, bias, c, out):
-        gemm(a, b, out=out, bias=bias, bias_dim=1, c=c, beta=1.0)
+        gemm(a, b, out=out, bias=bias, bias_dim=1, c=c, beta=1.0, config=residual_cfg)
 
     def torch_residual(a, b, bias, c, out):
         torch.addmm(bias, a, b, out=out)
@@ -62,12 +78,11 @@ def _fusions():
             ("bias+residual", ours_residual, torch_residual, ref_residual)]
 
 
-def _plain(a, b, bias, c, out):
-    gemm(a, b, out=out)
-
-
-def bench(n, fusion, rounds, l2_bytes):
+def bench(n, fusion, rounds, l2_bytes, cfg=None):
     name, ours, unfused, ref_fn = fusion
+
+    def plain(a, b, bias, c, out):
+        gemm(a, b, out=out, config=cfg)
     set_bytes = 2 * (3 * n * n + n) + 2 * n * n
     nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
     sets = [(_operand(n, n, "bf16", "R"), _operand(n, n, "bf16", "R"), torch.randn(n, device="cuda").bfloat16(),
@@ -79,7 +94,7 @@ def bench(n, fusion, rounds, l2_bytes):
     err = ((out.double() - ref).norm() / ref.norm()).item()
     if not err < 1e-2:
         raise AssertionError(f"{name} {n}^3: relative error {err}")
-    fns = {"ours": ours, "torch": unfused, "plain": _plain}
+    fns = {"ours": ours, "torch": unfused, "plain": plain}
     for fn in fns.values():
         _time(fn, sets, 3)
     reps = max(5, min(200, int(20 / max(_time(unfused, sets, 5), 1e-3))))
@@ -98,19 +113,22 @@ def bench(n, fusion, rounds, l2_bytes):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--configs", nargs="*", default=["default"], help="our kernels, named as in bench_gemm.py")
     p.add_argument("--json", help="results file (default benchmarks/results/epilogue-<date>.json)")
     args = p.parse_args(argv)
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20)
     records = []
     for shape, n in SHAPES:
-        for fusion in _fusions():
-            r = bench(n, fusion, args.rounds, l2)
-            records.append({"name": f"{shape} {fusion[0]}", "M": n, "N": n, "K": n, "batch": 1, "dtype": "bf16",
-                            "layout": "RR", **r})
-            print(f"{shape:7s} {fusion[0]:15s} fused {r['ours_ms']:.4f} ms  torch unfused {r['cublas_ms']:.4f} ms"
-                  f"  plain {r['plain_ms']:.4f} ms  speedup {r['ratio']:.3f}x  vs plain {r['vs_plain']:.3f}",
-                  flush=True)
+        for config in args.configs:
+            for fusion in _fusions(config):
+                r = bench(n, fusion, args.rounds, l2, _config(config))
+                label = f"{shape} {fusion[0]}" + ("" if config == "default" else f" [{config}]")
+                records.append({"name": label, "M": n, "N": n, "K": n, "batch": 1, "dtype": "bf16",
+                                "layout": "RR", "config": config, **r})
+                print(f"{label:32s} fused {r['ours_ms']:.4f} ms  torch unfused {r['cublas_ms']:.4f} ms"
+                      f"  plain {r['plain_ms']:.4f} ms  speedup {r['ratio']:.3f}x  vs plain {r['vs_plain']:.3f}",
+                      flush=True)
     result = {"gpu": props.name, "date": datetime.date.today().isoformat(),
               "baseline": "cublas_* fields: the unfused torch sequence (addmm + gelu / add_)", "records": records}
     out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"epilogue-{result['date']}.json")

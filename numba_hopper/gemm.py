@@ -720,8 +720,12 @@ def _choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epilogue=epilogue)
     else:
         base, stages = config, config.stages
-    return dataclasses.replace(base, in_dtype=va.dtype, out_dtype=vo.dtype, a_major=a_major,
-                               b_major=b_major, stages=stages, debug=debug, epilogue=epilogue)
+    cfg = dataclasses.replace(base, in_dtype=va.dtype, out_dtype=vo.dtype, a_major=a_major,
+                              b_major=b_major, stages=stages, debug=debug, epilogue=epilogue)
+    if cfg.shared_bytes > limits.max_shared_per_block_optin:
+        raise ValueError(f"config needs {cfg.shared_bytes} bytes of shared memory with these operands, more than "
+                         f"the device's {limits.max_shared_per_block_optin}: give it fewer stages")
+    return cfg
 
 
 def _tensor_maps(cfg, va, vb, vo, batch):

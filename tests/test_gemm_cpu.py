@@ -20,10 +20,12 @@ ALL_CONFIGS = [
 ] + [GemmConfig("bf16", o, "K", "N", block_n=bn, stages=4) for bn in (64, 128, 160, 192) for o in ("bf16", "f32")] + [
     GemmConfig("bf16", "bf16", "M", "K", block_n=160, stages=4)] + [
     GemmConfig("bf16", o, am, bm, block_m=64, block_n=bn, stages=8)
-    for bn in (32, 64, 128) for o in ("bf16", "f32") for am, bm in (("K", "N"), ("M", "K"))]
+    for bn in (32, 64, 128) for o in ("bf16", "f32") for am, bm in (("K", "N"), ("M", "K"))] + [
+    GemmConfig("bf16", o, am, bm, block_m=64, block_n=256, stages=4, pingpong=True)
+    for o in ("bf16", "f32") for am, bm in (("K", "N"), ("M", "K"))]
 
 
-@pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}")
+@pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}{'-pp' if c.pingpong else ''}")
 def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     r = inspect_kernel(make_gemm_kernel(cfg), GEMM_SIGNATURE)
     assert r.count("HGMMA") >= 4, r.summary()  # 4 k16 steps per 64-wide k-block
