@@ -2,7 +2,7 @@
 
     python benchmarks/bench_epilogue.py                # 4096^3 and 8192^3, both fusions
     python benchmarks/bench_epilogue.py --json out.json
-    python benchmarks/bench_epilogue.py --configs default pp   # our kernels as in bench_gemm.py
+    python benchmarks/bench_epilogue.py --configs default n256   # our kernels as in bench_gemm.py
 
 Fusions (bf16 in and out, bias per column, row-major):
 
@@ -47,7 +47,7 @@ def _fused_config(name, c_dtype):
     if cfg is None:
         return None
     ecfg = EpilogueConfig(c_dtype=c_dtype, bias="col", bias_dtype="bf16")
-    kw = {f: getattr(cfg, f) for f in ("block_m", "cluster_m", "cluster_n", "pingpong", "narrow_subtiles")}
+    kw = {f: getattr(cfg, f) for f in ("block_m", "cluster_m", "cluster_n")}
     return dataclasses.replace(cfg, stages=max_stages("bf16", "bf16", cfg.block_n, epilogue=ecfg, **kw))
 
 
@@ -83,6 +83,7 @@ def bench(n, fusion, rounds, l2_bytes, cfg=None):
 
     def plain(a, b, bias, c, out):
         gemm(a, b, out=out, config=cfg)
+
     set_bytes = 2 * (3 * n * n + n) + 2 * n * n
     nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
     sets = [(_operand(n, n, "bf16", "R"), _operand(n, n, "bf16", "R"), torch.randn(n, device="cuda").bfloat16(),

@@ -96,7 +96,7 @@ def _time(fn, sets, reps):
 def _config(name):
     """``default`` (the library's choice) or a kernel spelled as dash-separated parts:
     a cluster shape ``MxN`` (``2x1``), ``m<block_m>`` (``m64``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``),
-    ``p<pipeline stages>`` (``p3``), ``sk`` (stream-K), ``pp`` (ping-pong 64-row tiles), ``ns`` (32-column epilogue sub-tiles); e.g. ``n128-s2``, ``n192-sk``. Unnamed
+    ``p<pipeline stages>`` (``p3``), ``sk`` (stream-K); e.g. ``n128-s2``, ``n192-sk``. Unnamed
     parts keep GemmConfig's defaults (128x256 tiles, no cluster, no split, no stream-K, the
     deepest ring that fits).
     """
@@ -108,10 +108,6 @@ def _config(name):
             kw["cluster_m"], kw["cluster_n"] = (int(x) for x in part.split("x"))
         elif part == "sk":
             kw["stream_k"] = True
-        elif part == "ns":
-            kw["narrow_subtiles"] = True
-        elif part == "pp":
-            kw["pingpong"], kw["block_m"] = True, 64
         elif part[0] == "m":
             kw["block_m"] = int(part[1:])
         elif part[0] == "n":
@@ -123,7 +119,7 @@ def _config(name):
         else:
             raise ValueError(f"bad config part {part!r} in {name!r}")
     kw.setdefault("stages", max_stages("bf16", "f32" if kw.get("split_k", 1) > 1 else "bf16", kw.get("block_n", 256),
-                                       block_m=kw.get("block_m", 128), pingpong=kw.get("pingpong", False)))
+                                       block_m=kw.get("block_m", 128)))
     return GemmConfig(**kw)
 
 

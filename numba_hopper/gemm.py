@@ -698,13 +698,20 @@ def _stream_k_schedule(tiles, k_blocks, sms):
     return sms, (full - 1) * sms
 
 
+def _cluster_pays(tiles, K, sms):
+    """Whether a 1x2 cluster (the two CTAs of a tile row share their A tile through multicast)
+    beats single CTAs: only with many tiles per CTA and a long K loop. Measured (session 4,
+    benchmarks/NOTES.md): +4.5% at 16384x4096x4096 (15.5 tiles per CTA), even at 8192^3, but
+    -2.5% at 4096^3 (3.9), -5% at 6144^3 (8.7), -3% at 8192x8192x1024, -10% at 4096x4096x512.
+    """
+    return tiles >= 12 * sms and K >= 2048
+
+
 def _choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
 
     Default: the tile :func:`_tile_shape` picks for ``units`` products, the deepest ring
-    that fits, and for 128-row tiles a 1x2 cluster (the two CTAs of a tile row share their A
-    tile through multicast) once every CTA has at least two tiles to do: measured +3-8%
-    over no cluster from 4096^3 up, -6% at 2048^3 (one tile per CTA), benchmarks/NOTES.md.
+    that fits, and a 1x2 cluster where :func:`_cluster_pays`.
     """
     a_major = "K" if _tma_ok(va, row_major=True) else "M"
     b_major = "N" if _tma_ok(vb, row_major=True) else "K"
@@ -714,7 +721,7 @@ def _choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
         block_m, block_n = _tile_shape(M, N, units, limits.sm_count, fused=epilogue is not None)
         base = GemmConfig(block_m=block_m, block_n=block_n)
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
-        if block_m == 128 and tiles_n >= 2 and units * tiles_m * tiles_n >= 2 * limits.sm_count:
+        if block_m == 128 and tiles_n >= 2 and _cluster_pays(units * tiles_m * tiles_n, va.shape[1], limits.sm_count):
             base = dataclasses.replace(base, cluster_n=2)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epilogue=epilogue)

@@ -61,7 +61,6 @@ __all__ = [
     "pipeline_barrier_bytes",
     "pipeline_init",
     "pipeline_advance",
-    "pipeline_advance_by",
     "producer_acquire",
     "producer_commit",
     "consumer_wait",
@@ -101,13 +100,6 @@ def pipeline_advance(state, stages):
     if stage == stages:
         return PipelineState(0, state.phase ^ 1)
     return PipelineState(stage, state.phase)
-
-
-@cuda.jit(device=True, forceinline=True)
-def pipeline_advance_by(state, n, stages):
-    """The state ``n`` slots on (slots another consumer takes): ``n`` x :func:`pipeline_advance`."""
-    stage = state.stage + n
-    return PipelineState(stage % stages, state.phase ^ ((stage // stages) & 1))
 
 
 @cuda.jit(device=True, forceinline=True)

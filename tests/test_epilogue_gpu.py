@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numba_hopper.gemm import GemmConfig, gemm
+from numba_hopper.gemm import gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -122,24 +122,6 @@ def test_aux_out_holds_the_pre_activation_value(torch, out_dtype, aux_dtype):
 @pytest.mark.parametrize("M,N,K", [(129, 257, 77), (1000, 1000, 1000), (64, 64, 64), (1, 300, 77), (4096, 4096, 832)])
 def test_bias_gelu_residual_ragged(torch, M, N, K):
     _check(torch, M, N, K, bias="bf16", bias_dim=1, activation="gelu", beta=1.0, with_c=True)
-
-
-@pytest.mark.parametrize("out_dtype,c_dtype,c_major,stages", [("bf16", "bf16", "R", 4), ("f16", "f32", "C", 3),
-                                                              ("bf16", "f16", "R", 4), ("f32", "bf16", "R", 3)])
-def test_narrow_subtiles(torch, out_dtype, c_dtype, c_major, stages):
-    """32-column output and C sub-tiles (64-byte swizzle), the layout that buys the residual a 4th stage."""
-    _check(torch, 1000, 1000, 300, out_dtype=out_dtype, c_dtype=c_dtype, c_major=c_major, beta=1.0, with_c=True,
-           bias="bf16", bias_dim=1, activation="gelu", aux_dtype="bf16",
-           config=GemmConfig(narrow_subtiles=True, stages=stages))
-
-
-@pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
-@pytest.mark.parametrize("M,N,K", [(333, 520, 777), (2048, 1536, 832)])
-def test_pingpong_with_every_option(torch, M, N, K, out_dtype):
-    """Ping-pong consumers: each loads C for its own tiles (every other tile of the CTA)."""
-    _check(torch, M, N, K, out_dtype=out_dtype, alpha=0.5, beta=-1.0, with_c=True, bias="bf16", bias_dim=1,
-           activation="gelu_tanh", row_scale=True, aux_dtype="f32", epilogue=_scale_cols,
-           config=GemmConfig(block_m=64, pingpong=True, stages=3))
 
 
 @pytest.mark.parametrize("out_dtype", ["bf16", "f32"])

@@ -74,17 +74,6 @@ def test_64_row_tiles(torch, block_n, M, N, K, layout):
     _check(torch, M, N, K, layout=layout, out_dtype="f32", config=GemmConfig(block_m=64, block_n=block_n, stages=6))
 
 
-@pytest.mark.parametrize("block_n", [128, 256])
-@pytest.mark.parametrize("M,N,K,layout", [(1, 1, 1, "RR"), (333, 520, 777, "CC"), (2048, 1536, 832, "RC"),
-                                          (4100, 300, 130, "CR"), (129, 1000, 1000, "RR")])
-def test_pingpong(torch, block_n, M, N, K, layout):
-    """Consumers taking turns on 64-row tiles: each skips the other's ring slots, also when a
-    tile's k-block count is not a multiple of the ring depth (777, 130: 13 and 3 k-blocks)."""
-    _check(torch, M, N, K, layout=layout, config=GemmConfig(block_m=64, block_n=block_n, stages=4, pingpong=True))
-    _check(torch, M, N, K, layout=layout, out_dtype="f32",
-           config=GemmConfig(block_m=64, block_n=block_n, stages=3, pingpong=True))
-
-
 @pytest.mark.parametrize("block_n", [64, 128, 192])
 @pytest.mark.parametrize("M,N,K,layout", [
     (1792, 1280, 640, "CR"),  # fewer tiles than SMs: runs shorter than a tile, chains of 2-3 CTAs

@@ -52,7 +52,6 @@ from ..pipeline import (
     consumer_wait,
     debug_site,
     pipeline_advance,
-    pipeline_advance_by,
     pipeline_barrier_bytes,
     pipeline_init,
     producer_acquire,
@@ -66,6 +65,7 @@ __all__ = ["GemmConfig", "EpilogueConfig", "make_gemm_kernel", "c_box_cols"]
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 BLOCK_K = 64  # one 128-byte swizzle row of 16-bit elements
 EPI_ROWS = 64
+EPI_BUF_BYTES = EPI_ROWS * 128  # one 128-byte-wide swizzled sub-tile
 # Register budgets after setmaxnreg (128 * producer + 256 * consumer <= 64K registers). The
 # cluster producer also computes multicast masks and peer offsets: at 40 it spills.
 REGS_NO_CLUSTER = (40, 232)
@@ -106,8 +106,6 @@ class GemmConfig:
     debug: bool = False
     split_k: int = 1  # host side: K slices summed by a second kernel (not a kernel parameter)
     stream_k: bool = False
-    pingpong: bool = False
-    narrow_subtiles: bool = False
     epilogue: EpilogueConfig | None = None
 
     def __post_init__(self):
@@ -129,8 +127,6 @@ class GemmConfig:
             raise ValueError(f"block_n = {self.block_n} runs without a fused epilogue or cluster_m = 2")
         if self.block_m == 64 and (self.cluster_size > 1 or self.stream_k):
             raise ValueError("block_m = 64 runs without a cluster or stream_k")
-        if self.pingpong and self.block_m != 64:
-            raise ValueError("pingpong needs block_m = 64 (each consumer warpgroup runs whole 64-row tiles)")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
         if self.split_k < 1:
@@ -152,8 +148,8 @@ class GemmConfig:
 
     @property
     def consumers(self):
-        """Consumer warpgroups: one per 64 rows of the tile, or two taking turns (pingpong)."""
-        return 2 if self.pingpong else self.block_m // WG_ROWS
+        """Consumer warpgroups: one per 64 rows of the tile."""
+        return self.block_m // WG_ROWS
 
     @property
     def threads(self):
@@ -208,18 +204,12 @@ class GemmConfig:
     def epi_cols(self):
         """Columns of one epilogue sub-tile: 128 bytes of output elements (64 bytes, 32 16-bit
         columns, when 64 does not divide ``block_n``)."""
-        return min(128 // ELEMENT_BYTES[self.out_dtype], 32 if self.block_n % 64 or self.narrow_subtiles else 64)
+        return min(128 // ELEMENT_BYTES[self.out_dtype], 32 if self.block_n % 64 else 64)
 
     @property
     def epi_swizzle(self):
         """Bytes of one sub-tile row, which is also the output tensor map's swizzle span."""
         return self.epi_cols * ELEMENT_BYTES[self.out_dtype]
-
-    @property
-    def epi_buf_bytes(self):
-        """One output sub-tile buffer: 64 rows of 128 bytes, or of ``epi_swizzle`` bytes with
-        ``narrow_subtiles`` (whose point is the shared memory that frees)."""
-        return EPI_ROWS * (self.epi_swizzle if self.narrow_subtiles else 128)
 
     @property
     def b_offset(self):
@@ -231,7 +221,7 @@ class GemmConfig:
 
     @property
     def c_offset(self):
-        return self.epi_offset + 2 * self.consumers * self.epi_buf_bytes  # 2 buffers per consumer
+        return self.epi_offset + 2 * self.consumers * EPI_BUF_BYTES  # 2 buffers per consumer
 
     @property
     def c_buf_bytes(self):
@@ -244,14 +234,9 @@ class GemmConfig:
         return self.c_offset + 2 * self.consumers * self.c_buf_bytes
 
     @property
-    def order_barrier_offset(self):
-        """Ping-pong's two mainloop-order mbarriers, after the ring's and C's."""
+    def shared_bytes(self):
         c_barriers = 2 * self.consumers * 8 if self.c_buf_bytes else 0
         return self.barrier_offset + pipeline_barrier_bytes(self.stages) + c_barriers
-
-    @property
-    def shared_bytes(self):
-        return self.order_barrier_offset + (16 if self.pingpong else 0)
 
 
 def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 * 1024, **kw):
@@ -313,7 +298,6 @@ def _build_gemm_kernel(cfg: GemmConfig):
     TNSP_B = 0 if B_K_MAJOR else 1
     A_WG_OFF = WG_ROWS * 128  # consumer 1's 64 rows: 64 K-major rows, or the second M box
     EPI_COLS = cfg.epi_cols
-    EPI_BUF = cfg.epi_buf_bytes
     EPI_CHUNKS = BN // EPI_COLS
     EPI_ROW_BYTES = cfg.epi_swizzle
     EPI_GROUPS = EPI_COLS // 16  # stmatrix 16-column groups of a 16-bit sub-tile
@@ -326,11 +310,9 @@ def _build_gemm_kernel(cfg: GemmConfig):
     else:
         PRODUCER_REGS, CONSUMER_REGS = REGS_FUSED_CLUSTER if CLUSTER > 1 else REGS_FUSED
     # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
-    # column (B), so all of their consumers must release it: CM + CN - 1 CTAs' worth. In
-    # ping-pong only the consumer whose turn it is reads a slot.
-    PINGPONG = cfg.pingpong
-    EMPTY_ARRIVALS = (4 if PINGPONG else CONSUMER_WARPS) * (CM + CN - 1)
-    A_PARTS = CN if A_K_MAJOR else BM // 64  # M-major A is 64-wide boxes
+    # column (B), so all of their consumers must release it: CM + CN - 1 CTAs' worth.
+    EMPTY_ARRIVALS = CONSUMER_WARPS * (CM + CN - 1)
+    A_PARTS = CN if A_K_MAJOR else CONSUMERS  # M-major A is 64-wide boxes
     B_PARTS = B_BOXES if not B_K_MAJOR else 1
     A_PART_BYTES = A_TILE // CN  # K-major: BM/CN rows of 128 B; M-major: CN=2 -> one box
     B_PART_BYTES = B_TILE // CM
@@ -340,7 +322,6 @@ def _build_gemm_kernel(cfg: GemmConfig):
     HAS_C = FUSED and EPI.c_dtype is not None
     C_OFF, C_BUF = cfg.c_offset, cfg.c_buf_bytes
     C_BAR_OFF = BAR_OFF + pipeline_barrier_bytes(S)
-    ORDER_BAR_OFF = cfg.order_barrier_offset
     C_ITEM = ELEMENT_BYTES[EPI.c_dtype] if HAS_C else 2
     C_BOX_COLS = c_box_cols(cfg) if HAS_C else EPI_COLS
     C_BOX_ROW = C_BOX_COLS * C_ITEM  # bytes: the box row is also its swizzle span
@@ -431,8 +412,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
                     consumer_release_in(bars, S, st, r)
 
     @cuda.jit(device=True, forceinline=True)
-    def mma_stage(acc, smem, st, part, first):
-        a_desc = nh.matrix_descriptor(smem + st.stage * A_TILE + part * A_WG_OFF, A_LBO, 1024, 128, 0)
+    def mma_stage(acc, smem, st, cw, first):
+        a_desc = nh.matrix_descriptor(smem + st.stage * A_TILE + cw * A_WG_OFF, A_LBO, 1024, 128, 0)
         b_desc = nh.matrix_descriptor(smem + B_OFF + st.stage * B_TILE, B_LBO, B_SBO, B_SWIZZLE, 0)
         nh.wgmma_fence()
         for kk in range(BLOCK_K // 16):
@@ -583,15 +564,14 @@ def _build_gemm_kernel(cfg: GemmConfig):
     def load_c(smem, cw, s, tmap, M, N, batches):
         """(Leader) start loading C sub-tile ``s`` of this consumer's sequence, if there is one.
 
-        Sub-tile s is sub-tile s % EPI_CHUNKS of the consumer's (s // EPI_CHUNKS)-th tile (in
-        ping-pong, the CTA's tiles alternate between the consumers); it goes to buffer s % 2 and completes phase s // 2 of that buffer's mbarrier. The tile walk is
+        Sub-tile s is sub-tile s % EPI_CHUNKS of the CTA's (s // EPI_CHUNKS)-th tile; it goes
+        to buffer s % 2 and completes phase s // 2 of that buffer's mbarrier. The tile walk is
         recomputed from kernel arguments and special registers: carrying it through the
         epilogue would cost registers the consumer does not have.
         """
         ctiles_m, ctiles_n, per_batch, num_tiles = tile_walk(M, N, batches)
         rm, rn = cta_coords()
-        turn = 2 * (s // EPI_CHUNKS) + cw if PINGPONG else s // EPI_CHUNKS
-        tile = cuda.blockIdx.x // CLUSTER + turn * (cuda.gridDim.x // CLUSTER)
+        tile = cuda.blockIdx.x // CLUSTER + (s // EPI_CHUNKS) * (cuda.gridDim.x // CLUSTER)
         if tile < num_tiles:
             bc, m0, n0 = tile_origin(tile, per_batch, ctiles_m, ctiles_n, rm, rn)
             slot = 2 * cw + s % 2
@@ -600,13 +580,13 @@ def _build_gemm_kernel(cfg: GemmConfig):
             col = n0 + (s % EPI_CHUNKS) * EPI_COLS
             for box in range(C_BOXES):
                 nh.tma_load_3d(smem + C_OFF + slot * C_BUF + box * C_BOX_BYTES, tmap,
-                               col + box * C_BOX_COLS, m0 + (0 if PINGPONG else cw) * WG_ROWS, bc, bar)
+                               col + box * C_BOX_COLS, m0 + cw * WG_ROWS, bc, bar)
 
     @cuda.jit(device=True, forceinline=True)
     def epilogue_subtile(q, stores, args):
         """Sub-tile ``q`` of a tile (the CTA's ``stores``-th) to global memory; ``stores + 1``."""
         frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c, M, N, batches, ep = args
-        buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF
+        buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF_BYTES
         if leader:
             nh.bulk_wait_group_read(1)  # the store that last read buf is done
         nh.named_barrier_sync(1 + cw, 128)
@@ -643,9 +623,6 @@ def _build_gemm_kernel(cfg: GemmConfig):
             if HAS_C:
                 for slot in range(2 * CONSUMERS):
                     nh.mbarrier_init(smem + C_BAR_OFF + 8 * slot, 1)
-            if PINGPONG:  # order[c]: consumer 1 - c's mainloop is past its last full slot (one arrival per warp)
-                nh.mbarrier_init(smem + ORDER_BAR_OFF, 4)
-                nh.mbarrier_init(smem + ORDER_BAR_OFF + 8, 4)
             pipeline_init(bars, S, EMPTY_ARRIVALS)
         # CTA (rm, rn) of a cluster computes output tile (CM*cm + rm, CN*cn + rn) of cluster
         # tile (cm, cn).
@@ -707,39 +684,19 @@ def _build_gemm_kernel(cfg: GemmConfig):
             acc = nh.wgmma_accumulator(BN, "f32")
             st = PipelineState(0, 0)
             stores = 0
-            turn = 0  # ping-pong: the consumer whose tile this is
-            mine = 0  # ping-pong: the tiles this consumer has run
-            part = 0 if PINGPONG else cw  # the 64-row part of each tile this consumer owns
             item = first_item(cta, ctas, dp_tiles, num_tiles, k_blocks)
             while item[0] < num_tiles:
                 tile, k_begin, k_end = item
-                if PINGPONG and turn != cw:  # the other consumer's tile: its slots are not ours
-                    st = pipeline_advance_by(st, k_end - k_begin, S)
-                    turn ^= 1
-                    item = next_item(item, cta, ctas, dp_tiles, num_tiles, k_blocks)
-                    continue
-                turn ^= 1
-                if PINGPONG:
-                    # Mainloops alternate strictly: this one starts once the other consumer's
-                    # last one is past its full-slot waits. Without that, a consumer skipping
-                    # the other's slots could wait on a slot two phases ahead, which a parity
-                    # wait cannot tell from the phase just completed.
-                    waits = mine - (1 - cw)  # consumer 0's first tile waits for nobody
-                    if waits >= 0:
-                        nh.mbarrier_wait_parity(smem + ORDER_BAR_OFF + 8 * cw, waits & 1)
-                    mine += 1
                 bc, m0, n0 = tile_origin(tile, per_batch, ctiles_m, ctiles_n, rm, rn)
                 prev = st
                 for kb in range(k_begin, k_end):
                     consumer_wait(bars, st, debug_site(debug_record, tile, kb) if DEBUG else None)
-                    acc = mma_stage(acc, smem, st, part, kb == k_begin)
+                    acc = mma_stage(acc, smem, st, cw, kb == k_begin)
                     nh.wgmma_wait_group(1)  # k-block kb-1 is done reading its slot
                     if kb > k_begin and lane == 0:
                         release(bars, prev, rm, rn)
                     prev = st
                     st = pipeline_advance(st, S)
-                if PINGPONG and lane == 0:  # the other consumer's mainloop may start
-                    nh.mbarrier_arrive(smem + ORDER_BAR_OFF + 8 * (1 - cw))
                 nh.wgmma_wait_group(0)
                 if k_end > k_begin and lane == 0:
                     release(bars, prev, rm, rn)
@@ -750,7 +707,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 if STREAM_K and k_begin > 0:  # and the previous CTA finishes the tile
                     publish_partial(frag, workspace, 2 * cta + cw, t, leader, cw)
                 else:
-                    row0 = m0 + part * WG_ROWS
+                    row0 = m0 + cw * WG_ROWS
                     stores = epilogue(stores, (frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c,
                                                M, N, batches, ep))
                 item = next_item(item, cta, ctas, dp_tiles, num_tiles, k_blocks)
