@@ -350,13 +350,12 @@ def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: in
     device = cuda.get_current_device().id
     limits = device_limits(device)
     dims = validate_launch(grid, block, cluster, shared_mem, limits, non_portable_cluster=non_portable_cluster)
-    compiled = _compiled(kernel, args, cache_key, limits.cc)
+    compiled, core_kernel = _loaded(kernel, args, cache_key, limits.cc)
     static = _internals.static_shared_bytes(compiled)
     if static:
         dims = validate_launch(
             grid, block, cluster, shared_mem, limits, static_shared=static, non_portable_cluster=non_portable_cluster
         )
-    core_kernel = _internals.cu_kernel(compiled)
     _opt_in(core_kernel, device, shared_mem, non_portable_cluster and dims.cluster is not None)
     packed = _internals.pack_kernel_args(compiled, args)
     config = {"grid": _core_grid(dims, _core_grid_counts_clusters()), "block": dims.block, "shmem_size": shared_mem}
@@ -365,11 +364,22 @@ def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: in
     return PreparedLaunch(core_kernel, LaunchConfig(**config), packed, dims, shared_mem)
 
 
-def _compiled(kernel, args, cache_key, cc):
-    """The compiled kernel for ``args``: from the on-disk cache when ``cache_key`` is given."""
-    if cache_key is None:
-        return _internals.kernel_for_args(kernel, args)
-    return _kernel_cache.kernel_for_args(kernel, args, cache_key, cc)
+# numba compiles and loads kernels without a lock: two threads asking for the same new kernel
+# each add an overload (or load a module), and the one dropped is unloaded while the other
+# thread may hold it (seen on the H100: "key already in dictionary: <CUlibrary ...>" from
+# numba's module table, then a double free at exit).
+_LOAD_LOCK = threading.Lock()
+
+
+def _loaded(kernel, args, cache_key, cc):
+    """``(compiled kernel, its cuda.core Kernel)`` for ``args``, loaded in the current context;
+    from the on-disk cache when ``cache_key`` is given."""
+    with _LOAD_LOCK:
+        if cache_key is None:
+            compiled = _internals.kernel_for_args(kernel, args)
+        else:
+            compiled = _kernel_cache.kernel_for_args(kernel, args, cache_key, cc)
+        return compiled, _internals.cu_kernel(compiled)
 
 
 def max_active_clusters(kernel, cluster, block, args=(), *, shared_mem: int = 0, cache_key=None) -> int:
@@ -383,8 +393,7 @@ def max_active_clusters(kernel, cluster, block, args=(), *, shared_mem: int = 0,
     from numba import cuda
 
     device = cuda.get_current_device().id
-    compiled = _compiled(kernel, tuple(args), cache_key, device_limits(device).cc)
-    core_kernel = _internals.cu_kernel(compiled)
+    _, core_kernel = _loaded(kernel, tuple(args), cache_key, device_limits(device).cc)
     _opt_in(core_kernel, device, shared_mem, False)
     dims = validate_launch(cluster, block, cluster, shared_mem, device_limits(device))
     config = LaunchConfig(grid=_core_grid(dims, _core_grid_counts_clusters()), cluster=dims.cluster,
