@@ -12,8 +12,11 @@ Fusions (bf16 in and out, bias per column, row-major):
   vs torch.addmm(bias, a, b, out=out) then out.add_(c).
 
 Method as bench_gemm.py (whose helpers this imports): input sets rotated past twice the
-L2, CUDA-event timing of back-to-back calls, the three contenders in interleaved rounds
-(order rotating), medians over rounds, each fusion checked against float64 first.
+L2, CUDA-event timing of back-to-back calls, each fusion checked against float64 first.
+Each round times the three contenders as a palindrome (ours, torch, plain, plain, torch,
+ours; reversed every other round), so a clock drift within the round cancels from the
+ratios; ``ratio`` (torch unfused / fused) and ``vs_plain`` (fused / plain) are medians of
+the per-round ratios (quartiles beside them), the millisecond figures medians of times.
 """
 
 from __future__ import annotations
@@ -99,21 +102,31 @@ def bench(n, fusion, rounds, l2_bytes, cfg=None):
     for fn in fns.values():
         _time(fn, sets, 3)
     reps = max(5, min(200, int(20 / max(_time(unfused, sets, 5), 1e-3))))
-    times = {k: [] for k in fns}
-    order = list(fns)
+    times, vs_torch, vs_plain = {k: [] for k in fns}, [], []
     for r in range(rounds):
-        for k in order[r % 3:] + order[:r % 3]:
-            times[k].append(_time(fns[k], sets, reps))
+        # A palindrome (ours, torch, plain, plain, torch, ours): a linear clock drift within
+        # the round cancels out of each contender's mean, so each round gives two ratios.
+        order = ["ours", "torch", "plain"] if r % 2 == 0 else ["plain", "torch", "ours"]
+        t = {k: [] for k in fns}
+        for k in order + order[::-1]:
+            t[k].append(_time(fns[k], sets, reps))
+        mean = {k: sum(v) / 2 for k, v in t.items()}
+        for k in fns:
+            times[k].append(mean[k])
+        vs_torch.append(mean["torch"] / mean["ours"])
+        vs_plain.append(mean["ours"] / mean["plain"])
     med = {k: statistics.median(v) for k, v in times.items()}
     flops = 2.0 * n ** 3
     return {"ours_tflops": flops / med["ours"] / 1e9, "cublas_tflops": flops / med["torch"] / 1e9,
-            "ratio": med["torch"] / med["ours"], "rel_error": err, "ours_ms": med["ours"],
-            "cublas_ms": med["torch"], "plain_ms": med["plain"], "vs_plain": med["ours"] / med["plain"]}
+            "ratio": statistics.median(vs_torch), "rel_error": err, "ours_ms": med["ours"],
+            "cublas_ms": med["torch"], "plain_ms": med["plain"], "vs_plain": statistics.median(vs_plain),
+            "ratio_quartiles": statistics.quantiles(vs_torch, n=4),
+            "vs_plain_quartiles": statistics.quantiles(vs_plain, n=4)}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--configs", nargs="*", default=["default"], help="our kernels, named as in bench_gemm.py")
     p.add_argument("--json", help="results file (default benchmarks/results/epilogue-<date>.json)")
     args = p.parse_args(argv)
@@ -128,7 +141,9 @@ def main(argv=None):
                 records.append({"name": label, "M": n, "N": n, "K": n, "batch": 1, "dtype": "bf16",
                                 "layout": "RR", "config": config, **r})
                 print(f"{label:32s} fused {r['ours_ms']:.4f} ms  torch unfused {r['cublas_ms']:.4f} ms"
-                      f"  plain {r['plain_ms']:.4f} ms  speedup {r['ratio']:.3f}x  vs plain {r['vs_plain']:.3f}",
+                      f"  plain {r['plain_ms']:.4f} ms  speedup {r['ratio']:.3f}x"
+                      f" (IQR {r['ratio_quartiles'][0]:.3f}-{r['ratio_quartiles'][2]:.3f})"
+                      f"  vs plain {r['vs_plain']:.3f} (IQR {r['vs_plain_quartiles'][0]:.3f}-{r['vs_plain_quartiles'][2]:.3f})",
                       flush=True)
     result = {"gpu": props.name, "date": datetime.date.today().isoformat(),
               "baseline": "cublas_* fields: the unfused torch sequence (addmm + gelu / add_)", "records": records}

@@ -5,7 +5,7 @@ import pytest
 
 from numba_hopper.kernels import GEMM_SIGNATURE, shipped_kernels
 from numba_hopper.kernels.gemm_sm90 import GemmConfig, make_gemm_kernel, max_stages
-from numba_hopper.kernels.scheduler import grouped_tile
+from numba_hopper.kernels.scheduler import host_grouped_tile
 from numba_hopper.inspect import inspect_kernel
 
 ALL_CONFIGS = [
@@ -94,12 +94,12 @@ def test_shipped_kernels_are_listed():
 
 @pytest.mark.parametrize("tiles_m,tiles_n,group", [(1, 1, 8), (7, 3, 8), (32, 16, 8), (5, 40, 4), (9, 2, 1)])
 def test_grouped_tile_is_a_bijection(tiles_m, tiles_n, group):
-    seen = {grouped_tile.py_func(t, tiles_m, tiles_n, group) for t in range(tiles_m * tiles_n)}
+    seen = {host_grouped_tile(t, tiles_m, tiles_n, group) for t in range(tiles_m * tiles_n)}
     assert seen == {(m, n) for m in range(tiles_m) for n in range(tiles_n)}
 
 
 def test_grouped_tile_walks_down_a_group_first():
-    order = [grouped_tile.py_func(t, 16, 16, 8) for t in range(10)]
+    order = [host_grouped_tile(t, 16, 16, 8) for t in range(10)]
     assert order[:8] == [(m, 0) for m in range(8)] and order[8:10] == [(0, 1), (1, 1)]
 
 

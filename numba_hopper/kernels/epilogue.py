@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from ..intrinsics import bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, tanh_approx
+from ..intrinsics import bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, ld_shared_v2_f32, st_shared_v2_f32, tanh_approx
 
 __all__ = ["EpilogueConfig", "ACTIVATIONS", "make_epilogue"]
 
@@ -85,6 +85,10 @@ class EpilogueConfig:
                    ("aux", self.aux_dtype), ("user_args", self.user))
         return tuple(name for name, used in present if used)
 
+    def column_bytes(self, block_n):
+        """Shared memory a consumer stages its tile's column vectors in (f32, ``block_n`` each)."""
+        return 4 * block_n * (self.col_scale + (self.bias == "col"))
+
 
 @cuda.jit(device=True, forceinline=True)
 def _f32(x):
@@ -125,30 +129,39 @@ _ACTIVATION = {None: _f32, "relu": _relu, "gelu": _gelu, "gelu_tanh": _gelu_tanh
                "silu": _silu, "sigmoid": _sigmoid}
 
 
-def make_epilogue(ecfg: EpilogueConfig):
-    """Device functions ``(row_terms, apply)`` for ``ecfg``.
+def make_epilogue(ecfg: EpilogueConfig, block_n: int):
+    """Device functions ``(tile_terms, stage_columns, column_terms, apply)`` for ``ecfg``.
 
-    ``row_terms(row, M, ep) -> (scale, bias)``: the float32 factor and addend of output row
-    ``row`` (1 and 0 where unused); a thread's rows are the same for every column, so the
-    kernel loads them once per sub-tile. ``apply(v, c, rt, row, col, M, N, ep) -> float32``:
-    ``v`` the f32 accumulator, ``c`` the f32 value of ``C[row, col]`` (ignored without C),
-    ``rt`` the row's terms, ``ep`` the kernel's epilogue tuple.
+    The vectors are read once per tile, not per element: ``tile_terms(row, col0, t, M, N,
+    ep) -> (rt0, rt1, cols)``, called when a tile's main loop starts so that the loads land
+    during it, gives the float32 ``(scale, bias)`` of output rows ``row`` and ``row + 8``
+    (a thread's rows; 1 and 0 where unused) and ``cols``, the column terms of columns
+    ``col0 + 2t`` and ``col0 + 2t + 1`` for thread ``t`` (of 128) of a consumer. After the
+    main loop ``stage_columns(addr, t, cols)`` stores them to the consumer's
+    :meth:`EpilogueConfig.column_bytes` of shared memory at ``addr``, where
+    ``column_terms(addr, col)`` returns the ``(scale, bias)`` pairs of tile columns ``col``
+    and ``col + 1`` (``col`` even) with one 8-byte load per vector.
+
+    ``apply(v, c, rt, ct, row, col, M, N, ep) -> float32``: ``v`` the f32 accumulator, ``c``
+    the f32 value of ``C[row, col]`` (ignored without C), ``rt``/``ct`` the row's and the
+    column's ``(scale, bias)``, ``ep`` the kernel's epilogue tuple.
 
     The math is branch-free: vectors are read at indices clamped into range, so elements
     outside the M x N output (the padding of partial tiles, which the TMA store clips) read
     valid memory and their values are dropped. Only side effects are guarded: ``aux`` is
-    written and the user function called for in-bounds elements only. Branch-free code lets
-    ptxas issue a sub-tile's vector loads together instead of one load latency per element.
+    written and the user function called for in-bounds elements only.
     """
     names = ecfg.arg_names
     at = {name: names.index(name) for name in names}
     ALPHA, ROW_SCALE, COL_SCALE = ecfg.alpha, ecfg.row_scale, ecfg.col_scale
     HAS_C, BIAS, AUX = ecfg.c_dtype is not None, ecfg.bias, ecfg.aux_dtype is not None
+    COL_BIAS = BIAS == "col"
     USER, HAS_USER = ecfg.user, ecfg.user is not None  # (branches prune on bools, not functions)
     TRANSPOSED = ecfg.transposed
     I_ALPHA, I_BETA = at.get("alpha", 0), at.get("beta", 0)
     I_ROW, I_COL, I_BIAS = at.get("row_scale", 0), at.get("col_scale", 0), at.get("bias", 0)
     I_AUX, I_USER = at.get("aux", 0), at.get("user_args", 0)
+    BIAS_AT = 4 * block_n if COL_SCALE else 0  # the staged bias follows the staged scales
     load_bias = _LOAD[ecfg.bias_dtype]
     store_aux = _STORE[ecfg.aux_dtype or "f32"]
     activation = _ACTIVATION[ecfg.activation]
@@ -166,19 +179,46 @@ def make_epilogue(ecfg: EpilogueConfig):
         return scale, bias
 
     @cuda.jit(device=True, forceinline=True)
-    def apply(v, c, rt, row, col, M, N, ep):
+    def column_pair(vec, col0, N):
+        c0, c1 = clamp(col0, N), clamp(col0 + 1, N)
+        return vec[c0], vec[c1]
+
+    @cuda.jit(device=True, forceinline=True)
+    def tile_terms(row, col0, t, M, N, ep):
+        col = col0 + 2 * t
+        scales = column_pair(ep[I_COL], col, N) if COL_SCALE else (_ONE, _ONE)
+        raw = column_pair(ep[I_BIAS], col, N) if COL_BIAS else (0, 0)
+        biases = (load_bias(raw[0]), load_bias(raw[1])) if COL_BIAS else (_ZERO, _ZERO)
+        return row_terms(row, M, ep), row_terms(row + 8, M, ep), (scales, biases)
+
+    @cuda.jit(device=True, forceinline=True)
+    def stage_columns(addr, t, cols):
+        if 2 * t < block_n:
+            if COL_SCALE:
+                st_shared_v2_f32(addr + 8 * t, cols[0][0], cols[0][1])
+            if COL_BIAS:
+                st_shared_v2_f32(addr + BIAS_AT + 8 * t, cols[1][0], cols[1][1])
+
+    @cuda.jit(device=True, forceinline=True)
+    def column_terms(addr, col):
+        scales = ld_shared_v2_f32(addr + 4 * col) if COL_SCALE else (_ONE, _ONE)
+        biases = ld_shared_v2_f32(addr + BIAS_AT + 4 * col) if COL_BIAS else (_ZERO, _ZERO)
+        return (scales[0], biases[0]), (scales[1], biases[1])
+
+    @cuda.jit(device=True, forceinline=True)
+    def apply(v, c, rt, ct, row, col, M, N, ep):
         if ALPHA:
             v = v * ep[I_ALPHA]
         if ROW_SCALE:
             v = v * rt[0]
         if COL_SCALE:
-            v = v * ep[I_COL][clamp(col, N)]
+            v = v * ct[0]
         if HAS_C:
             v = v + ep[I_BETA] * c
         if BIAS == "row":
             v = v + rt[1]
-        if BIAS == "col":
-            v = v + load_bias(ep[I_BIAS][clamp(col, N)])
+        if COL_BIAS:
+            v = v + ct[1]
         inside = row < M and col < N
         if AUX:
             if inside:
@@ -189,4 +229,4 @@ def make_epilogue(ecfg: EpilogueConfig):
                 v = np.float32(USER(v, col, row, *ep[I_USER]) if TRANSPOSED else USER(v, row, col, *ep[I_USER]))
         return v
 
-    return row_terms, apply
+    return tile_terms, stage_columns, column_terms, apply

@@ -19,11 +19,13 @@ for 64-row tiles:
   while the next sub-tile is written, and the last stores of a tile drain while the next
   tile's main loop runs; the producer is meanwhile already loading that next tile.
 - fused epilogue (``GemmConfig.epilogue``, see kernels/epilogue.py): the f32 values go
-  through scales, ``beta * C``, bias, activation and a user function before packing. C
+  through scales, ``beta * C``, bias, activation and a user function before packing. The
+  row and column vectors are loaded when a tile's main loop starts and the column terms
+  staged in shared memory after it, so the epilogue reads each with one shared load. C
   comes in by TMA, one sub-tile (64 rows x ``epi_cols``) at a time into two buffers per
-  consumer, each with its own mbarrier: the consumer's leader issues the load of sub-tile
-  s + 2 as soon as sub-tile s has been read, so the first two sub-tiles of a tile land
-  during its main loop and the others while the previous ones are packed and stored.
+  consumer, each with its own mbarrier: the consumer's leader issues the loads of a tile's
+  first two sub-tiles as its main loop starts, and that of sub-tile q + 2 as soon as
+  sub-tile q has been read.
 
 Layouts: a K-major operand (A row-major, B column-major) is loaded as one box of 64
 k-elements (128 bytes, the 128B swizzle span) by BM or BN rows. An MN-major operand
@@ -230,8 +232,17 @@ class GemmConfig:
         return EPI_ROWS * self.epi_cols * ELEMENT_BYTES[c_dtype] if c_dtype else 0
 
     @property
-    def barrier_offset(self):
+    def vec_offset(self):
+        """Each consumer's staged column vectors (bias, scales) of the fused epilogue."""
         return self.c_offset + 2 * self.consumers * self.c_buf_bytes
+
+    @property
+    def vec_bytes(self):
+        return self.epilogue.column_bytes(self.block_n) if self.epilogue else 0
+
+    @property
+    def barrier_offset(self):
+        return self.vec_offset + self.consumers * self.vec_bytes
 
     @property
     def shared_bytes(self):
@@ -329,7 +340,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
     C_BOXES = EPI_COLS // C_BOX_COLS
     C_SWIZZLE_MASK = C_BOX_ROW // 16 - 1
     C_LIKE_OUT = C_ITEM == ELEMENT_BYTES[OUT_T]  # C's buffer is laid out as the output's
-    row_terms, apply = make_epilogue(EPI) if FUSED else (None, None)
+    tile_terms, stage_columns, column_terms, apply = make_epilogue(EPI, BN) if FUSED else (None,) * 4
+    VEC_OFF, VEC_BYTES = cfg.vec_offset, cfg.vec_bytes
     unpack = nh.unpack_bf16x2 if HAS_C and EPI.c_dtype == "bf16" else nh.unpack_f16x2
     STREAM_K = cfg.stream_k
     PARTIAL_BYTES = cfg.partial_bytes
@@ -360,10 +372,9 @@ def _build_gemm_kernel(cfg: GemmConfig):
         """``(batch, m0, n0)`` of this CTA's output tile in the CTA's ``tile``-th cluster tile.
 
         A fused kernel runs one product (gemm() neither batches nor splits K with an
-        epilogue): batch 0, and no division in the epilogue's C loads, whose registers the
-        consumer does not have (the division spilled).
+        epilogue): batch 0, without the division.
         """
-        b = 0 if FUSED else tile // per_batch
+        b = 0 if FUSED else nh.div_u32(tile, per_batch)
         cm, cn = grouped_tile(tile - b * per_batch, ctiles_m, ctiles_n, GROUP_M)
         return b, (CM * cm + rm) * BM, (CN * cn + rn) * BN
 
@@ -492,20 +503,26 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 c_pair(cbuf, r, col + 8), c_pair(cbuf, r + 8, col + 8))
 
     @cuda.jit(device=True, forceinline=True)
-    def pair(frag, k, row_in_wg, j, col, c, at):
+    def pair(frag, k, row_in_wg, j, col, c, ct, at):
         """Registers ``k``, ``k + 1`` (sub-tile row ``row_in_wg + 8j``, columns ``col``, ``col`` + 1), as stored.
 
-        ``c``: C's f32 pair there (if any); ``at``: ``(C buffer - output buffer, row0, col0,
-        M, N, ep, row_terms(row 0 + row_in_wg), row_terms(row 8 + row_in_wg))`` of a fused
-        epilogue (row0, col0: the sub-tile's first output row and column), ``()`` for a plain
-        GEMM.
+        ``c``: C's f32 pair there (if any); ``ct``: the two columns' terms (:func:`columns`);
+        ``at``: ``(C buffer - output buffer, row0, col0, M, N, ep, row terms of row0 +
+        row_in_wg and of 8 rows down, staged column terms)`` of a fused epilogue (row0,
+        col0: the sub-tile's first output row and column), ``()`` for a plain GEMM.
         """
         if not FUSED:
             return frag[k], frag[k + 1]
         row, col = at[1] + row_in_wg + 8 * j, at[2] + col
         M, N, ep = at[3], at[4], at[5]
         rt = at[6] if j == 0 else at[7]
-        return apply(frag[k], c[0], rt, row, col, M, N, ep), apply(frag[k + 1], c[1], rt, row, col + 1, M, N, ep)
+        return (apply(frag[k], c[0], rt, ct[0], row, col, M, N, ep),
+                apply(frag[k + 1], c[1], rt, ct[1], row, col + 1, M, N, ep))
+
+    @cuda.jit(device=True, forceinline=True)
+    def columns(q, col, at):
+        """The staged terms of sub-tile ``q``'s columns ``col`` and ``col + 1`` (fused only)."""
+        return column_terms(at[8], q * EPI_COLS + col) if FUSED else (0, 0)
 
     @cuda.jit(device=True, forceinline=True)
     def write_subtile(frag, buf, q, row_in_wg, lane, at):
@@ -526,7 +543,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
                     col = 8 * ii + 2 * (lane % 4)
                     k = 4 * i + 2 * j
                     c = c_f32_pair(buf, addr, r, col, at) if HAS_C else (frag[k], frag[k])
-                    v0, v1 = pair(frag, k, row_in_wg, j, col, c, at)
+                    v0, v1 = pair(frag, k, row_in_wg, j, col, c, columns(q, col, at), at)
                     nh.st_shared_v2_f32(addr, v0, v1)
         else:
             # stmatrix.x4: matrix m (its row addresses from lanes 8m..8m+7) is the 8x8 block
@@ -544,11 +561,12 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 f = (frag[base], frag[base])
                 c = c_quad(buf, addr, row_in_wg, col, at) if HAS_C else (f, f, f, f)
                 # register pair x = 2h + j: row row_in_wg + 8j, column col + 8h
+                ct0, ct1 = columns(q, col, at), columns(q, col + 8, at)
                 v = (
-                    pair(frag, base + 0, row_in_wg, 0, col, c[0], at),
-                    pair(frag, base + 2, row_in_wg, 1, col, c[1], at),
-                    pair(frag, base + 4, row_in_wg, 0, col + 8, c[2], at),
-                    pair(frag, base + 6, row_in_wg, 1, col + 8, c[3], at),
+                    pair(frag, base + 0, row_in_wg, 0, col, c[0], ct0, at),
+                    pair(frag, base + 2, row_in_wg, 1, col, c[1], ct0, at),
+                    pair(frag, base + 4, row_in_wg, 0, col + 8, c[2], ct1, at),
+                    pair(frag, base + 6, row_in_wg, 1, col + 8, c[3], ct1, at),
                 )
                 regs = (
                     pack(v[0][0], v[0][1]),
@@ -561,31 +579,20 @@ def _build_gemm_kernel(cfg: GemmConfig):
     pack = nh.pack_bf16x2 if OUT_T == "bf16" else nh.pack_f16x2
 
     @cuda.jit(device=True, forceinline=True)
-    def load_c(smem, cw, s, tmap, M, N, batches):
-        """(Leader) start loading C sub-tile ``s`` of this consumer's sequence, if there is one.
-
-        Sub-tile s is sub-tile s % EPI_CHUNKS of the CTA's (s // EPI_CHUNKS)-th tile; it goes
-        to buffer s % 2 and completes phase s // 2 of that buffer's mbarrier. The tile walk is
-        recomputed from kernel arguments and special registers: carrying it through the
-        epilogue would cost registers the consumer does not have.
-        """
-        ctiles_m, ctiles_n, per_batch, num_tiles = tile_walk(M, N, batches)
-        rm, rn = cta_coords()
-        tile = cuda.blockIdx.x // CLUSTER + (s // EPI_CHUNKS) * (cuda.gridDim.x // CLUSTER)
-        if tile < num_tiles:
-            bc, m0, n0 = tile_origin(tile, per_batch, ctiles_m, ctiles_n, rm, rn)
-            slot = 2 * cw + s % 2
-            bar = smem + C_BAR_OFF + 8 * slot
-            nh.mbarrier_arrive_expect_tx(bar, C_BUF)
-            col = n0 + (s % EPI_CHUNKS) * EPI_COLS
-            for box in range(C_BOXES):
-                nh.tma_load_3d(smem + C_OFF + slot * C_BUF + box * C_BOX_BYTES, tmap,
-                               col + box * C_BOX_COLS, m0 + cw * WG_ROWS, bc, bar)
+    def load_c(smem, cw, s, tmap, row0, col0, bc):
+        """(Leader) start loading C's 64 x EPI_COLS sub-tile at (``row0``, ``col0``) as sub-tile
+        ``s`` of this consumer's sequence: into buffer s % 2, completing phase s // 2 of that
+        buffer's mbarrier."""
+        slot = 2 * cw + s % 2
+        bar = smem + C_BAR_OFF + 8 * slot
+        nh.mbarrier_arrive_expect_tx(bar, C_BUF)
+        for box in range(C_BOXES):
+            nh.tma_load_3d(smem + C_OFF + slot * C_BUF + box * C_BOX_BYTES, tmap, col0 + box * C_BOX_COLS, row0, bc, bar)
 
     @cuda.jit(device=True, forceinline=True)
     def epilogue_subtile(q, stores, args):
         """Sub-tile ``q`` of a tile (the CTA's ``stores``-th) to global memory; ``stores + 1``."""
-        frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c, M, N, batches, ep = args
+        frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c, M, N, batches, ep, terms = args
         buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF_BYTES
         if leader:
             nh.bulk_wait_group_read(1)  # the store that last read buf is done
@@ -595,16 +602,16 @@ def _build_gemm_kernel(cfg: GemmConfig):
             slot = 2 * cw + stores % 2
             if HAS_C:
                 nh.mbarrier_wait_parity(smem + C_BAR_OFF + 8 * slot, (stores // 2) % 2)
-            at = (smem + C_OFF + slot * C_BUF - buf, row0, n0 + q * EPI_COLS, M, N, ep,
-                  row_terms(row0 + row_in_wg, M, ep), row_terms(row0 + row_in_wg + 8, M, ep))
+            at = (smem + C_OFF + slot * C_BUF - buf, row0, n0 + q * EPI_COLS, M, N, ep, terms[0], terms[1],
+                  smem + VEC_OFF + cw * VEC_BYTES)
         write_subtile(frag, buf, q, row_in_wg, lane, at)
         nh.fence_proxy_async()
         nh.named_barrier_sync(1 + cw, 128)
         if leader:
             nh.tma_store_3d(tmap_c, buf, n0 + q * EPI_COLS, row0, bc)
             nh.bulk_commit_group()
-        if HAS_C and leader:  # every thread has read C sub-tile `stores`: refill its buffer
-            load_c(smem, cw, stores + 2, ep[0], M, N, batches)
+        if HAS_C and leader and q + 2 < EPI_CHUNKS:  # every thread has read C sub-tile q: refill its buffer
+            load_c(smem, cw, stores + 2, ep[0], row0, n0 + (q + 2) * EPI_COLS, bc)
         return stores + 1
 
     # q must be a constant in each sub-tile's code: LLVM leaves a loop over a fused epilogue
@@ -679,8 +686,6 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 nh.fence_proxy_tensormap_acquire(tmap_c)
             if HAS_C and leader:
                 nh.fence_proxy_tensormap_acquire(ep[0])
-                load_c(smem, cw, 0, ep[0], M, N, batches)
-                load_c(smem, cw, 1, ep[0], M, N, batches)
             acc = nh.wgmma_accumulator(BN, "f32")
             st = PipelineState(0, 0)
             stores = 0
@@ -688,6 +693,11 @@ def _build_gemm_kernel(cfg: GemmConfig):
             while item[0] < num_tiles:
                 tile, k_begin, k_end = item
                 bc, m0, n0 = tile_origin(tile, per_batch, ctiles_m, ctiles_n, rm, rn)
+                # The epilogue's row and column terms, loaded now so that they land during the main loop.
+                terms = tile_terms(m0 + cw * WG_ROWS + row_in_wg, n0, t, M, N, ep) if FUSED else ()
+                if HAS_C and leader:  # C's first two sub-tiles land during the main loop
+                    for q in range(min(2, EPI_CHUNKS)):
+                        load_c(smem, cw, stores + q, ep[0], m0 + cw * WG_ROWS, n0 + q * EPI_COLS, bc)
                 prev = st
                 for kb in range(k_begin, k_end):
                     consumer_wait(bars, st, debug_site(debug_record, tile, kb) if DEBUG else None)
@@ -708,8 +718,10 @@ def _build_gemm_kernel(cfg: GemmConfig):
                     publish_partial(frag, workspace, 2 * cta + cw, t, leader, cw)
                 else:
                     row0 = m0 + cw * WG_ROWS
+                    if FUSED:  # the previous epilogue's reads are behind its last barrier
+                        stage_columns(smem + VEC_OFF + cw * VEC_BYTES, t, terms[2])
                     stores = epilogue(stores, (frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c,
-                                               M, N, batches, ep))
+                                               M, N, batches, ep, terms))
                 item = next_item(item, cta, ctas, dp_tiles, num_tiles, k_blocks)
             if leader:
                 nh.bulk_wait_group(0)

@@ -14,26 +14,34 @@ from numba import cuda
 
 from .. import intrinsics as nh
 
-__all__ = ["grouped_tile", "device_work_walk", "host_work_walk"]
+__all__ = ["grouped_tile", "host_grouped_tile", "device_work_walk", "host_work_walk"]
 
 
-def _grouped_tile(tile, tiles_m, tiles_n, group_m):
-    """Tile ``(pm, pn)`` of linear id ``tile`` in grouped (L2-friendly) order.
+def _grouped(div):
+    """``grouped_tile`` with integer division ``div``."""
 
-    Ids run down ``group_m`` tile-rows before moving one tile-column right, so a wave of
-    CTAs reads ``group_m`` row panels of A and a few column panels of B instead of one row
-    panel and every column panel (Triton's "grouped ordering").
-    """
-    per_group = group_m * tiles_n
-    group = tile // per_group
-    first_m = group * group_m
-    size_m = min(tiles_m - first_m, group_m)
-    local = tile - group * per_group
-    return first_m + local % size_m, local // size_m
+    def grouped_tile(tile, tiles_m, tiles_n, group_m):
+        """Tile ``(pm, pn)`` of linear id ``tile`` in grouped (L2-friendly) order.
+
+        Ids run down ``group_m`` tile-rows before moving one tile-column right, so a wave of
+        CTAs reads ``group_m`` row panels of A and a few column panels of B instead of one row
+        panel and every column panel (Triton's "grouped ordering").
+        """
+        per_group = group_m * tiles_n
+        group = div(tile, per_group)
+        first_m = group * group_m
+        size_m = min(tiles_m - first_m, group_m)
+        local = tile - group * per_group
+        pn = div(local, size_m)
+        return first_m + local - pn * size_m, pn
+
+    return grouped_tile
 
 
-# Host code and tests call ``grouped_tile.py_func``.
-grouped_tile = cuda.jit(device=True, forceinline=True)(_grouped_tile)
+# The device version divides in 32 bits (a 64-bit division is a subroutine call, whose
+# return address spilled in the fused cluster kernel); host code and tests use the other.
+grouped_tile = cuda.jit(device=True, forceinline=True)(_grouped(nh.div_u32))
+host_grouped_tile = _grouped(operator.floordiv)
 
 
 def _work_walk(div, stream_k, wrap):
