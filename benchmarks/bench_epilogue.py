@@ -143,7 +143,8 @@ def main(argv=None):
                 print(f"{label:32s} fused {r['ours_ms']:.4f} ms  torch unfused {r['cublas_ms']:.4f} ms"
                       f"  plain {r['plain_ms']:.4f} ms  speedup {r['ratio']:.3f}x"
                       f" (IQR {r['ratio_quartiles'][0]:.3f}-{r['ratio_quartiles'][2]:.3f})"
-                      f"  vs plain {r['vs_plain']:.3f} (IQR {r['vs_plain_quartiles'][0]:.3f}-{r['vs_plain_quartiles'][2]:.3f})",
+                      f"  vs plain {r['vs_plain']:.3f}"
+                      f" (IQR {r['vs_plain_quartiles'][0]:.3f}-{r['vs_plain_quartiles'][2]:.3f})",
                       flush=True)
     result = {"gpu": props.name, "date": datetime.date.today().isoformat(),
               "baseline": "cublas_* fields: the unfused torch sequence (addmm + gelu / add_)", "records": records}

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from ..intrinsics import bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, ld_shared_v2_f32, st_shared_v2_f32, tanh_approx
+from ..intrinsics import (bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, ld_shared_v2_f32, st_shared_v2_f32,
+                          tanh_approx)
 
 __all__ = ["EpilogueConfig", "ACTIVATIONS", "make_epilogue"]
 

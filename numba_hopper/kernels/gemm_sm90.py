@@ -587,12 +587,13 @@ def _build_gemm_kernel(cfg: GemmConfig):
         bar = smem + C_BAR_OFF + 8 * slot
         nh.mbarrier_arrive_expect_tx(bar, C_BUF)
         for box in range(C_BOXES):
-            nh.tma_load_3d(smem + C_OFF + slot * C_BUF + box * C_BOX_BYTES, tmap, col0 + box * C_BOX_COLS, row0, bc, bar)
+            nh.tma_load_3d(smem + C_OFF + slot * C_BUF + box * C_BOX_BYTES, tmap, col0 + box * C_BOX_COLS, row0, bc,
+                           bar)
 
     @cuda.jit(device=True, forceinline=True)
     def epilogue_subtile(q, stores, args):
         """Sub-tile ``q`` of a tile (the CTA's ``stores``-th) to global memory; ``stores + 1``."""
-        frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c, M, N, batches, ep, terms = args
+        frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c, M, N, ep, terms = args
         buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF_BYTES
         if leader:
             nh.bulk_wait_group_read(1)  # the store that last read buf is done
@@ -721,7 +722,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
                     if FUSED:  # the previous epilogue's reads are behind its last barrier
                         stage_columns(smem + VEC_OFF + cw * VEC_BYTES, t, terms[2])
                     stores = epilogue(stores, (frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c,
-                                               M, N, batches, ep, terms))
+                                               M, N, ep, terms))
                 item = next_item(item, cta, ctas, dp_tiles, num_tiles, k_blocks)
             if leader:
                 nh.bulk_wait_group(0)
