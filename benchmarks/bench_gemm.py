@@ -1,10 +1,14 @@
 """numba_hopper.gemm vs cuBLAS (torch.matmul), same process, same inputs.
 
+The headline is the call users make: ``gemm(a, b)`` against ``torch.matmul(a, b)``, fresh
+operands (the input sets rotate) and a new output every call. The second column is the
+steady state with ``out=``: ``gemm(a, b, out=c)`` against ``torch.matmul(a, b, out=c)``.
+
 Method (benchmarks/NOTES.md): for each shape, enough input sets to exceed twice the L2 are
 rotated so no call reads a cached operand; CUDA events time ``reps`` calls in a row; the
-two libraries alternate in rounds (ours, cuBLAS, cuBLAS, ours, ...) so clock sag under
-the H100's power limit hits both alike; each library's figure is the median over rounds.
-Every shape is checked against float64 before it is timed.
+contenders alternate in rounds (reversed every other round) so clock sag under the H100's
+power limit hits all alike; each figure is the median over rounds. Every shape is checked
+against float64 before it is timed, on both call forms.
 
     python benchmarks/bench_gemm.py                 # the full suite
     python benchmarks/bench_gemm.py --quick         # 4096^3 and 8192^3 only
@@ -29,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from numba_hopper.gemm import GemmConfig, bmm, gemm  # noqa: E402
+from numba_hopper import GemmConfig, bmm, gemm  # noqa: E402
 from numba_hopper.kernels.gemm_sm90 import max_stages  # noqa: E402
 
 # (name, M, N, K, dtype, layout)
@@ -132,19 +136,24 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), 
              torch.empty(*lead, M, N, device="cuda", dtype=TORCH_DTYPE[dtype])) for _ in range(nsets)]
 
     ours = bmm if batch > 1 else gemm
-    fns = {"cublas": (lambda a, b, c: torch.bmm(a, b, out=c)) if batch > 1 else (lambda a, b, c: torch.matmul(a, b, out=c))}
+    cublas = torch.bmm if batch > 1 else torch.matmul
+    fns = {"cublas": lambda a, b, c: cublas(a, b), "cublas out=": lambda a, b, c: cublas(a, b, out=c)}
     for name in configs:
         cfg = _config(name)
-        fns[name] = lambda a, b, c, cfg=cfg: ours(a, b, out=c, config=cfg)
+        fns[name] = lambda a, b, c, cfg=cfg: ours(a, b, config=cfg)
+        fns[f"{name} out="] = lambda a, b, c, cfg=cfg: ours(a, b, out=c, config=cfg)
 
     a, b, c = sets[0]
     ref = a.double() @ b.double()
     errors = {}
     for name in configs:
-        fns[name](a, b, c)
-        errors[name] = ((c.double() - ref).norm() / ref.norm()).item()
-        if not errors[name] < 1e-2:
-            raise AssertionError(f"{M}x{N}x{K} {dtype} {layout} {name}: relative error {errors[name]}")
+        c.fill_(float("nan"))
+        fns[f"{name} out="](a, b, c)
+        for form, got in (("fresh", fns[name](a, b, None)), ("out=", c)):
+            err = ((got.double() - ref).norm() / ref.norm()).item()
+            if not err < 1e-2:
+                raise AssertionError(f"{M}x{N}x{K} {dtype} {layout} {name} ({form}): relative error {err}")
+            errors[name] = max(errors.get(name, 0.0), err)
     # Warm up all (compile, clocks), then pick reps so one timing lasts ~20 ms.
     for fn in fns.values():
         _time(fn, sets, 3)
@@ -165,6 +174,9 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), 
             "rel_error": errors[name],
             "ours_ms": med[name],
             "cublas_ms": med["cublas"],
+            "out_ours_tflops": flops / med[f"{name} out="] / 1e9,
+            "out_cublas_tflops": flops / med["cublas out="] / 1e9,
+            "out_ratio": med["cublas out="] / med[f"{name} out="],
         }
         for name in configs
     }
@@ -205,25 +217,29 @@ def main(argv=None):
             records.append({"name": label, "M": M, "N": N, "K": K, "batch": batch, "dtype": dtype,
                             "layout": layout, "config": config, **r})
             print(f"{label:40s} ours {r['ours_tflops']:7.1f}  cuBLAS {r['cublas_tflops']:7.1f} TFLOP/s"
-                  f"  ratio {r['ratio']:.3f}", flush=True)
+                  f"  ratio {r['ratio']:.3f}  (out=: {r['out_ratio']:.3f})", flush=True)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=ROOT).stdout.strip() or os.environ.get("GIT_COMMIT", "unknown")
     except OSError:
         commit = os.environ.get("GIT_COMMIT", "unknown")
     result = {"gpu": props.name, "date": datetime.date.today().isoformat(), "commit": commit,
-              "timing": "device" if DEVICE_TIME else "wall (host call rate included)", "records": records}
+              "timing": "device" if DEVICE_TIME else "wall (host call rate included)",
+              "calls": "ratio: gemm(a, b) vs torch.matmul(a, b), fresh operands and outputs; "
+                       "out_ratio: both with out= (steady state)", "records": records}
     out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"gemm-{result['date']}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
 
-    print(f"\n| shape | ours TFLOP/s | cuBLAS TFLOP/s | ratio |\n|---|---|---|---|")
+    print("\n| shape | ours TFLOP/s | cuBLAS TFLOP/s | ratio (fresh) | ratio (out=) |\n|---|---|---|---|---|")
     for r in records:
-        print(f"| {r['name']} | {r['ours_tflops']:.1f} | {r['cublas_tflops']:.1f} | {r['ratio']:.3f} |")
+        print(f"| {r['name']} | {r['ours_tflops']:.1f} | {r['cublas_tflops']:.1f} | {r['ratio']:.3f} "
+              f"| {r['out_ratio']:.3f} |")
     for config in args.configs:
-        big = [r["ratio"] for r in records if r["config"] == config and min(r["M"], r["N"], r["K"]) >= 2048]
-        if big:
-            print(f"geomean ratio (M,N,K >= 2048), {config}: {math.exp(sum(map(math.log, big)) / len(big)):.3f}")
+        for field in ("ratio", "out_ratio"):
+            big = [r[field] for r in records if r["config"] == config and min(r["M"], r["N"], r["K"]) >= 2048]
+            if big:
+                print(f"geomean {field} (M,N,K >= 2048), {config}: {math.exp(sum(map(math.log, big)) / len(big)):.3f}")
     print(f"results: {out}")
 
 

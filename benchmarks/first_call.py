@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def child():
     import torch
 
-    from numba_hopper.gemm import gemm
+    from numba_hopper import gemm
 
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine call: set up, run the GPU tests, the main job and the GEMM benchmark.
-#   bash benchmarks/h100_session.sh [tests|main|bench|quick|profile|sanitize]...   (default: tests main quick)
+#   bash benchmarks/h100_session.sh [tests|main|bench|quick|small|epilogue|overhead|model|profile|sanitize]...
+#   (default: tests main quick); TESTS="tests/test_x.py ..." narrows the tests step.
 # Logs and results land in $OUT (the device tool brings them back). numba-cuda 0.30.4 needs
 # NumPy < 2.5: the wheel in .whl/ (carried with the call) is installed into .site first.
 set -uo pipefail
@@ -15,10 +16,14 @@ steps=${*:-tests main quick}
 status=0
 for step in $steps; do
   case $step in
-    tests) python3 -m pytest -m gpu -q -rfEs --timeout=180 -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -40; status=$((status | PIPESTATUS[0])) ;;
+    tests) python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider ${TESTS:-tests} 2>&1 | tee "$OUT/gpu-tests.log" | tail -40; status=$((status | PIPESTATUS[0])) ;;
     main) python3 -m numba_hopper 2>&1 | tee "$OUT/main.log" ;;
     quick) python3 benchmarks/bench_gemm.py --quick --json "$OUT/bench-quick.json" 2>&1 | tee "$OUT/bench-quick.log" ;;
     bench) python3 benchmarks/bench_gemm.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" ;;
+    small) python3 benchmarks/bench_gemm.py --suite small --json "$OUT/bench-small.json" 2>&1 | tee "$OUT/bench-small.log" ;;
+    epilogue) python3 benchmarks/bench_epilogue.py --json "$OUT/epilogue.json" 2>&1 | tee "$OUT/epilogue.log" ;;
+    overhead) python3 benchmarks/bench_overhead.py --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
+    model) python3 benchmarks/bench_model.py --json "$OUT/model.json" 2>&1 | tee "$OUT/model.log" ;;
     profile) python3 benchmarks/profile_overhead.py 2>&1 | tee "$OUT/profile.log" | head -60 ;;
     sanitize) bash benchmarks/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" ;;
   esac

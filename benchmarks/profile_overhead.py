@@ -1,6 +1,10 @@
-"""Host time per numba_hopper.gemm call (small GEMM, steady state) and where it goes.
+"""Where the host time of a numba_hopper.gemm call goes (small GEMM, fresh operands).
 
     python benchmarks/profile_overhead.py [--calls 2000]
+
+Prints the host time per call of ``gemm(a, b)``, of its parts measured alone (the plan's
+launch, the output allocation) and of ``torch.matmul(a, b)``, then a cProfile of the calls.
+``bench_overhead.py`` gives the figures that count; this finds what to cut.
 """
 
 import argparse
@@ -14,46 +18,44 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from numba_hopper.gemm import gemm  # noqa: E402
+import numba_hopper  # noqa: E402
+from numba_hopper import _workspace, matmul  # noqa: E402
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=2000)
     args = p.parse_args()
-    a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
-    for _ in range(10):
-        gemm(a, b, out=c)
-        torch.matmul(a, b, out=c)
-    torch.cuda.synchronize()
-    from cuda.core import launch as core_launch
-
-    from numba_hopper import gemm as gemm_module
-    from numba_hopper.launch import _core_stream
-
-    plan = next(iter(gemm_module._plans.values()))
+    pairs = [(torch.randn(256, 256, device="cuda", dtype=torch.bfloat16),
+              torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)) for _ in range(64)]
+    a, b = pairs[0]
+    c = numba_hopper.gemm(a, b)
+    plan, _ = next(iter(matmul._plans.values()))
     stream = torch.cuda.current_stream().cuda_stream
-    launch = plan.launch_for(stream)  # one cuLaunchKernelEx on pre-packed arguments
-    core_stream = _core_stream(stream)
-    parts = (("numba_hopper.gemm", lambda: gemm(a, b, out=c)), ("torch.matmul", lambda: torch.matmul(a, b, out=c)),
-             ("  its cached plan", lambda: plan(stream)), ("  its prepared launch", lambda: launch(stream)),
-             ("  cuda.core.launch", lambda: core_launch(core_stream, launch.config, launch.kernel, *launch.args)))
+    values = (0, a.data_ptr(), b.data_ptr(), c.data_ptr())
+    scratch = _workspace._stream_buffer(a.get_device(), stream).ptr  # what plan() passes its launches
+    launch = plan._steps[0]
+    parts = (("numba_hopper.gemm(a, b)", lambda i: numba_hopper.gemm(*pairs[i % 64])),
+             ("torch.matmul(a, b)", lambda i: torch.matmul(*pairs[i % 64])),
+             ("  plan(stream, values)", lambda i: plan(stream, values)),
+             ("  its GEMM launch", lambda i: launch(stream, (scratch,) + values[1:])),
+             ("  torch.empty", lambda i: torch.empty((256, 256), dtype=torch.bfloat16, device=a.device)))
     for name, fn in parts:
+        fn(0)
+        torch.cuda.synchronize()
         t = time.perf_counter()
-        for _ in range(args.calls):
-            fn()
+        for i in range(args.calls):
+            fn(i)
         host = (time.perf_counter() - t) / args.calls
         torch.cuda.synchronize()
-        print(f"{name:20s} host time per call: {host * 1e6:7.1f} us")
+        print(f"{name:28s} host time per call: {host * 1e6:7.2f} us")
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(args.calls):
-        gemm(a, b, out=c)
+    for i in range(args.calls):
+        numba_hopper.gemm(*pairs[i % 64])
     prof.disable()
     torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from numba_hopper.gemm import gemm
+from numba_hopper import gemm
 
 SHAPES = [(64, 64, 64), (129, 257, 77), (1000, 7, 300)]
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DeviceView", "device_view", "DTYPES", "ITEMSIZE"]
+__all__ = ["DeviceView", "device_view", "DTYPES", "ITEMSIZE", "transpose", "is_row_major", "is_col_major", "leading_dim",
+           "tma_addressable", "canonical", "byte_span"]
 
 # canonical name -> item size in bytes
 ITEMSIZE = {
@@ -232,3 +233,48 @@ def device_view(obj, dtype: str | None = None) -> DeviceView:
         )
     framework = "numba" if root == "numba" else "cai"
     return _from_cai(obj, cai, framework, dtype, None)
+
+
+# --- layouts of 2-D views, as TMA sees them ------------------------------------------------
+
+
+def transpose(v: DeviceView) -> DeviceView:
+    """The transpose of a 2-D view (no data moves)."""
+    return DeviceView(v.ptr, v.shape[::-1], v.strides[::-1], v.dtype, v.itemsize, v.device, v.framework)
+
+
+def is_row_major(v: DeviceView) -> bool:
+    rows, cols = v.shape
+    return (v.strides[1] == 1 or cols <= 1) and (v.strides[0] >= cols or rows <= 1)
+
+
+def is_col_major(v: DeviceView) -> bool:
+    return not is_row_major(v) and is_row_major(transpose(v))
+
+
+def leading_dim(v: DeviceView) -> int:
+    """Elements between consecutive rows of a row-major view (>= its width).
+
+    A single row has no meaningful stride (frameworks report anything): use the width
+    rounded up to 16 bytes, which is what TMA asks of a stride it never steps.
+    """
+    if v.shape[0] > 1:
+        return v.strides[0]
+    pad = 16 // v.itemsize
+    return -(-max(v.shape[1], 1) // pad) * pad
+
+
+def tma_addressable(v: DeviceView, row_major: bool) -> bool:
+    """Can TMA read ``v`` (or its transpose, if not ``row_major``) as a row-major matrix?"""
+    w = v if row_major else transpose(v)
+    return is_row_major(w) and v.ptr % 16 == 0 and (leading_dim(w) * v.itemsize) % 16 == 0
+
+
+def canonical(v: DeviceView) -> DeviceView:
+    """A row-major view with the strides TMA is given: ``(leading dim, 1)``."""
+    return DeviceView(v.ptr, v.shape, (leading_dim(v), 1), v.dtype, v.itemsize, v.device, v.framework)
+
+
+def byte_span(v: DeviceView) -> int:
+    """Bytes from ``v``'s first element to one past its last (non-negative strides)."""
+    return sum((n - 1) * s for n, s in zip(v.shape, v.byte_strides)) + v.itemsize if 0 not in v.shape else 0

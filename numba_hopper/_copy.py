@@ -2,17 +2,20 @@
 
 TMA needs a 16-byte-aligned base and row strides that are multiples of 16 bytes. An
 operand that breaks that (a 1001-column bf16 matrix, a slice at an odd offset, an
-arbitrary 2-D stride) is copied into a row-major scratch buffer whose leading dimension is
-rounded up to 16 bytes; an ``out`` that breaks it receives the result from such a buffer.
+arbitrary 2-D stride) is copied into a row-major scratch region whose leading dimension is
+rounded up to 16 bytes; an ``out`` that breaks it receives the result from such a region.
 Copies move raw element bits, so they work for any dtype of the same item size.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 from numba import cuda
+
+from ._arrays import DeviceView
+from .launch import prepare_launch
+
+__all__ = ["as_numba", "aligned_layout", "prepare_copy"]
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -38,25 +41,18 @@ def as_numba(v, dtype=None):
     )
 
 
-def _numba_stream(stream):
-    return cuda.external_stream(int(stream)) if stream else cuda.default_stream()
-
-
-def aligned_scratch(v):
-    """An uninitialized row-major buffer shaped like the 2-D view ``v``: ``(view, owner)``.
-
-    numba defers frees (and cuMemFree waits for the device), so dropping ``owner`` right
-    after queuing work on the buffer is safe.
-    """
+def aligned_layout(v: DeviceView) -> tuple:
+    """``(view, nbytes)``: a row-major layout shaped like the 2-D view ``v`` with its leading
+    dimension rounded up to 16 bytes (the view's address is left 0: the caller places it)."""
     rows, cols = v.shape
     pad = 16 // v.itemsize
     ld = -(-max(cols, 1) // pad) * pad
-    owner = cuda.device_array((rows, ld), dtype=_BITS[v.itemsize])
-    return dataclasses.replace(v, ptr=owner.device_ctypes_pointer.value, strides=(ld, 1)), owner
+    return DeviceView(0, (rows, cols), (ld, 1), v.dtype, v.itemsize, v.device, v.framework), rows * ld * v.itemsize
 
 
-def copy_2d(src, dst, stream):
-    """``dst[...] = src`` for two 2-D views of the same shape and item size, on ``stream``."""
+def prepare_copy(src: DeviceView, dst: DeviceView):
+    """The prepared launch of ``dst[...] = src`` (2-D views of one shape and item size); its
+    arguments are ``(src, dst)``."""
     rows, cols = src.shape
     grid = (-(-rows // 8), -(-cols // 32))
-    _copy_2d[grid, (8, 32), _numba_stream(stream)](as_numba(src), as_numba(dst))
+    return prepare_launch(_copy_2d, grid, (8, 32), (as_numba(src), as_numba(dst)))

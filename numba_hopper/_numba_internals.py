@@ -12,8 +12,9 @@ What is private and why:
 - LLVM helpers for declaring shared-memory globals in an intrinsic (cgutils);
 - an ``@intrinsic`` that prefers literal argument types (``literal_intrinsic``): the public
   ``numba.cuda.extending.intrinsic`` takes no options;
-- the per-signature ``_Kernel`` object, its argument packing and its ``CUkernel`` handle,
-  used by the cluster/large-shared-memory launcher;
+- the per-signature ``_Kernel`` object, its argument packing (and where each argument's
+  values land in the packed list, so a prepared launch can rebind pointers) and its
+  ``CUkernel`` handle, used by the cluster/large-shared-memory launcher;
 - pickling a ``_Kernel`` and adding one to a dispatcher, as numba's own disk cache does,
   for numba_hopper's kernel cache (``_kernel_cache``).
 """
@@ -37,6 +38,7 @@ __all__ = [
     "relink_verbose",
     "kernel_for_args",
     "pack_kernel_args",
+    "argument_leaves",
     "cu_kernel",
     "static_shared_bytes",
     "arg_types",
@@ -194,7 +196,42 @@ def pack_kernel_args(kernel, args, stream=0):
         )
     # numba leaves array fields (pointers, sizes, shapes, strides) as Python ints and
     # booleans as bools, as cuda.core's launch reads them; make every parameter a ctypes value.
+    if len(packed) != sum(_param_count(ty) for ty in kernel.argument_types):
+        raise RuntimeError(f"numba packed {len(packed)} parameters for {kernel.argument_types}, not the expected count")
     return [_as_ctypes(v) for v in packed]
+
+
+def argument_leaves(kernel) -> list:
+    """Where each argument of a compiled ``_Kernel`` lands in :func:`pack_kernel_args`' list.
+
+    One entry per argument, mirroring its structure: an index for a scalar (its parameter)
+    or an array (its data pointer), a list of entries for a tuple. numba passes an array as
+    ``meminfo, parent, nitems, itemsize, data, shape..., strides...`` and a tuple as its
+    members in order.
+    """
+    leaves, at = [], 0
+    for ty in kernel.argument_types:
+        leaves.append(_leaves(ty, at))
+        at += _param_count(ty)
+    return leaves
+
+
+def _leaves(ty, at):
+    if isinstance(ty, types.BaseTuple):
+        members = []
+        for member in ty:
+            members.append(_leaves(member, at))
+            at += _param_count(member)
+        return members
+    return at + 4 if isinstance(ty, types.Array) else at
+
+
+def _param_count(ty) -> int:
+    if isinstance(ty, types.Array):
+        return 5 + 2 * ty.ndim
+    if isinstance(ty, types.BaseTuple):
+        return sum(_param_count(member) for member in ty)
+    return 2 if ty in (types.complex64, types.complex128) else 1
 
 
 def _as_ctypes(value):

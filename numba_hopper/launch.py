@@ -283,16 +283,22 @@ class PreparedLaunch:
     ``cuda.core.launch``, which re-packs its arguments on every call, costs ~12 us
     (H100 host, benchmarks/NOTES.md): for a small GEMM the host's call rate, not the GPU,
     sets the pace. ``config`` is the same launch as a ``cuda.core.LaunchConfig``.
+
+    Rebinding: ``leaves[i]`` lists the indices in ``args`` of argument i's leaves (a scalar's
+    parameter, an array's data pointer; tuples depth-first), and a call may pass
+    ``binds``, ``(index, value)`` pairs set before the launch, so one prepared launch serves
+    new operands of the same layout without numba's per-call packing.
     """
 
-    __slots__ = ("kernel", "config", "args", "_dims", "_shared", "_func", "_params", "_per_stream", "_launch_ex",
-                 "_success")
+    __slots__ = ("kernel", "config", "args", "leaves", "_dims", "_shared", "_func", "_params", "_per_stream",
+                 "_launch_ex", "_success", "_lock")
 
-    def __init__(self, kernel, config, args, dims, shared_mem):
+    def __init__(self, kernel, config, args, dims, shared_mem, leaves=()):
         from cuda.bindings import driver
 
-        self.kernel, self.config, self.args = kernel, config, args  # args: ctypes values
+        self.kernel, self.config, self.args, self.leaves = kernel, config, args, leaves  # args: ctypes values
         self._dims, self._shared = dims, shared_mem
+        self._lock = threading.Lock()  # binds and the launch that reads them go together
         self._func = driver.CUfunction(int(kernel.handle))  # a CUkernel launches as a CUfunction
         self._params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
         self._per_stream = {}
@@ -314,14 +320,17 @@ class PreparedLaunch:
             cfg.attrs, cfg.numAttrs = [attr], 1
         return cfg
 
-    def __call__(self, stream=None):
+    def __call__(self, stream=None, binds=()):
         handle = as_stream_handle(stream)
         cfg = self._per_stream.get(handle)
         if cfg is None:
             if len(self._per_stream) >= 64:  # streams come and go: keep the table small
                 self._per_stream.clear()
             cfg = self._per_stream.setdefault(handle, self._driver_config(handle))
-        (err,) = self._launch_ex(cfg, self._func, ctypes.addressof(self._params), 0)
+        with self._lock:
+            for index, value in binds:
+                self.args[index].value = value
+            (err,) = self._launch_ex(cfg, self._func, ctypes.addressof(self._params), 0)
         if err != self._success:
             raise RuntimeError(f"cuLaunchKernelEx failed: {err}")
 
@@ -361,7 +370,8 @@ def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: in
     config = {"grid": _core_grid(dims, _core_grid_counts_clusters()), "block": dims.block, "shmem_size": shared_mem}
     if dims.cluster is not None:
         config["cluster"] = dims.cluster
-    return PreparedLaunch(core_kernel, LaunchConfig(**config), packed, dims, shared_mem)
+    return PreparedLaunch(core_kernel, LaunchConfig(**config), packed, dims, shared_mem,
+                          _internals.argument_leaves(compiled))
 
 
 # numba compiles and loads kernels without a lock: two threads asking for the same new kernel

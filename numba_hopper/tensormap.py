@@ -20,7 +20,11 @@ asked: with swizzle S the 16-byte chunk at tile byte offset o is stored at
 
 The descriptor lives in global memory (numba-cuda has no ``__grid_constant__`` parameters):
 a kernel passes ``device_ptr`` to the TMA intrinsics, and each thread that issues TMA with a
-descriptor runs ``fence_proxy_tensormap_acquire(tmap)`` once before its first use.
+descriptor runs ``fence_proxy_tensormap_acquire(tmap)`` once before its first use. A
+``TensorMap`` is uploaded with a synchronous copy when it is built: fine for a kernel's fixed
+operands. For operands that change from call to call, :func:`encode_template` encodes a
+descriptor once per layout and the kernel sets the address itself
+(``numba_hopper.kernels.descriptors``), which costs the host nothing per call.
 
 Every driver constraint is checked first in :func:`validate_tiled` (pure Python), which
 raises ``ValueError`` naming the constraint and the offending value. Descriptors are cached
@@ -38,6 +42,8 @@ from ._arrays import ITEMSIZE, device_view
 
 __all__ = [
     "TensorMap",
+    "TensorMapTemplate",
+    "encode_template",
     "TiledParams",
     "validate_tiled",
     "clear_cache",
@@ -283,6 +289,38 @@ def _upload(descriptor: bytes, device: int):
         host[off : off + DESCRIPTOR_BYTES] = np.frombuffer(descriptor, np.uint8)
         buf.copy_to_device(host)
     return buf, base + off
+
+
+@dataclass(frozen=True)
+class TensorMapTemplate:
+    """An encoded descriptor, kept on the host, for a kernel to copy and re-address.
+
+    ``words``: the 128 descriptor bytes as 16 little-endian ``np.uint64`` (a kernel argument
+    of type ``UniTuple(uint64, 16)``); ``params``: what was encoded (its ``address`` is the
+    one the template was made with; the kernel replaces it).
+    """
+
+    params: TiledParams
+    words: tuple
+
+    @property
+    def box_bytes(self) -> int:
+        return self.params.box_bytes
+
+
+def encode_template(array, box, *, swizzle: int = 0, oob_fill: str = "zero", l2_promotion: int = 0,
+                    dtype: str | None = None) -> TensorMapTemplate:
+    """Validate and encode a tiled descriptor for ``array`` (as :class:`TensorMap`) without
+    uploading it. Any array of the same shape, strides and dtype at a 16-byte-aligned address
+    can take its place on the device (``tensormap_replace_global_address``)."""
+    import numpy as np
+
+    view = device_view(array, dtype)
+    params = validate_tiled(dtype=view.dtype, address=view.ptr, shape=view.shape, strides=view.strides, box=box,
+                            swizzle=swizzle, l2_promotion=l2_promotion, oob_fill=oob_fill)
+    descriptor = _encode(params)
+    words = tuple(np.uint64(int.from_bytes(descriptor[i:i + 8], "little")) for i in range(0, DESCRIPTOR_BYTES, 8))
+    return TensorMapTemplate(params, words)
 
 
 # --- the cache -------------------------------------------------------------------------

@@ -8,11 +8,11 @@ from numba_hopper import intrinsics as nh
 from numba_hopper.debug import debug_enabled
 from numba_hopper.errors import PipelineHangError
 from numba_hopper.inspect import inspect_kernel
-from numba_hopper.kernels import GEMM_SIGNATURE
+from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.gemm_sm90 import GemmConfig, make_gemm_kernel
 from numba_hopper.pipeline import PipelineState, consumer_wait, debug_site, pipeline_init, producer_acquire
 
-DEBUG_OPCODES = ("BPT.TRAP", "ATOMG")  # trap; the record's compare-and-swap
+DEBUG_OPCODES = ("BPT.TRAP", "ATOMG.E.CAS")  # trap; the record's compare-and-swap
 
 
 def _has_globaltimer(report):
@@ -21,9 +21,10 @@ def _has_globaltimer(report):
 
 @pytest.mark.parametrize("majors", ["KN", "MK"])
 def test_release_gemm_has_no_debug_code_and_debug_gemm_has_it(majors):
-    release = inspect_kernel(make_gemm_kernel(GemmConfig(a_major=majors[0], b_major=majors[1])), GEMM_SIGNATURE)
-    debug = inspect_kernel(
-        make_gemm_kernel(GemmConfig(a_major=majors[0], b_major=majors[1], debug=True)), GEMM_SIGNATURE)
+    cfg = GemmConfig(a_major=majors[0], b_major=majors[1])
+    release = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
+    debug = inspect_kernel(make_gemm_kernel(GemmConfig(a_major=majors[0], b_major=majors[1], debug=True)),
+                           gemm_argument_types(cfg))
     assert not any(release.count(op) for op in DEBUG_OPCODES) and not _has_globaltimer(release)
     assert all(debug.count(op) for op in DEBUG_OPCODES) and _has_globaltimer(debug), debug.summary()
     # (The debug build may spill a few bytes: the producer's timer loop runs in 40 registers.)

@@ -6,13 +6,15 @@ import inspect
 import pytest
 
 PUBLIC_MODULES = [
-    "numba_hopper.gemm",
+    "numba_hopper",
+    "numba_hopper.matmul",
     "numba_hopper.launch",
     "numba_hopper.tensormap",
     "numba_hopper.pipeline",
     "numba_hopper.inspect",
     "numba_hopper.kernels.gemm_sm90",
     "numba_hopper.kernels.scheduler",
+    "numba_hopper.kernels.descriptors",
     *(f"numba_hopper.intrinsics.{m}" for m in ("cluster", "matrix", "mbarrier", "registers", "smem", "sync", "tma", "wgmma")),
 ]
 

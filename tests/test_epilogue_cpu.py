@@ -8,13 +8,13 @@ from numba.cuda import types
 
 from _fakes import FakeCAI
 from numba_hopper.errors import OverlapError
-from numba_hopper.gemm import gemm
+from numba_hopper import gemm
 from numba_hopper.inspect import inspect_kernel
-from numba_hopper.kernels import GEMM_SIGNATURE
+from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.epilogue import EpilogueConfig
 from numba_hopper.kernels.gemm_sm90 import GemmConfig, make_gemm_kernel, max_stages
 
-I64, F32 = types.int64, types.float32
+F32 = types.float32
 
 
 @cuda.jit(device=True)
@@ -26,11 +26,11 @@ def _fused(out_dtype, ecfg, ep_types, block_n=256, **kw):
     stages = max_stages("bf16", out_dtype, block_n, epilogue=ecfg, **kw)
     cfg = GemmConfig("bf16", out_dtype, "K", "N", block_n=block_n, stages=stages, epilogue=ecfg, **kw)
     assert cfg.shared_bytes <= 227 * 1024
-    return inspect_kernel(make_gemm_kernel(cfg), (I64,) * 13 + (types.Tuple(ep_types),))
+    return inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, ep_types))
 
 
 BIAS_GELU_C = (EpilogueConfig(c_dtype="bf16", bias="col", bias_dtype="bf16", activation="gelu_tanh"),
-               (I64, F32, types.uint16[::1]))
+               (F32, types.uint16[::1]))
 USER = (EpilogueConfig(user=_scaled), (types.Tuple((types.float32[::1],)),))
 
 
@@ -68,7 +68,7 @@ def test_split_k_refuses_an_epilogue():
 
 
 def test_plain_kernel_has_no_epilogue_code():
-    plain = inspect_kernel(make_gemm_kernel(GemmConfig()), GEMM_SIGNATURE)
+    plain = inspect_kernel(make_gemm_kernel(GemmConfig()), gemm_argument_types(GemmConfig()))
     assert plain.count("LDSM") == 0 and plain.count("MUFU.TANH") == 0
     assert GemmConfig().shared_bytes == GemmConfig(epilogue=None).shared_bytes
 
@@ -82,7 +82,7 @@ def test_c_buffers_cost_one_stage():
 
 def test_epilogue_arg_order():
     e = EpilogueConfig(alpha=True, c_dtype="f16", bias="row", aux_dtype="f32", user=_scaled)
-    assert e.arg_names == ("c_map", "beta", "alpha", "bias", "aux", "user_args")
+    assert e.arg_names == ("beta", "alpha", "bias", "aux", "user_args")
     assert EpilogueConfig().arg_names == ()
 
 
@@ -138,7 +138,7 @@ def test_square_output_needs_bias_dim():
 
 
 def test_valid_options_reach_the_gpu_check(monkeypatch):
-    import numba_hopper.gemm as g
+    import numba_hopper.matmul as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
@@ -149,7 +149,7 @@ def test_valid_options_reach_the_gpu_check(monkeypatch):
 
 
 def _reach_gpu_check(monkeypatch, **kw):
-    import numba_hopper.gemm as g
+    import numba_hopper.matmul as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
@@ -175,21 +175,32 @@ def test_written_arrays_must_not_overlap(case):
 
 
 def test_user_epilogue_kernels_skip_the_disk_cache(monkeypatch):
-    import numba_hopper.gemm as g
+    from numba_hopper import _plan
     from numba_hopper._arrays import device_view
+    from numba_hopper._fusion import Fusion
+
+    class Prepared(Exception):
+        pass
+
+    def prepare_launch(*args, cache_key=None, **kw):
+        keys.append(cache_key)
+        raise Prepared
 
     keys = []
-    monkeypatch.setattr(g, "make_gemm_kernel", lambda cfg: None)
-    monkeypatch.setattr(g, "_tensor_maps", lambda *a: (FakeMap(),) * 3)
-    monkeypatch.setattr(g, "device_limits", lambda device: type("L", (), {"sm_count": 132})())
-    monkeypatch.setattr(g, "prepare_launch", lambda *a, cache_key=None, **kw: keys.append(cache_key))
+    monkeypatch.setattr(_plan, "make_gemm_kernel", lambda cfg: None)
+    monkeypatch.setattr(_plan, "encode_template", lambda *a, **kw: FakeTemplate)
+    monkeypatch.setattr(_plan, "device_limits", lambda device: type("L", (), {"sm_count": 132})())
+    monkeypatch.setattr(_plan, "prepare_launch", prepare_launch)
     va, vb, vo = device_view(_m(128, 64)), device_view(_m(64, 256)), device_view(_m(128, 256))
     for ecfg in (EpilogueConfig(activation="relu"), EpilogueConfig(user=_scaled)):
-        fusion = g._Fusion(1.0, 0.0, None, None, 1, ecfg.activation, None, ecfg.user, (), None, None)
-        g._prepare(GemmConfig(epilogue=ecfg), va, vb, vo, g._Batch(), fusion=fusion)
+        fusion = Fusion(1.0, 0.0, None, None, 1, ecfg.activation, None, ecfg.user, (), None, None)
+        operands = (_plan.Operand(v, _plan.Src(i)) for v, i in ((va, _plan.A), (vb, _plan.B), (vo, _plan.OUT)))
+        launch = _plan._Gemm(GemmConfig(epilogue=ecfg), *operands, _plan._Batch(), _plan._Scratch(), fusion=fusion)
+        with pytest.raises(Prepared):
+            launch.prepare((0, va.ptr, vb.ptr, vo.ptr, 1.0, 0.0))
     assert keys[0] == ("gemm_sm90", GemmConfig(epilogue=EpilogueConfig(activation="relu")))
     assert keys[1] is None
 
 
-class FakeMap:
-    device_ptr = 0
+class FakeTemplate:
+    words = (0,) * 16

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numba_hopper.gemm import gemm
+from numba_hopper import gemm
 
 pytestmark = pytest.mark.gpu
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from numba_hopper.gemm import GemmConfig, bmm, gemm
+from numba_hopper import GemmConfig, bmm, gemm
 
 pytestmark = pytest.mark.gpu
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from numba_hopper.kernels import GEMM_SIGNATURE, shipped_kernels
+from numba_hopper.kernels import gemm_argument_types, shipped_kernels
 from numba_hopper.kernels.gemm_sm90 import GemmConfig, make_gemm_kernel, max_stages
 from numba_hopper.kernels.scheduler import host_grouped_tile
 from numba_hopper.inspect import inspect_kernel
@@ -25,7 +25,7 @@ ALL_CONFIGS = [
 
 @pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}")
 def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
-    r = inspect_kernel(make_gemm_kernel(cfg), GEMM_SIGNATURE)
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
     assert r.count("HGMMA") >= 4, r.summary()  # 4 k16 steps per 64-wide k-block
     assert r.count("UTMALDG") >= 2 and r.count("UTMASTG") >= 1
     # producer dec, consumer inc; a single consumer warpgroup keeps every register
@@ -43,7 +43,7 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
                                  for am, bm in (("K", "N"), ("M", "K"))],
                          ids=lambda c: f"{c.out_dtype}-{c.a_major}{c.b_major}-n{c.block_n}")
 def test_stream_k_sass_has_the_fixup_and_no_spills(cfg):
-    r = inspect_kernel(make_gemm_kernel(cfg), GEMM_SIGNATURE)
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
     quads = cfg.block_n // 8  # float4s of a consumer thread's partial
     assert r.count("STG.E.128") == quads and r.count("LDG.E.128.STRONG.GPU") == quads, r.summary()
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
@@ -61,7 +61,7 @@ def test_stream_k_rejects_what_it_cannot_compile():
 def test_stream_k_walk_covers_every_k_block_once(tiles, k_blocks):
     """Every (tile, k-block) is done by exactly one CTA; a tile a CTA leaves unfinished goes
     on in the next CTA, whose first stream-K item it is (what the fix-up waits for)."""
-    from numba_hopper.gemm import _stream_k_schedule
+    from numba_hopper._heuristics import stream_k_schedule as _stream_k_schedule
     from numba_hopper.kernels.scheduler import host_work_walk
 
     first_item, next_item = host_work_walk()
@@ -125,7 +125,7 @@ def test_config_rejects_bad_values(kw, msg):
 
 from _fakes import FakeCAI  # noqa: E402
 
-from numba_hopper.gemm import gemm  # noqa: E402
+from numba_hopper import gemm  # noqa: E402
 
 
 def _m(rows, cols, typestr="<f2"):
@@ -152,7 +152,7 @@ def test_gemm_rejects_host_arrays():
 
 
 def test_gemm_without_hopper_gpu_says_so(monkeypatch):
-    import numba_hopper.gemm as g
+    import numba_hopper.matmul as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "device 0 is compute capability 8.0, not Hopper (9.x)")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU.*8.0"):
@@ -168,7 +168,7 @@ def test_gemm_without_hopper_gpu_says_so(monkeypatch):
     (16384, 128, 1, (128, 128)), (1000, 7, 1, (128, 64)), (1024, 1024, 32, (128, 256)),
 ])
 def test_tile_shape_heuristic(M, N, units, tile):
-    from numba_hopper.gemm import _tile_shape
+    from numba_hopper._heuristics import tile_shape as _tile_shape
 
     assert _tile_shape(M, N, units, 132) == tile
 
@@ -176,7 +176,7 @@ def test_tile_shape_heuristic(M, N, units, tile):
 @pytest.mark.parametrize("tiles,K,cluster", [(2048, 4096, True), (2048, 8192, True), (512, 4096, False),
                                              (1152, 6144, False), (4096, 1024, False), (1024, 512, False)])
 def test_cluster_heuristic(tiles, K, cluster):
-    from numba_hopper.gemm import _cluster_pays
+    from numba_hopper._heuristics import cluster_pays as _cluster_pays
 
     assert _cluster_pays(tiles, K, 132) == cluster
 
@@ -184,6 +184,6 @@ def test_cluster_heuristic(tiles, K, cluster):
 @pytest.mark.parametrize("M,N,K,splits", [(64, 4096, 4096, 1), (1024, 1024, 1024, 1), (64, 2048, 16384, 4),
                                           (128, 1024, 65536, 8), (64, 256, 4096, 1)])
 def test_split_k_heuristic(M, N, K, splits):
-    from numba_hopper.gemm import _split_count
+    from numba_hopper._heuristics import split_count as _split_count
 
     assert _split_count(GemmConfig(block_n=64), M, N, K, 132) == splits

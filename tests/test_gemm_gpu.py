@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from numba_hopper.gemm import GemmConfig, gemm
+from numba_hopper import GemmConfig, gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -208,7 +208,7 @@ CLUSTERS = [(2, 1), (1, 2), (2, 2)]
 def test_clusters_with_multicast(torch, cluster, layout, M, N, K):
     # Odd tile counts leave a cluster CTA with no tile of its own: it must still load its
     # share of the peer's operand (zero-filled for itself) and store nothing.
-    from numba_hopper.gemm import GemmConfig
+    from numba_hopper import GemmConfig
 
     cfg = GemmConfig(cluster_m=cluster[0], cluster_n=cluster[1])
     gen = torch.Generator(device="cuda")
@@ -224,7 +224,7 @@ def test_clusters_with_multicast(torch, cluster, layout, M, N, K):
 
 @pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda c: f"cluster{c[0]}x{c[1]}")
 def test_clusters_persistent_many_tiles(torch, cluster):
-    from numba_hopper.gemm import GemmConfig
+    from numba_hopper import GemmConfig
 
     a = torch.randn(4096 + 64, 13 * 64 - 5, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(13 * 64 - 5, 4096 + 200, device="cuda", dtype=torch.bfloat16)

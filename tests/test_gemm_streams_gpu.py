@@ -2,7 +2,7 @@
 
 import pytest
 
-from numba_hopper.gemm import gemm
+from numba_hopper import gemm
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from _fakes import FakeCAI
 
-import numba_hopper.gemm as g
+import numba_hopper.matmul as g
 from numba_hopper.errors import (
     DeviceMismatchError,
     DtypeError,
@@ -19,7 +19,7 @@ from numba_hopper.errors import (
     UnsupportedDeviceError,
 )
 from numba_hopper._arrays import device_view
-from numba_hopper.gemm import gemm
+from numba_hopper import gemm
 
 BASE = 0x7F0000000000
 
@@ -160,10 +160,7 @@ def _no_launch(monkeypatch):
     launched = []
 
     class Plan:
-        record = None
-        reusable = False
-
-        def __call__(self, stream):
+        def __call__(self, stream, values):
             pass
 
     def plan(*args):
@@ -171,8 +168,9 @@ def _no_launch(monkeypatch):
         return Plan()
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: None)
-    monkeypatch.setattr(g, "_plan", plan)
-    monkeypatch.setattr(g, "_zero_fill", lambda v, stream: launched.append(("zero_fill", v.shape)))
+    monkeypatch.setattr(g, "gemm_plan", plan)
+    monkeypatch.setattr(g, "zero_fill_plan", lambda v, *a: launched.append(("zero_fill", v.shape)) or Plan())
+    monkeypatch.setattr(g, "_plans", {})  # these plans launch nothing: keep them out of the real cache
     return launched
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from numba_hopper.gemm import gemm
+from numba_hopper import gemm
 from test_arrays import FakeCupyArray
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from _ref import bf16_bits_to_f64, f32_to_bf16_bits
-from numba_hopper.gemm import gemm
+from numba_hopper import gemm
 
 pytestmark = pytest.mark.gpu
 

@@ -9,9 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-import numba_hopper.gemm as g
+import numba_hopper.matmul as g
 from numba_hopper import tensormap
-from numba_hopper.gemm import gemm
+from numba_hopper import gemm
 
 from test_gemm_gpu import _check
 

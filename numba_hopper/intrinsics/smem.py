@@ -32,6 +32,7 @@ __all__ = [
     "ld_shared_v2_f32",
     "st_shared_u32",
     "st_shared_v2_f32",
+    "st_shared_v2_u64",
     "matrix_descriptor",
     "matrix_descriptor_host",
     "SWIZZLE_CODES",
@@ -177,6 +178,15 @@ st_shared_u32 = ptx_intrinsic(
     addr="u32",
     value="u32",
     doc="PTX ISA 9.7.9.10 st: 32-bit store to a .shared::cta address",
+)
+
+st_shared_v2_u64 = ptx_intrinsic(
+    "st_shared_v2_u64",
+    "st.shared::cta.v2.u64 [{addr}], {{x}, {y}};",
+    addr="u32",
+    x="u64",
+    y="u64",
+    doc="PTX ISA 9.7.9.10 st: two uint64 to a 16-byte-aligned .shared::cta address",
 )
 
 st_shared_v2_f32 = ptx_intrinsic(

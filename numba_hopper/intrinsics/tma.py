@@ -42,6 +42,8 @@ __all__ = [
     "bulk_copy_s2g",
     "prefetch_tensormap",
     "fence_proxy_tensormap_acquire",
+    "tensormap_replace_global_address",
+    "tensormap_cp_fenceproxy",
     "createpolicy_fractional",
 ]
 
@@ -201,6 +203,27 @@ fence_proxy_tensormap_acquire = ptx_intrinsic(
     "later TMA uses of the 128-byte tensor map at `tmap` after its writes through the generic "
     "proxy (host copies included); run once per issuing thread before first use.",
     tmap="u64",
+)
+
+tensormap_replace_global_address = ptx_intrinsic(
+    "tensormap_replace_global_address",
+    "tensormap.replace.tile.global_address.shared::cta.b1024.b64 [{tmap}], {address};",
+    doc="PTX ISA 9.7.9.28 tensormap.replace: set the global address of the 128-byte tensor map "
+    "at shared address `tmap` (128-byte aligned) to `address` (16-byte aligned). A weak "
+    "generic-proxy write: publish the map with tensormap_cp_fenceproxy before TMA uses it.",
+    tmap="u32", address="u64",
+)
+
+tensormap_cp_fenceproxy = ptx_intrinsic(
+    "tensormap_cp_fenceproxy",
+    "{ .reg .u64 g; cvta.to.global.u64 g, {dst}; "
+    "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [g], [{src}], 128; }",
+    doc="PTX ISA 9.7.13.16 tensormap.cp_fenceproxy: copy the 128-byte tensor map at shared "
+    "address `src` to global address `dst` (both 128-byte aligned) and release it to the "
+    "tensormap proxy. Warp-collective (.sync.aligned): every lane of the warp runs it with the "
+    "same operands. A thread then runs fence_proxy_tensormap_acquire(dst) before its first "
+    "TMA with the map.",
+    dst="u64", src="u32",
 )
 
 createpolicy_fractional = ptx_intrinsic(

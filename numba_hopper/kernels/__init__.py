@@ -1,12 +1,21 @@
 """Kernels built from numba_hopper.intrinsics, and the list ``python -m numba_hopper`` reports on."""
 
-# The GEMM kernel's thirteen arguments (descriptor addresses, sizes, batch flags, the
-# stream-K split and workspace, the debug record's address) are all Python ints.
-GEMM_SIGNATURE = "void(" + ", ".join(["int64"] * 13) + ")"
+
+def gemm_argument_types(cfg, epilogue_types=None) -> tuple:
+    """The numba types of ``make_gemm_kernel(cfg)``'s arguments, as ``gemm`` passes them:
+    tensor-map templates and addresses, the slots' address, ten int64 scalars (sizes, batch
+    flags, the stream-K split and workspace, the debug record's address) and, with a fused
+    epilogue, its tuple of ``epilogue_types``."""
+    from numba.cuda import types
+
+    maps = cfg.tensormaps
+    scalars = (types.int64,) * 10
+    head = (types.UniTuple(types.UniTuple(types.uint64, 16), maps), types.UniTuple(types.uint64, maps), types.uint64)
+    return head + scalars + ((types.Tuple(tuple(epilogue_types)),) if epilogue_types is not None else ())
 
 
 def shipped_kernels():
-    """``[(label, dispatcher, signature), ...]`` for every kernel the package ships."""
+    """``[(label, dispatcher, argument types), ...]`` for every kernel the package ships."""
     from .gemm_sm90 import GemmConfig, make_gemm_kernel
 
     configs = [
@@ -19,6 +28,6 @@ def shipped_kernels():
     return [
         (f"gemm {c.in_dtype}->{c.out_dtype} A {c.a_major}-major, B {c.b_major}-major, "
          f"{c.block_m}x{c.block_n}x64, {c.stages} stages, cluster {c.cluster_m}x{c.cluster_n}"
-         f"{', stream-K' if c.stream_k else ''}", make_gemm_kernel(c), GEMM_SIGNATURE)
+         f"{', stream-K' if c.stream_k else ''}", make_gemm_kernel(c), gemm_argument_types(c))
         for c in configs
     ]

@@ -77,11 +77,11 @@ class EpilogueConfig:
     def arg_names(self) -> tuple:
         """The run-time epilogue arguments, in the order of the kernel's tuple argument.
 
-        ``c_map``: device address of C's TMA descriptor; ``alpha``/``beta``: float32;
-        ``row_scale``/``col_scale``: float32 vectors; ``bias``: a vector (uint16 bits or
-        float32); ``aux``: a 2-D array (likewise); ``user_args``: a tuple.
+        ``alpha``/``beta``: float32; ``row_scale``/``col_scale``: float32 vectors; ``bias``:
+        a vector (uint16 bits or float32); ``aux``: a 2-D array (likewise); ``user_args``: a
+        tuple. (C itself arrives through a tensor map, not here.)
         """
-        present = (("c_map", self.c_dtype), ("beta", self.c_dtype), ("alpha", self.alpha),
+        present = (("beta", self.c_dtype), ("alpha", self.alpha),
                    ("row_scale", self.row_scale), ("col_scale", self.col_scale), ("bias", self.bias),
                    ("aux", self.aux_dtype), ("user_args", self.user))
         return tuple(name for name, used in present if used)

@@ -59,6 +59,7 @@ from ..pipeline import (
     producer_acquire,
     producer_commit,
 )
+from .descriptors import publish_tensormap, tensormap_slot
 from .epilogue import EpilogueConfig, make_epilogue
 from .scheduler import device_work_walk, grouped_tile
 
@@ -143,6 +144,11 @@ class GemmConfig:
             # 128 accumulators per thread leave no registers for a partial's loads: ptxas
             # issues all 32 float4 loads before the adds, and spills (SASS, CPU test).
             raise ValueError(f"stream_k needs block_n <= {STREAM_K_MAX_BLOCK_N}, got {self.block_n}")
+
+    @property
+    def tensormaps(self):
+        """Tensor maps the kernel publishes per CTA: A, B, the output D and, with a residual, C."""
+        return 4 if self.epilogue is not None and self.epilogue.c_dtype is not None else 3
 
     @property
     def cluster_size(self):
@@ -267,11 +273,13 @@ def make_gemm_kernel(cfg: GemmConfig):
 def _build_gemm_kernel(cfg: GemmConfig):
     """The ``@cuda.jit`` kernel for ``cfg``.
 
-    Arguments ``(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split,
-    dp_tiles, workspace, debug_record)``: ``tmap_*`` are device addresses of 3-D TMA
-    descriptors (:mod:`numba_hopper.tensormap`), batch outermost: A and B with 128-byte
-    swizzle and the boxes of ``cfg.a_box`` / ``cfg.b_box``, C with box ``cfg.c_box`` and
-    ``cfg.epi_swizzle`` bytes of swizzle.
+    Arguments ``(maps, addresses, slots, M, N, K, batches, a_batched, b_batched, k_split,
+    dp_tiles, workspace, debug_record)``: ``maps`` holds the 16 words of a 3-D TMA descriptor
+    template (:func:`numba_hopper.tensormap.encode_template`, batch outermost) for each of
+    A, B and the output D, and ``addresses`` their global addresses; the kernel patches
+    them in and publishes the maps to ``slots`` (``cfg.tensormaps`` 128-byte slots per CTA,
+    :mod:`.descriptors`). A and B have 128-byte swizzle and the boxes of ``cfg.a_box`` /
+    ``cfg.b_box``, D the box ``cfg.c_box`` and ``cfg.epi_swizzle`` bytes of swizzle.
     The grid computes ``batches`` units: batch items (``a_batched``/``b_batched`` are 1, or
     0 for an operand broadcast over the batch) or, with ``k_split`` > 0, slices of
     ``k_split`` k-blocks of one product whose partial sums go to batch ``b`` of C.
@@ -282,10 +290,10 @@ def _build_gemm_kernel(cfg: GemmConfig):
     address of a ``numba_hopper.debug.DebugRecord`` (read only if ``cfg.debug``).
 
     With ``cfg.epilogue`` the kernel takes a fourteenth argument, the epilogue tuple laid out
-    by ``cfg.epilogue.arg_names``; its ``c_map`` is a 3-D descriptor of the residual C
-    (row-major like the output, batch outermost) with box ``(1, 64, c_box_cols(cfg))`` and
-    ``c_box_cols(cfg) * itemsize`` bytes of swizzle (128, or 64 for a 16-bit C next to an
-    f32 output).
+    by ``cfg.epilogue.arg_names``. With a residual C, ``maps`` and ``addresses`` have a
+    fourth entry: C (row-major like the output, batch outermost) with box
+    ``(1, 64, c_box_cols(cfg))`` and ``c_box_cols(cfg) * itemsize`` bytes of swizzle (128,
+    or 64 for a 16-bit C next to an f32 output).
     """
     BM, BN, S, GROUP_M = cfg.block_m, cfg.block_n, cfg.stages, cfg.group_m
     IN_T = cfg.in_dtype
@@ -340,6 +348,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     C_BOXES = EPI_COLS // C_BOX_COLS
     C_SWIZZLE_MASK = C_BOX_ROW // 16 - 1
     C_LIKE_OUT = C_ITEM == ELEMENT_BYTES[OUT_T]  # C's buffer is laid out as the output's
+    MAPS = cfg.tensormaps  # A, B, D[, C]
     tile_terms, stage_columns, column_terms, apply = make_epilogue(EPI, BN) if FUSED else (None,) * 4
     VEC_OFF, VEC_BYTES = cfg.vec_offset, cfg.vec_bytes
     unpack = nh.unpack_bf16x2 if HAS_C and EPI.c_dtype == "bf16" else nh.unpack_f16x2
@@ -593,7 +602,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     @cuda.jit(device=True, forceinline=True)
     def epilogue_subtile(q, stores, args):
         """Sub-tile ``q`` of a tile (the CTA's ``stores``-th) to global memory; ``stores + 1``."""
-        frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c, M, N, ep, terms = args
+        frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_d, tmap_c, M, N, ep, terms = args
         buf = smem + EPI_OFF + (2 * cw + stores % 2) * EPI_BUF_BYTES
         if leader:
             nh.bulk_wait_group_read(1)  # the store that last read buf is done
@@ -609,10 +618,10 @@ def _build_gemm_kernel(cfg: GemmConfig):
         nh.fence_proxy_async()
         nh.named_barrier_sync(1 + cw, 128)
         if leader:
-            nh.tma_store_3d(tmap_c, buf, n0 + q * EPI_COLS, row0, bc)
+            nh.tma_store_3d(tmap_d, buf, n0 + q * EPI_COLS, row0, bc)
             nh.bulk_commit_group()
         if HAS_C and leader and q + 2 < EPI_CHUNKS:  # every thread has read C sub-tile q: refill its buffer
-            load_c(smem, cw, stores + 2, ep[0], row0, n0 + (q + 2) * EPI_COLS, bc)
+            load_c(smem, cw, stores + 2, tmap_c, row0, n0 + (q + 2) * EPI_COLS, bc)
         return stores + 1
 
     # q must be a constant in each sub-tile's code: LLVM leaves a loop over a fused epilogue
@@ -621,7 +630,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     epilogue = (unrolled if FUSED else looped)(epilogue_subtile, EPI_CHUNKS)
 
     @cuda.jit(device=True, forceinline=True)
-    def gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
+    def gemm_body(maps, addresses, slots, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
                   debug_record, ep):
         tid = cuda.threadIdx.x
         wg = tid // 128
@@ -632,6 +641,18 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 for slot in range(2 * CONSUMERS):
                     nh.mbarrier_init(smem + C_BAR_OFF + 8 * slot, 1)
             pipeline_init(bars, S, EMPTY_ARRIVALS)
+        # Two producer warps publish this launch's tensor maps (scratch: the epilogue buffers,
+        # unused until after the barrier below): warp 0 the producer's, warp 1 the epilogue's.
+        tmap_a, tmap_b = tensormap_slot(slots, MAPS, 0), tensormap_slot(slots, MAPS, 1)
+        tmap_d, tmap_c = tensormap_slot(slots, MAPS, 2), tensormap_slot(slots, MAPS, MAPS - 1)
+        scratch = smem + EPI_OFF
+        if tid < 32:
+            publish_tensormap(maps[0], addresses[0], scratch, tmap_a)
+            publish_tensormap(maps[1], addresses[1], scratch + 128, tmap_b)
+        elif tid < 64:
+            publish_tensormap(maps[2], addresses[2], scratch + 256, tmap_d)
+            if HAS_C:
+                publish_tensormap(maps[MAPS - 1], addresses[MAPS - 1], scratch + 384, tmap_c)
         # CTA (rm, rn) of a cluster computes output tile (CM*cm + rm, CN*cn + rn) of cluster
         # tile (cm, cn).
         rm, rn = cta_coords()
@@ -684,9 +705,9 @@ def _build_gemm_kernel(cfg: GemmConfig):
             row_in_wg = 16 * (t // 32) + lane // 4
             leader = t == 0
             if leader:
-                nh.fence_proxy_tensormap_acquire(tmap_c)
+                nh.fence_proxy_tensormap_acquire(tmap_d)
             if HAS_C and leader:
-                nh.fence_proxy_tensormap_acquire(ep[0])
+                nh.fence_proxy_tensormap_acquire(tmap_c)
             acc = nh.wgmma_accumulator(BN, "f32")
             st = PipelineState(0, 0)
             stores = 0
@@ -698,7 +719,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 terms = tile_terms(m0 + cw * WG_ROWS + row_in_wg, n0, t, M, N, ep) if FUSED else ()
                 if HAS_C and leader:  # C's first two sub-tiles land during the main loop
                     for q in range(min(2, EPI_CHUNKS)):
-                        load_c(smem, cw, stores + q, ep[0], m0 + cw * WG_ROWS, n0 + q * EPI_COLS, bc)
+                        load_c(smem, cw, stores + q, tmap_c, m0 + cw * WG_ROWS, n0 + q * EPI_COLS, bc)
                 prev = st
                 for kb in range(k_begin, k_end):
                     consumer_wait(bars, st, debug_site(debug_record, tile, kb) if DEBUG else None)
@@ -721,8 +742,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
                     row0 = m0 + cw * WG_ROWS
                     if FUSED:  # the previous epilogue's reads are behind its last barrier
                         stage_columns(smem + VEC_OFF + cw * VEC_BYTES, t, terms[2])
-                    stores = epilogue(stores, (frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_c,
-                                               M, N, ep, terms))
+                    stores = epilogue(stores, (frag, smem, cw, leader, row_in_wg, lane, n0, row0, bc, tmap_d,
+                                               tmap_c, M, N, ep, terms))
                 item = next_item(item, cta, ctas, dp_tiles, num_tiles, k_blocks)
             if leader:
                 nh.bulk_wait_group(0)
@@ -734,17 +755,17 @@ def _build_gemm_kernel(cfg: GemmConfig):
 
     if not FUSED:
         @cuda.jit(launch_bounds=(THREADS, 1))
-        def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles,
+        def gemm_kernel(maps, addresses, slots, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles,
                         workspace, debug_record):
-            gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles,
+            gemm_body(maps, addresses, slots, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles,
                       workspace, debug_record, ())
 
         return gemm_kernel
 
     @cuda.jit(launch_bounds=(THREADS, 1))
-    def gemm_kernel(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
+    def gemm_kernel(maps, addresses, slots, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
                     debug_record, ep):
-        gemm_body(tmap_a, tmap_b, tmap_c, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
+        gemm_body(maps, addresses, slots, M, N, K, batches, a_batched, b_batched, k_split, dp_tiles, workspace,
                   debug_record, ep)
 
     return gemm_kernel

@@ -43,13 +43,11 @@ def _reduce_kernel(out_dtype):
     return reduce
 
 
-def prepare_reduce(workspace, n, out_view):
-    """The prepared launch of ``out = sum(workspace[:, :, :n])`` into the 2-D view ``out_view``.
-
-    Prepared once per workspace, so a split-K call adds one bare launch, not numba's
-    per-call argument handling.
-    """
-    rows = out_view.shape[0]
+def prepare_reduce(partials, out_view):
+    """The prepared launch of ``out = sum(partials[:, :, :N])`` for the 3-D f32 view ``partials``
+    (slices x M x padded N) and the 2-D (M x N) view ``out_view``: one bare launch per call,
+    without numba's per-call argument handling. Its arguments are ``(partials, N, out)``."""
+    rows, n = out_view.shape
     out = as_numba(out_view, np.float32 if out_view.dtype == "f32" else None)
     grid = (-(-n // 32), -(-rows // 8))
-    return prepare_launch(_reduce_kernel(out_view.dtype), grid, (32, 8), (workspace, n, out))
+    return prepare_launch(_reduce_kernel(out_view.dtype), grid, (32, 8), (as_numba(partials, np.float32), n, out))

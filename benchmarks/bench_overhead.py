@@ -1,0 +1,146 @@
+"""Host time per call, as users call it: numba_hopper.gemm vs torch in one process.
+
+    python benchmarks/bench_overhead.py [--calls 1000] [--rounds 10] [--json out.json]
+
+Cases (bf16, M = N = K = 256, so the host, not the GPU, sets the pace):
+
+- "fresh pairs, no out=":      64 operand pairs cycled, ``gemm(a, b)`` vs ``torch.matmul(a, b)``;
+- "fresh activation each call": a never-seen activation every call (``--calls`` of them made
+  up front) times one weight, ``gemm(x, w)`` vs ``torch.matmul(x, w)``;
+- "fresh pairs, bias+gelu_tanh": ``gemm(a, b, bias=bias, bias_dim=1, activation="gelu_tanh")``
+  vs ``F.gelu(torch.addmm(bias, a, b), approximate="tanh")``;
+- "out=, same operands":       ``gemm(a, b, out=c)`` vs ``torch.matmul(a, b, out=c)``.
+
+Each figure is the host time of ``--calls`` back-to-back calls (no synchronization inside)
+divided by the count; the two libraries alternate in ``--rounds`` rounds and each reports
+its median. ``ratio = torch_us / ours_us`` (above 1: our call is cheaper).
+
+Blocking: with a ~0.5 s sleep kernel queued on the stream, a call on operands allocated
+earlier (a known layout) must return before the sleep ends; ``blocks`` records whether it
+did not. ``new_layout_blocks`` does the same for a call whose layout has no plan yet (its
+kernel compiled and loaded, its plan built, while the sleep runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import numba_hopper  # noqa: E402
+
+N = 256
+PAIRS = 64
+
+
+def _host_us(fn, calls):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def _cases(calls):
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+    pairs = [(randn(N, N), randn(N, N)) for _ in range(PAIRS)]
+    bias = randn(N)
+    weight = randn(N, N)
+    xs = [randn(N, N) for _ in range(calls)]
+    c = randn(N, N)
+    a, b = pairs[0]
+    return {
+        "fresh pairs, no out=": (lambda i: numba_hopper.gemm(*pairs[i % PAIRS]),
+                                 lambda i: torch.matmul(*pairs[i % PAIRS])),
+        "fresh activation each call": (lambda i: numba_hopper.gemm(xs[i], weight),
+                                       lambda i: torch.matmul(xs[i], weight)),
+        "fresh pairs, bias+gelu_tanh": (
+            lambda i: numba_hopper.gemm(*pairs[i % PAIRS], bias=bias, bias_dim=1, activation="gelu_tanh"),
+            lambda i: F.gelu(torch.addmm(bias, *pairs[i % PAIRS]), approximate="tanh")),
+        "out=, same operands": (lambda i: numba_hopper.gemm(a, b, out=c), lambda i: torch.matmul(a, b, out=c)),
+    }
+
+
+def _check_results():
+    """Each case's math against float64 once, before anything is timed."""
+    a, b = (torch.randn(N, N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    ref = a.double() @ b.double()
+    for out, want in ((numba_hopper.gemm(a, b), ref),
+                      (numba_hopper.gemm(a, b, bias=bias, bias_dim=1, activation="gelu_tanh"),
+                       F.gelu(ref + bias.double(), approximate="tanh"))):
+        err = ((out.double() - want).norm() / want.norm()).item()
+        if not err < 1e-2:
+            raise AssertionError(f"relative error {err}")
+
+
+def _blocks(make_operands):
+    """Whether a gemm call returns only after a queued ~0.5 s sleep has ended."""
+    operands = make_operands()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)
+    gate = torch.cuda.Event()
+    gate.record()
+    numba_hopper.gemm(*operands)
+    waited = gate.query()
+    torch.cuda.synchronize()
+    return waited
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--json", help="results file (default benchmarks/results/overhead-<gpu>-<date>-<commit>.json)")
+    args = p.parse_args(argv)
+    _check_results()
+    records = []
+    for case, (ours, ref) in _cases(args.calls).items():
+        _host_us(ours, args.calls)  # warm-up: plans, kernels, allocator pools
+        _host_us(ref, args.calls)
+        times = {"ours": [], "torch": []}
+        for r in range(args.rounds):
+            for name, fn in ((("ours", ours), ("torch", ref)) if r % 2 == 0 else (("torch", ref), ("ours", ours))):
+                times[name].append(_host_us(fn, args.calls))
+        ours_us, torch_us = statistics.median(times["ours"]), statistics.median(times["torch"])
+        records.append({"case": case, "ours_us": ours_us, "torch_us": torch_us, "ratio": torch_us / ours_us})
+        print(f"{case:30s} ours {ours_us:6.2f} us  torch {torch_us:6.2f} us  ratio {torch_us / ours_us:.3f}",
+              flush=True)
+    blocks = _blocks(lambda: [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(2)])
+    new_layout_blocks = _blocks(lambda: [torch.randn(2048 + 8, 1024 + 8, device="cuda", dtype=torch.float16),
+                                         torch.randn(1024 + 8, 512 + 8, device="cuda", dtype=torch.float16)])
+    print(f"blocks: {blocks}  (a new layout: {new_layout_blocks})")
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip() or "unknown"
+    gpu = torch.cuda.get_device_name().split()[1].lower()
+    date = datetime.date.today().isoformat()
+    result = {"gpu": torch.cuda.get_device_name(), "date": date, "commit": commit, "shape": [N, N, N],
+              "calls": args.calls, "rounds": args.rounds, "blocks": blocks, "new_layout_blocks": new_layout_blocks,
+              "records": records}
+    out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"overhead-{gpu}-{date}-{commit}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\n| case | ours us | torch us | ratio |\n|---|---|---|---|")
+    for r in records:
+        print(f"| {r['case']} | {r['ours_us']:.2f} | {r['torch_us']:.2f} | {r['ratio']:.3f} |")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

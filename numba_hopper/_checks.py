@@ -1,0 +1,79 @@
+"""The checks a GEMM call passes before anything is launched, each raising a specific
+``numba_hopper.errors`` exception. They read :class:`~numba_hopper._arrays.DeviceView`s only."""
+
+from __future__ import annotations
+
+from ._arrays import DeviceView, byte_span
+from .errors import DeviceMismatchError, DtypeError, LayoutError, OverlapError, ShapeError
+
+__all__ = ["INPUT_DTYPES", "OUTPUT_DTYPES", "check_dtype", "check_strides", "check_inputs", "check_out",
+           "check_no_overlap", "same_view"]
+
+INPUT_DTYPES = ("bf16", "f16")
+OUTPUT_DTYPES = ("bf16", "f16", "f32")
+
+
+def check_dtype(what, dt, allowed):
+    if dt not in allowed:
+        raise DtypeError(f"{what} must be one of {allowed}; got {dt!r}")
+
+
+def check_strides(name, v: DeviceView):
+    # Negative strides (flipped views) are refused rather than copied: a silent copy would
+    # hide a likely mistake.
+    if any(s < 0 for s in v.strides):
+        raise LayoutError(f"{name} has negative strides {v.strides}; pass a copy (e.g. .contiguous())")
+
+
+def check_inputs(va: DeviceView, vb: DeviceView):
+    for name, v in (("a", va), ("b", vb)):
+        if len(v.shape) != 2:
+            raise ShapeError(f"{name} must be 2-D, got shape {v.shape}")
+        check_dtype(f"{name}.dtype", v.dtype, INPUT_DTYPES)
+        check_strides(name, v)
+    if va.dtype != vb.dtype:
+        raise DtypeError(f"a and b must have the same dtype; got {va.dtype} and {vb.dtype}")
+    if va.shape[1] != vb.shape[0]:
+        raise ShapeError(f"shape mismatch: a is {va.shape}, b is {vb.shape} (a.shape[1] must equal b.shape[0])")
+    if va.device != vb.device:
+        raise DeviceMismatchError(f"a is on device {va.device} and b on device {vb.device}")
+
+
+def check_out(vo: DeviceView, shape, device, out_dtype):
+    if tuple(vo.shape) != shape:
+        raise ShapeError(f"out has shape {tuple(vo.shape)}, expected {shape}")
+    check_dtype("out.dtype", vo.dtype, OUTPUT_DTYPES)
+    if out_dtype is not None and out_dtype != vo.dtype:
+        raise DtypeError(f"out has dtype {vo.dtype} but out_dtype={out_dtype!r}")
+    if vo.device != device:
+        raise DeviceMismatchError(f"out is on device {vo.device}, the inputs on device {device}")
+    check_strides("out", vo)
+    if 0 not in vo.shape and any(s == 0 and n > 1 for s, n in zip(vo.strides, vo.shape)):
+        raise LayoutError(f"out has a zero stride {vo.strides} (a broadcast view): its elements alias")
+
+
+def same_view(v: DeviceView, w: DeviceView):
+    return (v.ptr, tuple(v.shape), tuple(v.strides), v.itemsize) == (w.ptr, tuple(w.shape), tuple(w.strides), w.itemsize)
+
+
+def overlaps(lo, span, vlo, vspan):
+    """Whether ``[lo, lo + span)`` and ``[vlo, vlo + vspan)`` share a byte."""
+    return span and vspan and lo < vlo + vspan and vlo < lo + span
+
+
+def check_no_overlap(written, read, in_place=()):
+    """What a kernel writes must share no memory with anything else it reads or writes: it
+    reads them while it writes. ``written``, ``read``: ``(name, address, byte span)``;
+    ``in_place``: the (written, read) name pairs allowed to be exactly the same view.
+
+    Judged by address ranges (conservative for interleaved views).
+    """
+    for i, (wname, lo, span) in enumerate(written):
+        for name, vlo, vspan in (*read, *written[i + 1:]):
+            if overlaps(lo, span, vlo, vspan) and not ((wname, name) in in_place and lo == vlo):
+                raise OverlapError(f"{wname} [0x{lo:x}, 0x{lo + span:x}) overlaps {name} [0x{vlo:x}, 0x{vlo + vspan:x})")
+
+
+def byte_range(name, v: DeviceView | None):
+    """``(name, address, byte span)`` of a view for :func:`check_no_overlap` (None: empty)."""
+    return (name, v.ptr, byte_span(v)) if v is not None else (name, 0, 0)

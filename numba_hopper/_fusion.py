@@ -1,0 +1,157 @@
+"""A GEMM call's fused-epilogue keywords: checked into a :class:`Fusion`, and read cheaply per call.
+
+``out = act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``, with
+``aux_out`` the value before the activation and ``epilogue`` a user device function after it
+(``kernels/epilogue.py`` compiles each feature in only when it is asked for).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from numba import cuda
+
+from ._arrays import DeviceView, device_view, transpose
+from ._checks import OUTPUT_DTYPES, check_dtype, check_strides
+from ._operands import describe
+from .errors import DeviceMismatchError, ShapeError
+from .kernels.epilogue import ACTIVATIONS, EpilogueConfig
+
+__all__ = ["NAMES", "fusion_args", "fusion_key_and_values", "Fusion", "check_fusion", "numba_array", "user_arg",
+           "is_array"]
+
+NAMES = ("alpha", "beta", "c", "bias", "bias_dim", "activation", "aux_out", "epilogue", "epilogue_args",
+         "row_scale", "col_scale")
+# The arrays whose addresses a call passes, in the order of the call's values (after alpha, beta).
+ARRAYS = ("c", "row_scale", "col_scale", "bias", "aux_out")
+
+
+def fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale, col_scale):
+    """The epilogue keywords as a dict, or None for a plain GEMM (which then runs the plain kernel)."""
+    if (alpha == 1.0 and beta == 0.0 and c is None and bias is None and bias_dim is None and activation is None
+            and aux_out is None and epilogue is None and row_scale is None and col_scale is None):
+        if epilogue_args:
+            raise ValueError("epilogue_args were given without an epilogue function")
+        return None
+    return dict(zip(NAMES, (alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, tuple(epilogue_args),
+                            row_scale, col_scale)))
+
+
+def fusion_key_and_values(f):
+    """``(key, values)`` of a fused call: what decides its kernel and plan (array layouts,
+    compile-time flags, user scalars), and what changes from call to call (``alpha``,
+    ``beta`` and the arrays' addresses, user arrays last). ``c`` counts only if ``beta != 0``."""
+    key, values = [f["alpha"] != 1.0, f["beta"] != 0.0, f["bias_dim"], f["activation"], f["epilogue"]], []
+    for name in ARRAYS:
+        x = f[name] if name != "c" or f["beta"] != 0.0 else None
+        sig, ptr = describe(x) if x is not None else (None, 0)
+        key.append(sig)
+        values.append(ptr)
+    for x in f["epilogue_args"]:
+        if is_array(x):
+            sig, ptr = describe(x)
+            key.append(sig)
+            values.append(ptr)
+        else:  # scalars are packed into the kernel's arguments once: part of the key
+            key.append((type(x), x))
+    return tuple(key), (float(f["alpha"]), float(f["beta"]), *values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fusion:
+    """A checked fused epilogue: views of its arrays, in the user's (M, N) coordinates."""
+
+    alpha: float
+    beta: float
+    c: DeviceView | None
+    bias: DeviceView | None
+    bias_dim: int
+    activation: str | None
+    aux: DeviceView | None
+    user: object
+    user_args: tuple
+    row_scale: DeviceView | None
+    col_scale: DeviceView | None
+
+    def transposed(self):
+        """The same epilogue for the kernel that computes ``out.T``."""
+        return dataclasses.replace(
+            self, c=self.c and transpose(self.c), aux=self.aux and transpose(self.aux), bias_dim=1 - self.bias_dim,
+            row_scale=self.col_scale, col_scale=self.row_scale)
+
+    def config(self, transposed):
+        return EpilogueConfig(
+            alpha=self.alpha != 1.0, row_scale=self.row_scale is not None, col_scale=self.col_scale is not None,
+            c_dtype=self.c and self.c.dtype, bias=self.bias and ("row", "col")[self.bias_dim],
+            bias_dtype=self.bias.dtype if self.bias else "f32", activation=self.activation,
+            aux_dtype=self.aux and self.aux.dtype, user=self.user, transposed=transposed)
+
+
+def check_fusion(f, M, N, device, dtype) -> Fusion:
+    """Check the epilogue keywords against an (M, N) output; return a :class:`Fusion`."""
+    def view(name, x, shape, dtypes=OUTPUT_DTYPES):
+        v = device_view(x)
+        if v.dtype == "u16" and dtype:
+            v = v.with_dtype(dtype)
+        if tuple(v.shape) != shape:
+            raise ShapeError(f"{name} has shape {tuple(v.shape)}, expected {shape}")
+        check_dtype(f"{name}.dtype", v.dtype, dtypes)
+        if v.device != device:
+            raise DeviceMismatchError(f"{name} is on device {v.device}, the inputs on device {device}")
+        check_strides(name, v)
+        return v
+
+    if f["activation"] not in (None,) + ACTIVATIONS:
+        raise ValueError(f"activation must be None or one of {ACTIVATIONS}; got {f['activation']!r}")
+    if f["beta"] != 0.0 and f["c"] is None:
+        raise ValueError(f"beta = {f['beta']} needs c")
+    c = f["c"] if f["beta"] != 0.0 else None  # BLAS: C is not read when beta == 0
+    bias, bias_dim = f["bias"], f["bias_dim"]
+    if bias is not None:
+        length = device_view(bias).shape[0] if len(device_view(bias).shape) == 1 else None
+        if bias_dim is None:
+            if M == N:
+                raise ValueError(f"bias of length {length} fits rows and columns of the {M} x {N} output: "
+                                 "pass bias_dim=0 (one value per row) or bias_dim=1 (per column)")
+            bias_dim = {N: 1, M: 0}.get(length)
+        if bias_dim not in (0, 1):
+            raise ValueError(f"bias_dim must be 0 (per row, length M = {M}) or 1 (per column, length N = {N}); "
+                             f"got bias_dim={f['bias_dim']!r} for a bias of shape {device_view(bias).shape}")
+    elif bias_dim is not None:
+        raise ValueError("bias_dim was given without a bias")
+    user = f["epilogue"]
+    if user is not None and not hasattr(user, "py_func"):
+        raise TypeError(f"epilogue must be a @cuda.jit(device=True) function; got {type(user).__name__}")
+    if f["epilogue_args"] and user is None:
+        raise ValueError("epilogue_args were given without an epilogue function")
+    return Fusion(
+        alpha=float(f["alpha"]), beta=float(f["beta"]),
+        c=c if c is None else view("c", c, (M, N)),
+        bias=bias if bias is None else view("bias", bias, ((M, N)[bias_dim],)),
+        bias_dim=1 if bias_dim is None else bias_dim,
+        activation=f["activation"],
+        aux=f["aux_out"] if f["aux_out"] is None else view("aux_out", f["aux_out"], (M, N)),
+        user=user,
+        user_args=f["epilogue_args"],
+        row_scale=f["row_scale"] if f["row_scale"] is None else view("row_scale", f["row_scale"], (M,), ("f32",)),
+        col_scale=f["col_scale"] if f["col_scale"] is None else view("col_scale", f["col_scale"], (N,), ("f32",)),
+    )
+
+
+def numba_array(v: DeviceView):
+    """A numba device array over a view (16-bit floats as their uint16 bits), for a kernel."""
+    return cuda.from_cuda_array_interface(
+        {"shape": tuple(v.shape), "strides": v.byte_strides, "typestr": "<f4" if v.itemsize == 4 else "<u2",
+         "data": (v.ptr, False), "version": 3},
+        owner=None, sync=False)
+
+
+def user_arg(x):
+    """An epilogue argument as numba can pass it: device arrays become numba arrays."""
+    if hasattr(x, "__cuda_array_interface__") and not isinstance(x, cuda.devicearray.DeviceNDArray):
+        return cuda.as_cuda_array(x, sync=False)
+    return x
+
+
+def is_array(x) -> bool:
+    return hasattr(x, "__cuda_array_interface__") or hasattr(x, "data_ptr")

@@ -1,0 +1,404 @@
+"""Plans: everything about a GEMM call but its operands' addresses and its stream.
+
+A plan is built once per call layout (``matmul``'s plan cache keys it on what decides the
+kernel: shapes, strides, dtypes, alignment, device, the epilogue's signature) and run on
+every call with that layout. A call passes its *values*: ``values[SCRATCH]`` is the address
+of the device scratch the plan asked for (``_workspace``), then the operands' addresses and
+the epilogue's scalars at the indices below.
+
+Each operand of a launch is a view plus a :class:`Src` naming the value it lives at. The
+launches are prepared once, against the first call's values, and record where each value
+lands in their packed arguments (``binds``); a later call only rewrites those before
+launching. The GEMM kernel takes tensor-map templates plus addresses and builds its maps
+itself (``kernels/descriptors.py``), so a new operand address costs the host nothing and
+the call never waits for the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
+from ._checks import check_no_overlap
+from ._copy import aligned_layout, prepare_copy
+from ._fusion import Fusion, is_array, numba_array, user_arg
+from ._heuristics import choose_config, split_count, stream_k_schedule
+from ._workspace import ALIGN, run_with_scratch
+from .debug import DebugRecord
+from .kernels.descriptors import TENSORMAP_BYTES
+from .kernels.gemm_sm90 import EPI_ROWS, c_box_cols, make_gemm_kernel, max_stages
+from .launch import device_limits, max_active_clusters, prepare_launch
+from .tensormap import encode_template
+
+__all__ = ["Plan", "check_overlap", "gemm_plan", "bmm_plan", "zero_fill_plan", "SCRATCH", "A", "B", "OUT", "ALPHA", "BETA", "C",
+           "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "USER"]
+
+# Indices into a call's values. USER + i: the i-th array among the user epilogue's arguments.
+SCRATCH, A, B, OUT, ALPHA, BETA, C, ROW_SCALE, COL_SCALE, BIAS, AUX, USER = range(12)
+
+
+class Src(NamedTuple):
+    """Where an operand lives in a call: ``values[index] + offset``."""
+
+    index: int
+    offset: int = 0
+
+    def resolve(self, values):
+        return values[self.index] + self.offset
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """A view (its address: any call's, or 0 for scratch) and the value that places it."""
+
+    view: DeviceView
+    src: Src
+
+    def at(self, values) -> DeviceView:
+        return dataclasses.replace(self.view, ptr=self.src.resolve(values))
+
+    def t(self) -> "Operand":
+        return Operand(transpose(self.view), self.src)
+
+
+class _Scratch:
+    """A bump allocator for the plan's scratch regions (offsets from ``values[SCRATCH]``)."""
+
+    def __init__(self):
+        self.size = 0
+
+    def take(self, nbytes) -> Src:
+        offset = self.size
+        self.size += -(-nbytes // ALIGN) * ALIGN
+        return Src(SCRATCH, offset)
+
+
+def _binds(leaves, srcs):
+    """``(parameter index, Src)`` pairs for an argument's leaves and its sources (same nesting;
+    a None source keeps the packed value)."""
+    if srcs is None:
+        return []
+    if isinstance(leaves, list):
+        return [pair for leaf, src in zip(leaves, srcs) for pair in _binds(leaf, src)]
+    return [(leaves, srcs)]
+
+
+class _Launch:
+    """A prepared launch and the values it takes each call."""
+
+    __slots__ = ("launch", "binds")
+
+    def __init__(self, launch, srcs):
+        self.launch = launch
+        self.binds = tuple((p, s.index, s.offset) for leaves, arg in zip(launch.leaves, srcs)
+                           for p, s in _binds(leaves, arg))
+
+    def __call__(self, stream, values):
+        self.launch(stream, [(p, values[i] + o) for p, i, o in self.binds])
+
+
+class _Memset:
+    """Zero ``rows`` rows of ``width`` bytes, ``pitch`` bytes apart, at ``src``."""
+
+    def __init__(self, src, width, rows=1, pitch=0):
+        self.src, self.width, self.rows, self.pitch = src, width, rows, pitch or width
+
+    def prepare(self, values):
+        return self
+
+    def __call__(self, stream, values):
+        from cuda.bindings import driver
+
+        (err,) = driver.cuMemsetD2D8Async(self.src.resolve(values), self.pitch, 0, self.width, self.rows, stream)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuMemsetD2D8Async failed: {err}")
+
+
+class _Copy:
+    """``dst = src`` through the 2-D copy kernel."""
+
+    def __init__(self, src: Operand, dst: Operand):
+        self.src, self.dst = src, dst
+
+    def prepare(self, values):
+        return _Launch(prepare_copy(self.src.at(values), self.dst.at(values)), (self.src.src, self.dst.src))
+
+
+class _Reduce:
+    """Split-K's second kernel: sum the f32 slices in ``partials`` into ``out``."""
+
+    def __init__(self, partials: Operand, out: Operand):
+        self.partials, self.out = partials, out
+
+    def prepare(self, values):
+        from .kernels.splitk import prepare_reduce
+
+        launch = prepare_reduce(self.partials.at(values), self.out.at(values))
+        return _Launch(launch, (self.partials.src, None, self.out.src))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """The batch (or K-slice) dimension of a launch: unit count and element strides."""
+
+    count: int = 1
+    a: int = 0  # 0: one A for every unit
+    b: int = 0
+    c: int = 0
+    k_split: int = 0  # k-blocks per unit when the units are K slices
+
+
+class _Gemm:
+    """One launch of the persistent GEMM kernel of ``cfg`` over ``batch`` units.
+
+    ``fusion``: the fused epilogue of a single product, in kernel coordinates, with ``c`` (an
+    :class:`Operand`, or None) placed apart from its other arrays (``arrays``: name ->
+    Operand). ``grid``/``dp_tiles``: a stream-K launch's schedule.
+    """
+
+    def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, arrays=None, user_srcs=(),
+                 grid=None, dp_tiles=0, record=None):
+        self.cfg, self.a, self.b, self.d, self.c, self.batch = cfg, a, b, d, c, batch
+        self.fusion, self.arrays, self.user_srcs = fusion, arrays or {}, user_srcs
+        self.dp_tiles, self.record = dp_tiles, record
+        M, N = d.view.shape
+        limits = device_limits(d.view.device)
+        tiles = batch.count * -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
+        self.grid = grid or min(tiles * cfg.cluster_size, limits.sm_count)  # whole clusters: trimmed in prepare
+        self.slots = scratch.take(self.grid * cfg.tensormaps * TENSORMAP_BYTES)
+        self.partials = scratch.take(self.grid * 2 * (cfg.partial_bytes + 4)) if cfg.stream_k else None
+
+    def _templates(self, values):
+        cfg, batch = self.cfg, self.batch
+        # K-major A: (M, K) rows of 64 k; M-major A: stored (K, M), 64 x 64 boxes.
+        a = self.a.at(values)
+        maps = [encode_template(_batched(a if cfg.a_major == "K" else transpose(a), batch.count, batch.a),
+                                cfg.a_box, swizzle=128)]
+        # K-major B: stored (N, K); N-major B: (K, N), 64 x 64 boxes.
+        b = self.b.at(values)
+        maps.append(encode_template(_batched(transpose(b) if cfg.b_major == "K" else b, batch.count, batch.b),
+                                    cfg.b_box, swizzle=cfg.b_swizzle))
+        maps.append(encode_template(_batched(self.d.at(values), batch.count, batch.c), cfg.c_box,
+                                    swizzle=cfg.epi_swizzle))
+        if self.c is not None:
+            cols = c_box_cols(cfg)
+            c = self.c.at(values)
+            maps.append(encode_template(_batched(c, 1, 0), (1, EPI_ROWS, cols), swizzle=cols * c.itemsize))
+        return tuple(m.words for m in maps)
+
+    def _epilogue_args(self, values):
+        """The kernel's epilogue tuple (in ``arg_names`` order) and its sources."""
+        args, srcs = [], []
+        for name in self.cfg.epilogue.arg_names:
+            if name in ("alpha", "beta"):
+                args.append(np.float32(values[ALPHA if name == "alpha" else BETA]))
+                srcs.append(Src(ALPHA if name == "alpha" else BETA))
+            elif name == "user_args":
+                args.append(tuple(map(user_arg, self.fusion.user_args)))
+                srcs.append(list(self.user_srcs))
+            else:
+                op = self.arrays[name]
+                args.append(numba_array(op.at(values)))
+                srcs.append(op.src)
+        return tuple(args), srcs
+
+    def prepare(self, values):
+        cfg, batch = self.cfg, self.batch
+        M, N = self.d.view.shape
+        K = self.a.view.shape[1]
+        operands = (self.a, self.b, self.d) + ((self.c,) if self.c is not None else ())
+        workspace = self.partials.resolve(values) if self.partials else 0
+        args = [self._templates(values), tuple(np.uint64(op.src.resolve(values)) for op in operands),
+                np.uint64(self.slots.resolve(values)), M, N, K, batch.count, int(batch.a != 0), int(batch.b != 0),
+                batch.k_split, self.dp_tiles, workspace, self.record.address if self.record else 0]
+        srcs = [None, [op.src for op in operands], self.slots, None, None, None, None, None, None, None, None,
+                self.partials, None]
+        if cfg.epilogue is not None:
+            ep, ep_srcs = self._epilogue_args(values)
+            args.append(ep)
+            srcs.append(ep_srcs)
+        kernel = make_gemm_kernel(cfg)
+        # The on-disk cache keys a kernel on the package's sources and the config's repr; a
+        # user epilogue function is neither (its repr is an address, its code is the caller's),
+        # so such kernels are compiled in every process rather than risk loading a stale one.
+        user_code = cfg.epilogue is not None and cfg.epilogue.user is not None
+        cache_key = None if user_code else ("gemm_sm90", cfg)
+        grid = self.grid
+        if cfg.cluster_size > 1:  # GPCs hold fewer whole clusters than SMs / cluster size
+            resident = max_active_clusters(kernel, cfg.cluster_size, cfg.threads, args,
+                                           shared_mem=cfg.shared_bytes, cache_key=cache_key)
+            grid = min(grid // cfg.cluster_size, resident) * cfg.cluster_size
+        launch = prepare_launch(kernel, grid, cfg.threads, args, cluster=cfg.cluster_size if cfg.cluster_size > 1 else None,
+                                shared_mem=cfg.shared_bytes, cache_key=cache_key)
+        gemm = _Launch(launch, srcs)
+        if not cfg.stream_k:
+            return gemm
+        flags = _Memset(Src(SCRATCH, self.partials.offset + self.grid * 2 * cfg.partial_bytes), self.grid * 2 * 4)
+
+        def stream_k(stream, values):  # the fix-up's flags start at zero
+            flags(stream, values)
+            gemm(stream, values)
+
+        return stream_k
+
+
+def _batched(v, count, stride):
+    """The row-major 2-D view ``v`` repeated ``count`` times, ``stride`` elements apart.
+
+    A ``stride`` of 0 (one matrix for every unit) is a batch dimension of 1: the kernel
+    reads it at batch coordinate 0. TMA wants every stride a multiple of 16 bytes, also of
+    a dimension of 1, so a single matrix gets its own size as the stride.
+    """
+    v = canonical(v)
+    if stride == 0:
+        count, stride = 1, v.shape[0] * v.strides[0]
+    return dataclasses.replace(v, shape=(count, *v.shape), strides=(stride, *v.strides))
+
+
+class Plan:
+    """The steps of a call, prepared on its first run; ``plan(stream, values)`` runs them.
+
+    ``written``/``read``: ``(name, value index, byte span)`` of the caller's arrays the
+    launches write and read, and ``in_place``, the (written, read) pairs allowed to be the
+    same memory: a call checks them against its own addresses (:meth:`check_overlap`).
+    """
+
+    def __init__(self, device, specs, scratch_bytes=0, record=None, written=(), read=(), in_place=()):
+        self.device, self.specs, self.scratch_bytes, self.record = device, specs, scratch_bytes, record
+        self.written, self.read, self.in_place = written, read, in_place
+        self._steps = None
+
+    def __call__(self, stream, values):
+        run_with_scratch(self.device, stream, self.scratch_bytes, self._run, values)
+        if self.record is not None:
+            self.record.synchronize(stream)
+
+    def _run(self, stream, values):
+        if self._steps is None:  # the specs, and what they hold of the first call, go
+            self._steps, self.specs = [spec.prepare(values) for spec in self.specs], ()
+        for step in self._steps:
+            step(stream, values)
+
+    def check_overlap(self, values):
+        check_overlap(self.written, self.read, self.in_place, values)
+
+
+def check_overlap(written, read, in_place, values):
+    """:func:`~numba_hopper._checks.check_no_overlap` of ``(name, value index, byte span)``
+    arrays at a call's addresses."""
+    if written:
+        check_no_overlap([(n, values[i], s) for n, i, s in written], [(n, values[i], s) for n, i, s in read],
+                         in_place)
+
+
+def _aligned(op: Operand, scratch, copies, row_major_only=False):
+    """``op`` if TMA can read it (either major, unless ``row_major_only``), else a scratch copy
+    of it, whose copy step is added to ``copies``."""
+    v = op.view
+    if tma_addressable(v, True) or (not row_major_only and tma_addressable(v, False)):
+        return op
+    layout, nbytes = aligned_layout(v)
+    copy = Operand(layout, scratch.take(nbytes))
+    copies.append(_Copy(op, copy))
+    return copy
+
+
+_FUSION_SRCS = {"c": Src(C), "row_scale": Src(ROW_SCALE), "col_scale": Src(COL_SCALE), "bias": Src(BIAS),
+                "aux": Src(AUX)}
+_SWAPPED = {"row_scale": "col_scale", "col_scale": "row_scale"}
+
+
+def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
+    """The plan of ``out = a @ b`` (with ``fusion``) for these checked views.
+
+    A column-major ``out`` is computed as ``out.T = b.T @ a.T``: the same kernel on swapped,
+    transposed operands. Operands TMA cannot address go through aligned scratch copies.
+    """
+    a, b, d = Operand(va, Src(A)), Operand(vb, Src(B)), Operand(vo, Src(OUT))
+    scratch, copies = _Scratch(), []
+    c, arrays, user_srcs = None, {}, ()
+    if fusion:
+        arrays = {name: Operand(getattr(fusion, name), src) for name, src in _FUSION_SRCS.items()
+                  if getattr(fusion, name) is not None}
+        user_srcs = _user_sources(fusion.user_args)
+    transposed = is_col_major(vo)
+    if transposed:  # the kernel's rows are the user's columns
+        a, b, d = b.t(), a.t(), d.t()
+        arrays = {_SWAPPED.get(n, n): op.t() if op.view.ndim == 2 else op for n, op in arrays.items()}
+        fusion = fusion and fusion.transposed()
+    if "c" in arrays:  # C is read like the output: row-major
+        c = _aligned(arrays.pop("c"), scratch, copies, row_major_only=True)
+    a, b = _aligned(a, scratch, copies), _aligned(b, scratch, copies)
+    target, finish = d, []
+    if not tma_addressable(d.view, True):
+        layout, nbytes = aligned_layout(d.view)
+        d = Operand(layout, scratch.take(nbytes))
+        finish.append(_Copy(d, target))
+    cfg = choose_config(a.view, b.view, d.view, config, debug, fusion and fusion.config(transposed))
+    record = DebugRecord() if debug else None
+    M, N, K = d.view.shape[0], d.view.shape[1], a.view.shape[1]
+    sms = device_limits(vo.device).sm_count
+    # Split-K slices write fp32 partial sums, so an epilogue could only run after the reduce:
+    # fused calls simply do not split (GemmConfig refuses split_k > 1 with an epilogue).
+    auto_split = not fusion and config is None and not cfg.stream_k
+    splits = split_count(cfg, M, N, K, sms) if auto_split else cfg.split_k
+    if splits > 1:
+        cfg = dataclasses.replace(cfg, out_dtype="f32", stages=max_stages(
+            cfg.in_dtype, "f32", cfg.block_n, device_limits(vo.device).max_shared_per_block_optin,
+            a_major=cfg.a_major, b_major=cfg.b_major, block_m=cfg.block_m))
+        ld = -(-N // 4) * 4
+        k_split = -(-(-(-K // 64)) // splits)  # k-blocks per slice
+        place = scratch.take(splits * M * ld * 4)
+        slice_view = DeviceView(0, (M, N), (ld, 1), "f32", 4, vo.device, "numba")
+        gemm = _Gemm(cfg, a, b, Operand(slice_view, place), _Batch(splits, 0, 0, M * ld, k_split), scratch,
+                     record=record)
+        partials = Operand(DeviceView(0, (splits, M, ld), (M * ld, ld, 1), "f32", 4, vo.device, "numba"), place)
+        steps = [*copies, gemm, _Reduce(partials, target)]
+    else:
+        gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, arrays=arrays, user_srcs=user_srcs,
+                     record=record, **_stream_k(cfg, M, N, K, sms))
+        steps = [*copies, gemm, *finish]
+    return Plan(vo.device, steps, scratch.size, record)
+
+
+def _user_sources(user_args):
+    """The sources of the user epilogue's arguments: arrays are the call's USER + i values."""
+    srcs, arrays = [], 0
+    for x in user_args:
+        srcs.append(Src(USER + arrays) if is_array(x) else None)
+        arrays += is_array(x)
+    return tuple(srcs)
+
+
+def _stream_k(cfg, M, N, K, sms):
+    if not cfg.stream_k:
+        return {}
+    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    k_blocks = -(-K // 64)
+    grid, dp_tiles = stream_k_schedule(tiles, k_blocks, sms)
+    if (tiles - dp_tiles) * k_blocks * grid >= 2**32:  # the kernel's run bounds are 32-bit
+        raise ValueError(f"stream_k: {tiles} tiles of {k_blocks} k-blocks are too many for its 32-bit index math")
+    return {"grid": grid, "dp_tiles": dp_tiles}
+
+
+def bmm_plan(ma, mb, mo, batch, strides, config):
+    """The plan of ``out[i] = a[i] @ b[i]`` for ``batch`` items: 2-D views of item 0 and the
+    batch strides ``(a, b, out)`` in elements (0: one matrix for every item)."""
+    cfg = choose_config(ma, mb, mo, config, debug=False, units=batch)
+    scratch = _Scratch()
+    gemm = _Gemm(cfg, Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT)), _Batch(batch, *strides),
+                 scratch)
+    return Plan(mo.device, [gemm], scratch.size)
+
+
+def zero_fill_plan(vo, count=1, stride=0):
+    """``out[...] = 0`` (K == 0) for a row- or column-major view, ``count`` items ``stride``
+    elements apart."""
+    w = vo if is_row_major(vo) else transpose(vo)
+    rows, cols = w.shape
+    pitch = leading_dim(w) * vo.itemsize
+    return Plan(vo.device, [_Memset(Src(OUT, i * stride * vo.itemsize), cols * vo.itemsize, rows, pitch)
+                            for i in range(count)])

@@ -1,0 +1,289 @@
+"""``numba_hopper.gemm`` and ``numba_hopper.bmm``: ``out = a @ b`` on Hopper with the warp-specialized
+TMA/wgmma kernel.
+
+Inputs are bf16 or fp16 (fp32 accumulation), outputs bf16, fp16 or fp32. Each of ``a``,
+``b`` and ``out`` may be row-major or column-major (a leading dimension larger than the
+extent is fine); the layouts reach the kernel through the TMA descriptors and the wgmma
+transpose bits, never through copies. A column-major ``out`` is computed as
+``out.T = b.T @ a.T``, which is the same kernel on swapped, transposed operands.
+
+The fallback that copies: TMA needs 16-byte-aligned base addresses and leading dimensions
+that are multiples of 16 bytes. An operand that breaks that (say a row-major bf16 matrix
+with 1001 columns, or a slice starting at an odd element) is first copied into an aligned
+row-major scratch region, and an ``out`` that breaks it (any odd N in bf16) receives the
+result through one (``numba_hopper._copy``): one more kernel per copy, and its bytes moved
+twice. Layouts that TMA can read cost no copy.
+
+Arrays: PyTorch tensors (bf16 included), CuPy arrays, numba device arrays and anything with
+``__cuda_array_interface__``. numba has no bf16 dtype: hold bf16 data in ``uint16`` arrays
+and pass ``dtype="bf16"`` (``out_dtype="bf16"`` then allocates a ``uint16`` result).
+The result is of the caller's kind: ``out`` if given, else a new array like ``a``.
+
+Fused epilogues (``alpha``, ``beta``/``c``, ``bias``, ``activation``, ``aux_out``,
+``epilogue``, ``row_scale``/``col_scale``) compile into the kernel's epilogue
+(kernels/epilogue.py): a call without them runs the plain kernel, unchanged.
+
+The call path. The first call with a new layout (shapes, strides, dtypes, 16-byte alignment,
+device, epilogue options, ``config``) checks everything and builds a plan (``_plan``:
+kernel choice, tensor-map templates, prepared launches); later calls with that layout look
+the plan up by those attributes alone and pass the new addresses: no descriptor encode, no
+upload, no device allocation but the output's (through the caller's framework), no
+synchronization. A call returns as soon as its launches are queued.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from ._arrays import byte_span, device_view, tma_addressable
+from ._checks import OUTPUT_DTYPES, check_dtype, check_inputs, check_out
+from ._device import hopper_device_reason
+from ._fusion import fusion_args, fusion_key_and_values, check_fusion
+from ._operands import describe, empty_like, stream_handle
+from ._plan import A, AUX, B, C, OUT, Plan, bmm_plan, check_overlap, gemm_plan, zero_fill_plan
+from .debug import debug_enabled
+from .errors import ShapeError, UnsupportedDeviceError
+from .kernels.gemm_sm90 import GemmConfig
+
+__all__ = ["gemm", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
+
+
+def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None,
+         out_dtype=None, aux_out=None, epilogue=None, epilogue_args=(), row_scale=None, col_scale=None,
+         dtype=None, stream=None, config=None, debug=None):
+    """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N), or with a fused
+    epilogue ``act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``.
+
+    ``out_dtype``: "bf16", "f16" or "f32" (default: the input dtype, or ``out``'s dtype).
+    ``dtype``: how to read ``uint16`` inputs ("bf16" or "f16"), for arrays without bf16.
+    ``stream``: a numba, CuPy or PyTorch stream or a raw ``CUstream`` handle; default the
+    current PyTorch stream for PyTorch inputs, else the default stream.
+    ``config``: a :class:`GemmConfig` to override the kernel choice (layouts and dtypes in
+    it are ignored; they come from the arrays).
+
+    Fused epilogue, computed in float32 on the accumulator before the output is rounded
+    (each part costs only when given):
+
+    - ``alpha``, ``beta``: scalars; ``c``: an (M, N) matrix (bf16/f16/f32, any layout),
+      read only if ``beta != 0`` (BLAS). ``out`` may be ``c`` (in-place update).
+    - ``bias``: a vector (bf16/f16/f32) added along ``bias_dim``: 1 = one value per column
+      (length N, as ``torch.addmm``), 0 = one per row (length M). Without ``bias_dim`` its
+      length decides; when M == N it must be given.
+    - ``activation``: None, "relu", "gelu" (erf), "gelu_tanh", "silu" or "sigmoid"
+      ("gelu_tanh", "silu" and "sigmoid" use the hardware ``tanh.approx.f32``, relative
+      error about 2^-11).
+    - ``aux_out``: an (M, N) array (bf16/f16/f32) that receives the value before the
+      activation (for a backward pass).
+    - ``epilogue``: a ``@cuda.jit(device=True)`` function ``f(value, row, col, *epilogue_args)``
+      returning the new value, applied after the activation to every element of the M x N
+      output (float32 ``value``, int64 ``row`` and ``col``); ``epilogue_args``: a tuple of
+      device arrays and scalars passed through. It is compiled into the kernel (one kernel
+      per function), so keep it small: it runs in the registers of the epilogue.
+    - ``row_scale`` (length M), ``col_scale`` (length N): float32 vectors.
+
+    A fused epilogue never uses split-K (whose K slices produce partial sums, not outputs).
+    Results are deterministic (bitwise the same on every call) on every path: split-K sums
+    its slices in a fixed order in a second kernel, and stream-K (``config=GemmConfig(...,
+    stream_k=True)``, never chosen automatically: it lost on every shape measured, see
+    benchmarks/NOTES.md) adds each tile's partial sums in CTA order.
+
+    ``debug``: run the debug build (bounded pipeline waits) and synchronize; a hang raises
+    :class:`~numba_hopper.errors.PipelineHangError` (default: ``NUMBA_HOPPER_DEBUG``).
+
+    Raises, before anything is launched (``numba_hopper.errors``): ``DtypeError``
+    (a TypeError: dtypes; array kinds raise a plain TypeError), ``ShapeError``,
+    ``LayoutError`` (negative strides, a broadcast ``out``), ``OverlapError`` (``out`` or
+    ``aux_out`` sharing memory with an operand; ``out`` may be exactly ``c``),
+    ``DeviceMismatchError`` (all ValueErrors) and
+    ``UnsupportedDeviceError`` (a RuntimeError) when there is no Hopper GPU. Empty outputs
+    launch nothing; ``K == 0`` zero-fills ``out``.
+    """
+    f = fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale,
+                    col_scale)
+    sig_a, pa = describe(a)
+    sig_b, pb = describe(b)
+    sig_o, po = describe(out) if out is not None else (None, 0)
+    fkey, fvalues = fusion_key_and_values(f) if f else (None, ())
+    key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, fkey)
+    debug = debug_enabled(debug)
+    entry = None if debug else _plans.get(key)
+    if entry is None:
+        return _first_gemm(key, a, b, out, f, out_dtype, dtype, stream, config, debug, fvalues)
+    return _run(entry, a, out, (0, pa, pb, po, *fvalues), stream)
+
+
+def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None):
+    """Batched ``out[i] = a[i] @ b[i]`` for ``a`` (B, M, K) and ``b`` (B, K, N): one launch.
+
+    Either operand may be 2-D, or have a batch stride of 0 (``torch.expand``), to use one
+    matrix for every batch item. Each matrix may be row- or column-major; batch strides,
+    base addresses and leading dimensions must be multiples of 16 bytes (TMA), and
+    ``out`` (B, M, N) row-major per matrix: this entry point makes no aligned copies.
+    Other arguments as for :func:`gemm` (no fused epilogue: those options are gemm's).
+    """
+    sig_a, pa = describe(a)
+    sig_b, pb = describe(b)
+    sig_o, po = describe(out) if out is not None else (None, 0)
+    key = ("bmm", sig_a, sig_b, sig_o, out_dtype, dtype, config)
+    entry = _plans.get(key)
+    if entry is None:
+        return _first_bmm(key, a, b, out, out_dtype, dtype, stream, config)
+    return _run(entry, a, out, (0, pa, pb, po), stream)
+
+
+def _run(entry, a, out, values, stream):
+    """A call whose layout has a plan: check its addresses, make its output, queue its launches."""
+    plan, make_out = entry
+    if out is None:
+        out, ptr = make_out(a)
+        values = values[:OUT] + (ptr,) + values[OUT + 1:]
+    else:
+        plan.check_overlap(values)
+    plan(stream_handle(stream, a), values)
+    return out
+
+
+def _first_gemm(key, a, b, out, f, out_dtype, dtype, stream, config, debug, fvalues):
+    """Check a call with a new layout, build its plan, run it, and keep the plan."""
+    va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
+    check_inputs(va, vb)
+    M, K = va.shape
+    N = vb.shape[1]
+    vo = _check_or_describe_out(out, (M, N), va, out_dtype)
+    fusion = f and check_fusion(f, M, N, va.device, dtype)
+    read = [("a", A, va), ("b", B, vb)] + ([("c", C, fusion.c)] if fusion and fusion.c else [])
+    written = ([("out", OUT, vo)] if out is not None else []) + ([("aux_out", AUX, fusion.aux)] if fusion and fusion.aux else [])
+    in_place = {("out", "c")} if out is not None and fusion and fusion.c and _same_layout(vo, fusion.c) else ()
+    plan_of = lambda v: _plan_for(v, va, vb, fusion, config, debug, K)  # noqa: E731
+    return _first_run(key, plan_of, a, out, vo, (M, N), out_dtype or (vo.dtype if vo else va.dtype), va,
+                      (va.ptr, vb.ptr), fvalues, stream, read, written, in_place, cache=not debug)
+
+
+def _plan_for(vo, va, vb, fusion, config, debug, K):
+    if 0 in vo.shape:
+        return Plan(vo.device, [])
+    if K == 0:
+        if fusion:
+            raise ValueError("K == 0 with a fused epilogue is not supported")
+        return zero_fill_plan(vo)
+    return gemm_plan(va, vb, vo, fusion, config, debug)
+
+
+def _first_bmm(key, a, b, out, out_dtype, dtype, stream, config):
+    va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
+    for name, v in (("a", va), ("b", vb)):
+        if len(v.shape) not in (2, 3):
+            raise ShapeError(f"{name} must be 2-D or 3-D, got shape {v.shape}")
+    (ba, sa, ma), (bb, sb, mb) = _batch_split(va), _batch_split(vb)
+    check_inputs(ma, mb)
+    batch = max(ba, bb)
+    if {ba, bb} - {1, batch}:
+        raise ShapeError(f"batch sizes {ba} and {bb} do not broadcast")
+    M, K, N = ma.shape[0], ma.shape[1], mb.shape[1]
+    vo = _check_or_describe_out(out, (batch, M, N), va, out_dtype)
+
+    def plan_of(vo):
+        _, so, mo = _batch_split(vo)
+        if 0 in vo.shape:
+            return Plan(vo.device, [])
+        if K == 0:
+            return zero_fill_plan(mo, batch, so)
+        _check_bmm_layouts(ma, sa, mb, sb, mo, so)
+        return bmm_plan(ma, mb, mo, batch, (sa, sb, so), config)
+
+    written = [("out", OUT, vo)] if out is not None else []
+    return _first_run(key, plan_of, a, out, vo, (batch, M, N), out_dtype or (vo.dtype if vo else va.dtype), va,
+                      (va.ptr, vb.ptr), (), stream, [("a", A, va), ("b", B, vb)], written, (), cache=True)
+
+
+def _check_or_describe_out(out, shape, va, out_dtype):
+    """``out``'s checked view, or None when the call makes the output (``out_dtype`` checked)."""
+    if out is None:
+        check_dtype("out_dtype", out_dtype or va.dtype, OUTPUT_DTYPES)
+        return None
+    vo = device_view(out, dtype=out_dtype)
+    check_out(vo, shape, va.device, out_dtype)
+    return vo
+
+
+def _first_run(key, plan_of, a, out, vo, shape, out_dtype, va, addresses, fvalues, stream, read, written, in_place,
+               cache):
+    """The rest of a first call: overlaps, the device, the output, the plan; run it, keep it."""
+    spans = lambda arrays: tuple((name, index, byte_span(v)) for name, index, v in arrays)  # noqa: E731
+    written, read = spans(written), spans(read)
+    values = (0, *addresses, vo.ptr if vo else 0, *fvalues)
+    check_overlap(written, read, in_place, values)
+    reason = hopper_device_reason()
+    if reason is not None:
+        raise UnsupportedDeviceError(f"numba_hopper needs a Hopper GPU (compute capability 9.x): {reason}")
+    make_out = None
+    if out is None:
+        make_out = _output_maker(va.framework, shape, out_dtype)
+        out, ptr = make_out(a)
+        vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
+        values = values[:OUT] + (ptr,) + values[OUT + 1:]
+    plan = plan_of(vo)
+    plan.written, plan.read, plan.in_place = written, read, in_place
+    plan(stream_handle(stream, a), values)
+    if cache:
+        _remember(key, (plan, make_out))
+    return out
+
+
+def _output_maker(framework, shape, dtype):
+    """``make(a) -> (out, address)``: a new output like ``a``'s kind."""
+    if framework == "torch":
+        import torch
+
+        tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
+
+        def make(a):
+            t = torch.empty(shape, dtype=tdt, device=a.device)
+            return t, t.data_ptr()
+
+        return make
+    return lambda a: (lambda o: (o, describe(o)[1]))(empty_like(a, shape, dtype, framework))
+
+
+def _same_layout(v, w):
+    return (tuple(v.shape), tuple(v.strides), v.itemsize) == (tuple(w.shape), tuple(w.strides), w.itemsize)
+
+
+def _check_bmm_layouts(ma, sa, mb, sb, mo, so):
+    for name, m, stride in (("a", ma, sa), ("b", mb, sb), ("out", mo, so)):
+        ok = tma_addressable(m, row_major=True) or (name != "out" and tma_addressable(m, row_major=False))
+        if not ok or (stride * m.itemsize) % 16:
+            raise ValueError(
+                f"bmm: {name} must hold {'row-major' if name == 'out' else 'row- or column-major'} matrices "
+                f"with 16-byte-aligned base, leading dimension and batch stride; got strides "
+                f"{(stride, *m.strides)} (elements) at {m.ptr:#x}"
+            )
+
+
+def _batch_split(v):
+    """``(batch count, batch stride in elements (0: broadcast), 2-D view of item 0)``."""
+    if len(v.shape) == 2:
+        return 1, 0, v
+    count, stride = v.shape[0], v.strides[0] if v.shape[0] > 1 else 0
+    return count, stride, dataclasses.replace(v, shape=v.shape[1:], strides=v.strides[1:])
+
+
+# --- the plan cache: layouts -> plans ------------------------------------------------------
+
+PLAN_CACHE_SIZE = 256
+_plans: dict = {}
+_plans_lock = threading.Lock()
+
+
+def _remember(key, entry):
+    with _plans_lock:  # two threads evicting the same oldest plan would KeyError
+        _plans[key] = entry
+        while len(_plans) > PLAN_CACHE_SIZE:
+            _plans.pop(next(iter(_plans)))
+
+
+def clear_plans():
+    """Forget every cached plan (the next call of each layout builds its plan again)."""
+    with _plans_lock:
+        _plans.clear()
