@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from ._arrays import DeviceView, byte_span
+from ._arrays import DeviceView
 from .errors import DeviceMismatchError, DtypeError, LayoutError, OverlapError, ShapeError
 
 __all__ = ["INPUT_DTYPES", "OUTPUT_DTYPES", "check_dtype", "check_strides", "check_inputs", "check_out",
-           "check_no_overlap", "same_view"]
+           "overlap_pairs", "check_overlaps"]
 
 INPUT_DTYPES = ("bf16", "f16")
 OUTPUT_DTYPES = ("bf16", "f16", "f32")
@@ -52,28 +52,27 @@ def check_out(vo: DeviceView, shape, device, out_dtype):
         raise LayoutError(f"out has a zero stride {vo.strides} (a broadcast view): its elements alias")
 
 
-def same_view(v: DeviceView, w: DeviceView):
-    return (v.ptr, tuple(v.shape), tuple(v.strides), v.itemsize) == (w.ptr, tuple(w.shape), tuple(w.strides), w.itemsize)
+def overlap_pairs(written, read, in_place=()):
+    """The pairs of a call's arrays that must not share memory, for :func:`check_overlaps`.
 
-
-def overlaps(lo, span, vlo, vspan):
-    """Whether ``[lo, lo + span)`` and ``[vlo, vlo + vspan)`` share a byte."""
-    return span and vspan and lo < vlo + vspan and vlo < lo + span
-
-
-def check_no_overlap(written, read, in_place=()):
-    """What a kernel writes must share no memory with anything else it reads or writes: it
-    reads them while it writes. ``written``, ``read``: ``(name, address, byte span)``;
-    ``in_place``: the (written, read) name pairs allowed to be exactly the same view.
-
-    Judged by address ranges (conservative for interleaved views).
+    What a kernel writes must share no memory with anything else it reads or writes: it reads
+    them while it writes. ``written``, ``read``: ``(name, value index, byte span)`` of the
+    caller's arrays (the index into the call's values, where its address is); ``in_place``:
+    the (written, read) name pairs allowed to be exactly the same memory (``out is c``).
+    Empty arrays overlap nothing.
     """
-    for i, (wname, lo, span) in enumerate(written):
-        for name, vlo, vspan in (*read, *written[i + 1:]):
-            if overlaps(lo, span, vlo, vspan) and not ((wname, name) in in_place and lo == vlo):
-                raise OverlapError(f"{wname} [0x{lo:x}, 0x{lo + span:x}) overlaps {name} [0x{vlo:x}, 0x{vlo + vspan:x})")
+    pairs = []
+    for i, w in enumerate(written):
+        for r in (*read, *written[i + 1:]):
+            if w[2] and r[2]:
+                pairs.append((w, r, (w[0], r[0]) in in_place))
+    return tuple(pairs)
 
 
-def byte_range(name, v: DeviceView | None):
-    """``(name, address, byte span)`` of a view for :func:`check_no_overlap` (None: empty)."""
-    return (name, v.ptr, byte_span(v)) if v is not None else (name, 0, 0)
+def check_overlaps(pairs, values):
+    """Raise OverlapError if a pair of :func:`overlap_pairs` shares memory at these addresses
+    (judged by address ranges: conservative for interleaved views)."""
+    for (name, i, span), (other, j, other_span), same_allowed in pairs:
+        lo, vlo = values[i], values[j]
+        if lo < vlo + other_span and vlo < lo + span and not (same_allowed and lo == vlo):
+            raise OverlapError(f"{name} [0x{lo:x}, 0x{lo + span:x}) overlaps {other} [0x{vlo:x}, 0x{vlo + other_span:x})")

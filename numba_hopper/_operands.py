@@ -6,7 +6,7 @@
   PyTorch and CuPy);
 - :func:`empty_like`: a new output through the caller's framework (PyTorch's caching
   allocator, CuPy's pool, numba);
-- :func:`stream_handle`: the ``CUstream`` to launch on.
+- :func:`current_torch_stream`: PyTorch's current ``CUstream``, the default for its tensors.
 
 Nothing here imports torch or cupy until their arrays are seen.
 """
@@ -14,9 +14,8 @@ Nothing here imports torch or cupy until their arrays are seen.
 from __future__ import annotations
 
 from ._arrays import _pointer_device
-from .launch import as_stream_handle
 
-__all__ = ["describe", "empty_like", "stream_handle"]
+__all__ = ["describe", "empty_like", "current_torch_stream"]
 
 
 def _describe_torch(t):
@@ -81,13 +80,11 @@ def empty_like(a, shape, dtype, framework):
     return cuda.device_array(shape, dtype={"bf16": np.uint16, "f16": np.float16, "f32": np.float32}[dtype])
 
 
-def stream_handle(stream, a):
-    """``stream``'s handle; by default PyTorch's current stream for a PyTorch ``a``."""
-    if stream is None and hasattr(a, "data_ptr"):
-        import torch
+def current_torch_stream(device):
+    """``() -> CUstream``: PyTorch's current stream on ``device`` when called."""
+    import torch
 
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher uses
-        if raw is not None:
-            return raw(a.get_device())
-        return torch.cuda.current_stream(a.get_device()).cuda_stream
-    return as_stream_handle(stream)
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher uses
+    if raw is not None:
+        return lambda: raw(device)
+    return lambda: torch.cuda.current_stream(device).cuda_stream

@@ -22,18 +22,18 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
-from ._checks import check_no_overlap
+from ._checks import check_overlaps
 from ._copy import aligned_layout, prepare_copy
 from ._fusion import Fusion, is_array, numba_array, user_arg
 from ._heuristics import choose_config, split_count, stream_k_schedule
-from ._workspace import ALIGN, run_with_scratch
+from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratch
 from .debug import DebugRecord
 from .kernels.descriptors import TENSORMAP_BYTES
 from .kernels.gemm_sm90 import EPI_ROWS, c_box_cols, make_gemm_kernel, max_stages
 from .launch import device_limits, max_active_clusters, prepare_launch
 from .tensormap import encode_template
 
-__all__ = ["Plan", "check_overlap", "gemm_plan", "bmm_plan", "zero_fill_plan", "SCRATCH", "A", "B", "OUT", "ALPHA", "BETA", "C",
+__all__ = ["Plan", "gemm_plan", "bmm_plan", "zero_fill_plan", "SCRATCH", "A", "B", "OUT", "ALPHA", "BETA", "C",
            "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "USER"]
 
 # Indices into a call's values. USER + i: the i-th array among the user epilogue's arguments.
@@ -97,7 +97,7 @@ class _Launch:
                            for p, s in _binds(leaves, arg))
 
     def __call__(self, stream, values):
-        self.launch(stream, [(p, values[i] + o) for p, i, o in self.binds])
+        self.launch(stream, values, self.binds)
 
 
 class _Memset:
@@ -259,39 +259,40 @@ def _batched(v, count, stride):
 
 
 class Plan:
-    """The steps of a call, prepared on its first run; ``plan(stream, values)`` runs them.
+    """The steps of a call, prepared on its first run; ``plan(stream, values)`` runs them on
+    the ``CUstream`` handle ``stream``.
 
-    ``written``/``read``: ``(name, value index, byte span)`` of the caller's arrays the
-    launches write and read, and ``in_place``, the (written, read) pairs allowed to be the
-    same memory: a call checks them against its own addresses (:meth:`check_overlap`).
+    ``overlaps``: the pairs of the caller's arrays that must not share memory, set by the
+    caller (``_checks.overlap_pairs``); :meth:`check_overlap` checks a call's addresses.
     """
 
-    def __init__(self, device, specs, scratch_bytes=0, record=None, written=(), read=(), in_place=()):
+    def __init__(self, device, specs, scratch_bytes=0, record=None):
         self.device, self.specs, self.scratch_bytes, self.record = device, specs, scratch_bytes, record
-        self.written, self.read, self.in_place = written, read, in_place
+        self.overlaps = ()
         self._steps = None
 
     def __call__(self, stream, values):
-        run_with_scratch(self.device, stream, self.scratch_bytes, self._run, values)
+        if self.scratch_bytes:
+            if capturing(stream):  # a graph's own scratch, allocated and freed inside it
+                scratch = alloc_async(self.scratch_bytes, stream)
+                self._run(stream, (scratch,) + values[1:])
+                free_async(scratch, stream)
+                return
+            values = (stream_scratch(self.device, stream, self.scratch_bytes),) + values[1:]
+        self._run(stream, values)
         if self.record is not None:
             self.record.synchronize(stream)
 
     def _run(self, stream, values):
-        if self._steps is None:  # the specs, and what they hold of the first call, go
-            self._steps, self.specs = [spec.prepare(values) for spec in self.specs], ()
-        for step in self._steps:
+        steps = self._steps
+        if steps is None:  # the specs, and what they hold of the first call, go
+            steps = self._steps = [spec.prepare(values) for spec in self.specs]
+            self.specs = ()
+        for step in steps:
             step(stream, values)
 
     def check_overlap(self, values):
-        check_overlap(self.written, self.read, self.in_place, values)
-
-
-def check_overlap(written, read, in_place, values):
-    """:func:`~numba_hopper._checks.check_no_overlap` of ``(name, value index, byte span)``
-    arrays at a call's addresses."""
-    if written:
-        check_no_overlap([(n, values[i], s) for n, i, s in written], [(n, values[i], s) for n, i, s in read],
-                         in_place)
+        check_overlaps(self.overlaps, values)
 
 
 def _aligned(op: Operand, scratch, copies, row_major_only=False):

@@ -3,15 +3,15 @@
 A GEMM plan needs device memory beside its operands: the per-CTA tensor-map slots
 (``kernels/descriptors.py``), and for some plans split-K partial sums, stream-K partials or
 aligned copies of operands. Launches on one stream run one after another, so all plans on a
-stream share one buffer per (device, stream): allocated in stream order (``cuMemAllocAsync``)
-the first time, and replaced by a larger one when a plan needs more, the old one freed in
-stream order behind the launches that used it.
+stream share one buffer per (device, stream) (:func:`stream_scratch`): allocated in stream
+order (``cuMemAllocAsync``) the first time, and replaced by a larger one when a plan needs
+more.
 
 While a stream is being captured into a CUDA graph, a call gets scratch of its own, allocated
 and freed inside the graph (memory nodes): graph replays never share scratch with eager calls,
-with other graphs or with each other.
+with other graphs or with each other (``Plan.__call__`` asks :func:`capturing`).
 
-Limits: a stream's buffer lives as long as the process. A stream destroyed while work that
+Limits: a stream's buffers live as long as the process. A stream destroyed while work that
 uses its buffer is still queued, then replaced by a new stream with the same handle, would
 share the buffer with that work.
 """
@@ -22,54 +22,40 @@ import threading
 
 from cuda.bindings import driver
 
-__all__ = ["run_with_scratch", "ALIGN"]
+__all__ = ["ALIGN", "stream_scratch", "capturing", "alloc_async", "free_async"]
 
 ALIGN = 256  # every region a plan carves out starts on this boundary
 
 
 class _StreamBuffer:
-    __slots__ = ("lock", "ptr", "size")
+    __slots__ = ("ptr", "size", "retired")
 
     def __init__(self):
-        self.lock = threading.Lock()  # held from reserving the buffer until the launches are queued
-        self.ptr, self.size = 0, 0
-
-    def reserve(self, nbytes, stream):
-        if nbytes > self.size:
-            size = max(nbytes, 2 * self.size)
-            ptr = _alloc_async(size, stream)
-            if self.ptr:
-                _free_async(self.ptr, stream)
-            self.ptr, self.size = ptr, size
-        return self.ptr
+        self.ptr, self.size, self.retired = 0, 0, []
 
 
 _buffers: dict = {}
-_buffers_lock = threading.Lock()
+_lock = threading.Lock()
 
 
-def _stream_buffer(device, stream) -> _StreamBuffer:
-    key = (device, stream)
-    buf = _buffers.get(key)
-    if buf is None:
-        with _buffers_lock:
-            buf = _buffers.setdefault(key, _StreamBuffer())
-    return buf
+def stream_scratch(device, stream, nbytes) -> int:
+    """The address of at least ``nbytes`` of device memory that work queued on ``stream`` may use.
 
-
-def run_with_scratch(device, stream, nbytes, launch, values):
-    """``launch(stream, values)`` with ``values[0]`` replaced by the address of ``nbytes`` of
-    device scratch, usable by work queued on ``stream``."""
-    if not nbytes:
-        return launch(stream, values)
-    if _capturing(stream):
-        ptr = _alloc_async(nbytes, stream)
-        launch(stream, (ptr,) + values[1:])
-        _free_async(ptr, stream)
-        return None
-    buf = _stream_buffer(device, stream)
-    with buf.lock:
-        return launch(stream, (buf.reserve(nbytes, stream),) + values[1:])
+    A buffer outgrown by a later plan is kept, not freed: another thread may have read its
+    address and not yet queued the launch that uses it. The buffers grow by doubling, so
+    what is kept is at most the size of the newest.
+    """
+    buf = _buffers.get((device, stream))
+    if buf is not None and buf.size >= nbytes:
+        return buf.ptr
+    with _lock:
+        buf = _buffers.setdefault((device, stream), _StreamBuffer())
+        if buf.size < nbytes:
+            size = max(nbytes, 2 * buf.size)
+            if buf.ptr:
+                buf.retired.append(buf.ptr)
+            buf.ptr, buf.size = alloc_async(size, stream), size
+        return buf.ptr
 
 
 def _check(result, what):
@@ -78,14 +64,19 @@ def _check(result, what):
     return result[1] if len(result) > 1 else None
 
 
-def _capturing(stream) -> bool:
-    status = _check(driver.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
-    return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+_NOT_CAPTURING = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
-def _alloc_async(nbytes, stream) -> int:
+def capturing(stream) -> bool:
+    """Whether ``stream`` is being captured into a CUDA graph."""
+    return _check(driver.cuStreamIsCapturing(stream), "cuStreamIsCapturing") != _NOT_CAPTURING
+
+
+def alloc_async(nbytes, stream) -> int:
+    """``cuMemAllocAsync``: device memory usable by work queued on ``stream`` after this call."""
     return int(_check(driver.cuMemAllocAsync(nbytes, stream), f"cuMemAllocAsync({nbytes})"))
 
 
-def _free_async(ptr, stream):
+def free_async(ptr, stream):
+    """``cuMemFreeAsync``: free ``ptr`` once the work queued on ``stream`` so far is done."""
     _check(driver.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")

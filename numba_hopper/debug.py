@@ -1,6 +1,7 @@
 """Debug mode: bounded pipeline waits that report a hang instead of hanging.
 
-Turn it on per call (``gemm(..., debug=True)``) or for the process (``NUMBA_HOPPER_DEBUG=1``).
+Turn it on per call (``gemm(..., debug=True)``) or for the process (``NUMBA_HOPPER_DEBUG=1``
+in the environment when numba_hopper is imported, or ``numba_hopper.debug.DEFAULT = True``).
 The GEMM is then compiled with ``GemmConfig(debug=True)``: every mbarrier wait gives up after
 ``pipeline.DEBUG_TIMEOUT_NS`` (2 s), the first thread to give up writes what it was waiting
 for into a :class:`DebugRecord` and traps. The host synchronizes after the launch and raises
@@ -20,7 +21,7 @@ import numpy as np
 from .errors import PipelineHangError
 from .pipeline import DEBUG_TIMEOUT_NS, RECORD_FIELDS, ROLES
 
-__all__ = ["debug_enabled", "DebugRecord"]
+__all__ = ["debug_enabled", "DebugRecord", "DEFAULT"]
 
 ENV_VAR = "NUMBA_HOPPER_DEBUG"
 
@@ -30,6 +31,11 @@ def debug_enabled(flag=None) -> bool:
     if flag is not None:
         return bool(flag)
     return os.environ.get(ENV_VAR, "0") not in ("", "0")
+
+
+# Calls without ``debug=`` use this, read once here: reading the environment on every call
+# would cost each GEMM call about a microsecond.
+DEFAULT = debug_enabled()
 
 
 class DebugRecord:

@@ -284,14 +284,15 @@ class PreparedLaunch:
     (H100 host, benchmarks/NOTES.md): for a small GEMM the host's call rate, not the GPU,
     sets the pace. ``config`` is the same launch as a ``cuda.core.LaunchConfig``.
 
-    Rebinding: ``leaves[i]`` lists the indices in ``args`` of argument i's leaves (a scalar's
-    parameter, an array's data pointer; tuples depth-first), and a call may pass
-    ``binds``, ``(index, value)`` pairs set before the launch, so one prepared launch serves
-    new operands of the same layout without numba's per-call packing.
+    Rebinding: ``leaves[i]`` says where argument i landed in ``args`` (an index for a scalar,
+    or for an array its data pointer; a list for a tuple), and a call may pass ``binds``,
+    ``(index in args, index in values, offset)`` triples: before launching, ``args[index]``
+    is set to ``values[i] + offset``. One prepared launch so serves new operands of the same
+    layout without numba's per-call packing.
     """
 
-    __slots__ = ("kernel", "config", "args", "leaves", "_dims", "_shared", "_func", "_params", "_per_stream",
-                 "_launch_ex", "_success", "_lock")
+    __slots__ = ("kernel", "config", "args", "leaves", "_dims", "_shared", "_func", "_params", "_params_address",
+                 "_per_stream", "_launch_ex", "_success", "_lock")
 
     def __init__(self, kernel, config, args, dims, shared_mem, leaves=()):
         from cuda.bindings import driver
@@ -301,6 +302,7 @@ class PreparedLaunch:
         self._lock = threading.Lock()  # binds and the launch that reads them go together
         self._func = driver.CUfunction(int(kernel.handle))  # a CUkernel launches as a CUfunction
         self._params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
+        self._params_address = ctypes.addressof(self._params)
         self._per_stream = {}
         self._launch_ex, self._success = driver.cuLaunchKernelEx, driver.CUresult.CUDA_SUCCESS
 
@@ -320,17 +322,18 @@ class PreparedLaunch:
             cfg.attrs, cfg.numAttrs = [attr], 1
         return cfg
 
-    def __call__(self, stream=None, binds=()):
-        handle = as_stream_handle(stream)
+    def __call__(self, stream=None, values=(), binds=()):
+        handle = stream if type(stream) is int else as_stream_handle(stream)
         cfg = self._per_stream.get(handle)
         if cfg is None:
             if len(self._per_stream) >= 64:  # streams come and go: keep the table small
                 self._per_stream.clear()
             cfg = self._per_stream.setdefault(handle, self._driver_config(handle))
+        args = self.args
         with self._lock:
-            for index, value in binds:
-                self.args[index].value = value
-            (err,) = self._launch_ex(cfg, self._func, ctypes.addressof(self._params), 0)
+            for index, value, offset in binds:
+                args[index].value = values[value] + offset
+            (err,) = self._launch_ex(cfg, self._func, self._params_address, 0)
         if err != self._success:
             raise RuntimeError(f"cuLaunchKernelEx failed: {err}")
 

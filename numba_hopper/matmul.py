@@ -36,15 +36,16 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from . import debug as _debug
 from ._arrays import byte_span, device_view, tma_addressable
-from ._checks import OUTPUT_DTYPES, check_dtype, check_inputs, check_out
+from ._checks import OUTPUT_DTYPES, check_dtype, check_inputs, check_out, check_overlaps, overlap_pairs
 from ._device import hopper_device_reason
-from ._fusion import fusion_args, fusion_key_and_values, check_fusion
-from ._operands import describe, empty_like, stream_handle
-from ._plan import A, AUX, B, C, OUT, Plan, bmm_plan, check_overlap, gemm_plan, zero_fill_plan
-from .debug import debug_enabled
+from ._fusion import check_fusion, fusion_args, fusion_key_and_values
+from ._operands import current_torch_stream, describe, empty_like
+from ._plan import A, AUX, B, C, OUT, Plan, bmm_plan, gemm_plan, zero_fill_plan
 from .errors import ShapeError, UnsupportedDeviceError
 from .kernels.gemm_sm90 import GemmConfig
+from .launch import as_stream_handle
 
 __all__ = ["gemm", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
 
@@ -89,7 +90,8 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     benchmarks/NOTES.md) adds each tile's partial sums in CTA order.
 
     ``debug``: run the debug build (bounded pipeline waits) and synchronize; a hang raises
-    :class:`~numba_hopper.errors.PipelineHangError` (default: ``NUMBA_HOPPER_DEBUG``).
+    :class:`~numba_hopper.errors.PipelineHangError` (default: ``numba_hopper.debug.DEFAULT``,
+    from ``NUMBA_HOPPER_DEBUG``).
 
     Raises, before anything is launched (``numba_hopper.errors``): ``DtypeError``
     (a TypeError: dtypes; array kinds raise a plain TypeError), ``ShapeError``,
@@ -101,16 +103,23 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     """
     f = fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale,
                     col_scale)
+    fkey, fvalues = fusion_key_and_values(f) if f else (None, ())
     sig_a, pa = describe(a)
     sig_b, pb = describe(b)
     sig_o, po = describe(out) if out is not None else (None, 0)
-    fkey, fvalues = fusion_key_and_values(f) if f else (None, ())
+    if debug is None:
+        debug = _debug.DEFAULT
     key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, fkey)
-    debug = debug_enabled(debug)
     entry = None if debug else _plans.get(key)
     if entry is None:
-        return _first_gemm(key, a, b, out, f, out_dtype, dtype, stream, config, debug, fvalues)
-    return _run(entry, a, out, (0, pa, pb, po, *fvalues), stream)
+        return _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, debug)
+    if out is None:
+        out, po = entry.make_out()
+    values = (0, pa, pb, po, *fvalues)
+    if entry.overlaps:
+        check_overlaps(entry.overlaps, values)
+    entry.plan(entry.current_stream() if stream is None else as_stream_handle(stream), values)
+    return out
 
 
 def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None):
@@ -129,45 +138,50 @@ def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None)
     entry = _plans.get(key)
     if entry is None:
         return _first_bmm(key, a, b, out, out_dtype, dtype, stream, config)
-    return _run(entry, a, out, (0, pa, pb, po), stream)
-
-
-def _run(entry, a, out, values, stream):
-    """A call whose layout has a plan: check its addresses, make its output, queue its launches."""
-    plan, make_out = entry
     if out is None:
-        out, ptr = make_out(a)
-        values = values[:OUT] + (ptr,) + values[OUT + 1:]
-    else:
-        plan.check_overlap(values)
-    plan(stream_handle(stream, a), values)
+        out, po = entry.make_out()
+    values = (0, pa, pb, po)
+    if entry.overlaps:
+        check_overlaps(entry.overlaps, values)
+    entry.plan(entry.current_stream() if stream is None else as_stream_handle(stream), values)
     return out
 
 
-def _first_gemm(key, a, b, out, f, out_dtype, dtype, stream, config, debug, fvalues):
-    """Check a call with a new layout, build its plan, run it, and keep the plan."""
+class _Entry:
+    """A cached plan with what its calls need beside it: the pairs of arrays to check for
+    overlap, how to make the output (``make_out() -> (array, address)``; None when the caller
+    passes ``out``) and the default stream (``current_stream() -> CUstream``)."""
+
+    __slots__ = ("plan", "overlaps", "make_out", "current_stream")
+
+    def __init__(self, plan, overlaps, make_out, current_stream):
+        self.plan, self.overlaps, self.make_out, self.current_stream = plan, overlaps, make_out, current_stream
+
+
+def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, debug):
+    """A call with a new layout: check everything, build its plan, run it, keep it."""
     va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
     check_inputs(va, vb)
     M, K = va.shape
     N = vb.shape[1]
-    vo = _check_or_describe_out(out, (M, N), va, out_dtype)
+    vo = _checked_out(out, (M, N), va, out_dtype)
     fusion = f and check_fusion(f, M, N, va.device, dtype)
-    read = [("a", A, va), ("b", B, vb)] + ([("c", C, fusion.c)] if fusion and fusion.c else [])
-    written = ([("out", OUT, vo)] if out is not None else []) + ([("aux_out", AUX, fusion.aux)] if fusion and fusion.aux else [])
-    in_place = {("out", "c")} if out is not None and fusion and fusion.c and _same_layout(vo, fusion.c) else ()
-    plan_of = lambda v: _plan_for(v, va, vb, fusion, config, debug, K)  # noqa: E731
-    return _first_run(key, plan_of, a, out, vo, (M, N), out_dtype or (vo.dtype if vo else va.dtype), va,
-                      (va.ptr, vb.ptr), fvalues, stream, read, written, in_place, cache=not debug)
+    c, aux = fusion and fusion.c, fusion and fusion.aux
+    read = [("a", A, va), ("b", B, vb)] + ([("c", C, c)] if c else [])
+    written = ([("out", OUT, vo)] if vo else []) + ([("aux_out", AUX, aux)] if aux else [])
+    in_place = {("out", "c")} if vo and c and _same_layout(vo, c) else ()
 
+    def plan_for(vo):
+        if 0 in vo.shape:
+            return Plan(vo.device, [])
+        if K == 0:
+            if fusion:
+                raise ValueError("K == 0 with a fused epilogue is not supported")
+            return zero_fill_plan(vo)
+        return gemm_plan(va, vb, vo, fusion, config, debug)
 
-def _plan_for(vo, va, vb, fusion, config, debug, K):
-    if 0 in vo.shape:
-        return Plan(vo.device, [])
-    if K == 0:
-        if fusion:
-            raise ValueError("K == 0 with a fused epilogue is not supported")
-        return zero_fill_plan(vo)
-    return gemm_plan(va, vb, vo, fusion, config, debug)
+    return _first_run(key, plan_for, a, out, vo, (M, N), out_dtype, va, (va.ptr, vb.ptr), fvalues,
+                      stream, overlap_pairs(_spans(written), _spans(read), in_place), cache=not debug)
 
 
 def _first_bmm(key, a, b, out, out_dtype, dtype, stream, config):
@@ -181,9 +195,9 @@ def _first_bmm(key, a, b, out, out_dtype, dtype, stream, config):
     if {ba, bb} - {1, batch}:
         raise ShapeError(f"batch sizes {ba} and {bb} do not broadcast")
     M, K, N = ma.shape[0], ma.shape[1], mb.shape[1]
-    vo = _check_or_describe_out(out, (batch, M, N), va, out_dtype)
+    vo = _checked_out(out, (batch, M, N), va, out_dtype)
 
-    def plan_of(vo):
+    def plan_for(vo):
         _, so, mo = _batch_split(vo)
         if 0 in vo.shape:
             return Plan(vo.device, [])
@@ -192,12 +206,12 @@ def _first_bmm(key, a, b, out, out_dtype, dtype, stream, config):
         _check_bmm_layouts(ma, sa, mb, sb, mo, so)
         return bmm_plan(ma, mb, mo, batch, (sa, sb, so), config)
 
-    written = [("out", OUT, vo)] if out is not None else []
-    return _first_run(key, plan_of, a, out, vo, (batch, M, N), out_dtype or (vo.dtype if vo else va.dtype), va,
-                      (va.ptr, vb.ptr), (), stream, [("a", A, va), ("b", B, vb)], written, (), cache=True)
+    written = [("out", OUT, vo)] if vo else []
+    return _first_run(key, plan_for, a, out, vo, (batch, M, N), out_dtype, va, (va.ptr, vb.ptr), (), stream,
+                      overlap_pairs(_spans(written), _spans([("a", A, va), ("b", B, vb)])), cache=True)
 
 
-def _check_or_describe_out(out, shape, va, out_dtype):
+def _checked_out(out, shape, va, out_dtype):
     """``out``'s checked view, or None when the call makes the output (``out_dtype`` checked)."""
     if out is None:
         check_dtype("out_dtype", out_dtype or va.dtype, OUTPUT_DTYPES)
@@ -207,43 +221,60 @@ def _check_or_describe_out(out, shape, va, out_dtype):
     return vo
 
 
-def _first_run(key, plan_of, a, out, vo, shape, out_dtype, va, addresses, fvalues, stream, read, written, in_place,
-               cache):
+def _spans(arrays):
+    return tuple((name, index, byte_span(v)) for name, index, v in arrays)
+
+
+def _first_run(key, plan_for, a, out, vo, shape, out_dtype, va, addresses, fvalues, stream, overlaps, cache):
     """The rest of a first call: overlaps, the device, the output, the plan; run it, keep it."""
-    spans = lambda arrays: tuple((name, index, byte_span(v)) for name, index, v in arrays)  # noqa: E731
-    written, read = spans(written), spans(read)
     values = (0, *addresses, vo.ptr if vo else 0, *fvalues)
-    check_overlap(written, read, in_place, values)
+    check_overlaps(overlaps, values)
     reason = hopper_device_reason()
     if reason is not None:
         raise UnsupportedDeviceError(f"numba_hopper needs a Hopper GPU (compute capability 9.x): {reason}")
     make_out = None
     if out is None:
-        make_out = _output_maker(va.framework, shape, out_dtype)
-        out, ptr = make_out(a)
+        out_dtype = out_dtype or va.dtype
+        make_out = _output_maker(a, va, shape, out_dtype)
+        out, ptr = make_out()
         vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
-        values = values[:OUT] + (ptr,) + values[OUT + 1:]
-    plan = plan_of(vo)
-    plan.written, plan.read, plan.in_place = written, read, in_place
-    plan(stream_handle(stream, a), values)
+        values = (*values[:OUT], ptr, *values[OUT + 1:])
+    entry = _Entry(plan_for(vo), overlaps, make_out, _current_stream(a))
+    entry.plan(entry.current_stream() if stream is None else as_stream_handle(stream), values)
     if cache:
-        _remember(key, (plan, make_out))
+        _remember(key, entry)
     return out
 
 
-def _output_maker(framework, shape, dtype):
-    """``make(a) -> (out, address)``: a new output like ``a``'s kind."""
-    if framework == "torch":
+def _output_maker(a, va, shape, dtype):
+    """``make() -> (out, address)``: a new output of ``a``'s kind, on ``a``'s device."""
+    if va.framework == "torch":
         import torch
 
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
+        # empty_like of a broadcast one-element tensor: a contiguous array of the shape, in
+        # half the host time of torch.empty(shape, dtype=, device=), which parses its arguments.
+        like = torch.empty(1, dtype=tdt, device=a.device).expand(shape)
 
-        def make(a):
-            t = torch.empty(shape, dtype=tdt, device=a.device)
+        def make():
+            t = torch.empty_like(like, memory_format=torch.contiguous_format)
             return t, t.data_ptr()
 
         return make
-    return lambda a: (lambda o: (o, describe(o)[1]))(empty_like(a, shape, dtype, framework))
+
+    def make():
+        o = empty_like(a, shape, dtype, va.framework)
+        return o, describe(o)[1]
+
+    return make
+
+
+def _current_stream(a):
+    """``() -> CUstream``: the stream a call on arrays like ``a`` runs on by default (PyTorch's
+    current stream of ``a``'s device, asked on each call; else the default stream)."""
+    if hasattr(a, "data_ptr"):
+        return current_torch_stream(a.get_device())
+    return lambda: 0
 
 
 def _same_layout(v, w):

@@ -42,7 +42,9 @@ def test_broken_pipeline_raises_instead_of_hanging(mode, expected):
 
 
 def test_debug_gemm_is_correct(torch, monkeypatch):
-    monkeypatch.setenv("NUMBA_HOPPER_DEBUG", "1")
+    from numba_hopper import debug
+
+    monkeypatch.setattr(debug, "DEFAULT", True)
     for M, N, K, layout in ((129, 257, 77, "RR"), (1000, 7, 300, "CC"), (2048, 2048, 1024, "RC")):
         _check(torch, M, N, K, layout=layout)
 
