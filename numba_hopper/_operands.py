@@ -6,7 +6,8 @@
   PyTorch and CuPy);
 - :func:`empty_like`: a new output through the caller's framework (PyTorch's caching
   allocator, CuPy's pool, numba);
-- :func:`current_torch_stream`: PyTorch's current ``CUstream``, the default for its tensors.
+- :func:`current_torch_stream`: PyTorch's current ``CUstream`` (the default for its tensors)
+  and whether it is capturing a graph.
 
 Nothing here imports torch or cupy until their arrays are seen.
 """
@@ -81,10 +82,12 @@ def empty_like(a, shape, dtype, framework):
 
 
 def current_torch_stream(device):
-    """``() -> CUstream``: PyTorch's current stream on ``device`` when called."""
+    """``(stream, capturing)``: functions giving PyTorch's current ``CUstream`` on ``device``
+    and whether it is capturing a CUDA graph (None when ``device`` is not the current device,
+    whose stream PyTorch's check reads: then ask the driver). PyTorch's own bindings cost a
+    fraction of a driver call through cuda-python, and this runs on every call."""
     import torch
 
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher uses
-    if raw is not None:
-        return lambda: raw(device)
-    return lambda: torch.cuda.current_stream(device).cuda_stream
+    raw = torch._C._cuda_getCurrentRawStream  # what Triton's launcher uses
+    current, is_capturing = torch._C._cuda_getDevice, torch._C._cuda_isCurrentStreamCapturing
+    return (lambda: raw(device)), (lambda: is_capturing() if current() == device else None)

@@ -271,25 +271,28 @@ class Plan:
         self.overlaps = ()
         self._steps = None
 
-    def __call__(self, stream, values):
-        if self.scratch_bytes:
-            if capturing(stream):  # a graph's own scratch, allocated and freed inside it
-                scratch = alloc_async(self.scratch_bytes, stream)
-                self._run(stream, (scratch,) + values[1:])
-                free_async(scratch, stream)
+    def __call__(self, stream, values, graph=None):
+        """Run on ``stream``; ``graph``: whether it is capturing a CUDA graph (None: ask)."""
+        nbytes = self.scratch_bytes
+        if nbytes:
+            if graph is None:
+                graph = capturing(stream)
+            if graph:  # the graph's own scratch, allocated and freed inside it
+                values = (alloc_async(nbytes, stream), *values[1:])
+                for step in self._steps or self._prepare(values):
+                    step(stream, values)
+                free_async(values[0], stream)
                 return
-            values = (stream_scratch(self.device, stream, self.scratch_bytes),) + values[1:]
-        self._run(stream, values)
+            values = (stream_scratch(self.device, stream, nbytes), *values[1:])
+        for step in self._steps or self._prepare(values):
+            step(stream, values)
         if self.record is not None:
             self.record.synchronize(stream)
 
-    def _run(self, stream, values):
-        steps = self._steps
-        if steps is None:  # the specs, and what they hold of the first call, go
-            steps = self._steps = [spec.prepare(values) for spec in self.specs]
-            self.specs = ()
-        for step in steps:
-            step(stream, values)
+    def _prepare(self, values):
+        self._steps = [spec.prepare(values) for spec in self.specs]
+        self.specs = ()  # and what they held of the first call
+        return self._steps
 
     def check_overlap(self, values):
         check_overlaps(self.overlaps, values)

@@ -118,7 +118,10 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     values = (0, pa, pb, po, *fvalues)
     if entry.overlaps:
         check_overlaps(entry.overlaps, values)
-    entry.plan(entry.current_stream() if stream is None else as_stream_handle(stream), values)
+    if stream is None:
+        entry.plan(entry.current_stream(), values, entry.current_capturing())
+    else:
+        entry.plan(as_stream_handle(stream), values)
     return out
 
 
@@ -143,19 +146,27 @@ def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None)
     values = (0, pa, pb, po)
     if entry.overlaps:
         check_overlaps(entry.overlaps, values)
-    entry.plan(entry.current_stream() if stream is None else as_stream_handle(stream), values)
+    if stream is None:
+        entry.plan(entry.current_stream(), values, entry.current_capturing())
+    else:
+        entry.plan(as_stream_handle(stream), values)
     return out
 
 
 class _Entry:
     """A cached plan with what its calls need beside it: the pairs of arrays to check for
     overlap, how to make the output (``make_out() -> (array, address)``; None when the caller
-    passes ``out``) and the default stream (``current_stream() -> CUstream``)."""
+    passes ``out``), the default stream (``current_stream() -> CUstream``) and whether it is
+    capturing a graph (``current_capturing() -> bool``, or None: ask the driver)."""
 
-    __slots__ = ("plan", "overlaps", "make_out", "current_stream")
+    __slots__ = ("plan", "overlaps", "make_out", "current_stream", "current_capturing")
 
-    def __init__(self, plan, overlaps, make_out, current_stream):
-        self.plan, self.overlaps, self.make_out, self.current_stream = plan, overlaps, make_out, current_stream
+    def __init__(self, plan, overlaps, make_out, a):
+        self.plan, self.overlaps, self.make_out = plan, overlaps, make_out
+        if hasattr(a, "data_ptr"):
+            self.current_stream, self.current_capturing = current_torch_stream(a.get_device())
+        else:
+            self.current_stream, self.current_capturing = (lambda: 0), (lambda: None)
 
 
 def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, debug):
@@ -239,8 +250,11 @@ def _first_run(key, plan_for, a, out, vo, shape, out_dtype, va, addresses, fvalu
         out, ptr = make_out()
         vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
         values = (*values[:OUT], ptr, *values[OUT + 1:])
-    entry = _Entry(plan_for(vo), overlaps, make_out, _current_stream(a))
-    entry.plan(entry.current_stream() if stream is None else as_stream_handle(stream), values)
+    entry = _Entry(plan_for(vo), overlaps, make_out, a)
+    if stream is None:
+        entry.plan(entry.current_stream(), values, entry.current_capturing())
+    else:
+        entry.plan(as_stream_handle(stream), values)
     if cache:
         _remember(key, entry)
     return out
@@ -252,12 +266,15 @@ def _output_maker(a, va, shape, dtype):
         import torch
 
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
-        # empty_like of a broadcast one-element tensor: a contiguous array of the shape, in
-        # half the host time of torch.empty(shape, dtype=, device=), which parses its arguments.
+        # empty_like of a broadcast one-element tensor: a contiguous array of the shape (it
+        # overlaps itself, so no strides are kept), in half the host time of
+        # torch.empty(shape, dtype=, device=), which parses its arguments.
         like = torch.empty(1, dtype=tdt, device=a.device).expand(shape)
+        if not torch.empty_like(like).is_contiguous():
+            raise RuntimeError("torch.empty_like of a broadcast tensor is not contiguous in this PyTorch")
 
         def make():
-            t = torch.empty_like(like, memory_format=torch.contiguous_format)
+            t = torch.empty_like(like)
             return t, t.data_ptr()
 
         return make
@@ -267,14 +284,6 @@ def _output_maker(a, va, shape, dtype):
         return o, describe(o)[1]
 
     return make
-
-
-def _current_stream(a):
-    """``() -> CUstream``: the stream a call on arrays like ``a`` runs on by default (PyTorch's
-    current stream of ``a``'s device, asked on each call; else the default stream)."""
-    if hasattr(a, "data_ptr"):
-        return current_torch_stream(a.get_device())
-    return lambda: 0
 
 
 def _same_layout(v, w):

@@ -160,7 +160,7 @@ def _no_launch(monkeypatch):
     launched = []
 
     class Plan:
-        def __call__(self, stream, values):
+        def __call__(self, stream, values, graph=None):
             pass
 
     def plan(*args):
