@@ -183,8 +183,10 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), 
 
 
 def _parse_shape(s):
-    m, n, k = (int(x) for x in s.lower().split("x"))
-    return (s, m, n, k, "bf16", "RR")
+    """``MxNxK`` or ``MxNxK:LAYOUT`` (``RR``, ``RC``, ``CR``, ``CC``; bf16)."""
+    dims, _, layout = s.partition(":")
+    m, n, k = (int(x) for x in dims.lower().split("x"))
+    return (s, m, n, k, "bf16", layout or "RR")
 
 
 def main(argv=None):
@@ -192,7 +194,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="4096^3 and 8192^3 only")
     p.add_argument("--suite", choices=["large", "small"], default="large",
                    help="large: issue 5/6 suite; small: skinny, partial-wave and batched shapes")
-    p.add_argument("--shapes", nargs="*", help="MxNxK shapes (bf16, RR) instead of the suite")
+    p.add_argument("--shapes", nargs="*", help="MxNxK[:layout] shapes (bf16; layout RR by default) instead of the suite")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--configs", nargs="*", default=["default"],
                    help="our variants to time: 'default' and/or kernels like 2x1, 1x2, n192, n128-s2")

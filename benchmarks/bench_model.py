@@ -48,10 +48,14 @@ def build_model():
     return model.eval()
 
 
+CALLS = [0]  # numba_hopper.gemm calls made by the routed linears
+
+
 def _gemm_forward(linear):
     weight_t = linear.weight.t()  # (in, out), column-major: the kernel's K-major B
 
     def forward(x):
+        CALLS[0] += 1
         y = numba_hopper.gemm(x.reshape(-1, x.shape[-1]), weight_t)
         if linear.bias is not None:
             y += linear.bias
@@ -84,7 +88,10 @@ def bench_case(models, batch, seq, rounds):
         return models[ours](input_ids=ids).logits
 
     with torch.inference_mode():
-        ref, got = run(False), run(True)
+        ref = run(False)
+        calls = CALLS[0]
+        got = run(True)
+        calls = CALLS[0] - calls
         rel_error = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
         times = {True: [], False: []}
         for ours in (True, False):
@@ -93,7 +100,7 @@ def bench_case(models, batch, seq, rounds):
         for r in range(rounds):
             for ours in ((True, False) if r % 2 == 0 else (False, True)):
                 times[ours].append(_time_ms(lambda: run(ours)))
-    return statistics.median(times[True]), statistics.median(times[False]), rel_error
+    return statistics.median(times[True]), statistics.median(times[False]), rel_error, calls
 
 
 def main(argv=None):
@@ -106,9 +113,11 @@ def main(argv=None):
     linears = route_linears(ours)
     records = []
     for case, batch, seq in CASES:
-        ours_ms, torch_ms, rel_error = bench_case({True: ours, False: stock}, batch, seq, args.rounds)
+        ours_ms, torch_ms, rel_error, calls = bench_case({True: ours, False: stock}, batch, seq, args.rounds)
+        if calls != linears:
+            raise AssertionError(f"{case}: {calls} numba_hopper calls in a forward, not one per linear ({linears})")
         records.append({"case": case, "ours_ms": ours_ms, "torch_ms": torch_ms, "ratio": torch_ms / ours_ms,
-                        "rel_error": rel_error})
+                        "rel_error": rel_error, "gemm_calls": calls})
         print(f"{case:16s} ours {ours_ms:8.3f} ms  torch {torch_ms:8.3f} ms  ratio {torch_ms / ours_ms:.3f}"
               f"  logits rel. error {rel_error:.2e}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

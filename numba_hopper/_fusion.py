@@ -27,12 +27,8 @@ ARRAYS = ("c", "row_scale", "col_scale", "bias", "aux_out")
 
 
 def fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale, col_scale):
-    """The epilogue keywords as a dict, or None for a plain GEMM (which then runs the plain kernel)."""
-    if (alpha == 1.0 and beta == 0.0 and c is None and bias is None and bias_dim is None and activation is None
-            and aux_out is None and epilogue is None and row_scale is None and col_scale is None):
-        if epilogue_args:
-            raise ValueError("epilogue_args were given without an epilogue function")
-        return None
+    """The epilogue keywords as a dict (``gemm`` calls this only when one of them is not its
+    default: a plain GEMM runs the plain kernel)."""
     return dict(zip(NAMES, (alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, tuple(epilogue_args),
                             row_scale, col_scale)))
 

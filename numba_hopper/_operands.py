@@ -90,4 +90,6 @@ def current_torch_stream(device):
 
     raw = torch._C._cuda_getCurrentRawStream  # what Triton's launcher uses
     current, is_capturing = torch._C._cuda_getDevice, torch._C._cuda_isCurrentStreamCapturing
+    if torch.cuda.device_count() == 1:  # the current device is the only one
+        return (lambda: raw(device)), is_capturing
     return (lambda: raw(device)), (lambda: is_capturing() if current() == device else None)

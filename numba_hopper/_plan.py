@@ -22,7 +22,6 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
-from ._checks import check_overlaps
 from ._copy import aligned_layout, prepare_copy
 from ._fusion import Fusion, is_array, numba_array, user_arg
 from ._heuristics import choose_config, split_count, stream_k_schedule
@@ -86,18 +85,10 @@ def _binds(leaves, srcs):
     return [(leaves, srcs)]
 
 
-class _Launch:
-    """A prepared launch and the values it takes each call."""
-
-    __slots__ = ("launch", "binds")
-
-    def __init__(self, launch, srcs):
-        self.launch = launch
-        self.binds = tuple((p, s.index, s.offset) for leaves, arg in zip(launch.leaves, srcs)
-                           for p, s in _binds(leaves, arg))
-
-    def __call__(self, stream, values):
-        self.launch(stream, values, self.binds)
+def _launch_step(launch, srcs):
+    """A prepared launch as a plan step: ``(launch, binds)``, where each call's values go."""
+    return launch, tuple((p, s.index, s.offset) for leaves, arg in zip(launch.leaves, srcs)
+                         for p, s in _binds(leaves, arg))
 
 
 class _Memset:
@@ -107,9 +98,9 @@ class _Memset:
         self.src, self.width, self.rows, self.pitch = src, width, rows, pitch or width
 
     def prepare(self, values):
-        return self
+        return self, ()
 
-    def __call__(self, stream, values):
+    def __call__(self, stream, values, binds=()):
         from cuda.bindings import driver
 
         (err,) = driver.cuMemsetD2D8Async(self.src.resolve(values), self.pitch, 0, self.width, self.rows, stream)
@@ -124,7 +115,7 @@ class _Copy:
         self.src, self.dst = src, dst
 
     def prepare(self, values):
-        return _Launch(prepare_copy(self.src.at(values), self.dst.at(values)), (self.src.src, self.dst.src))
+        return _launch_step(prepare_copy(self.src.at(values), self.dst.at(values)), (self.src.src, self.dst.src))
 
 
 class _Reduce:
@@ -137,7 +128,7 @@ class _Reduce:
         from .kernels.splitk import prepare_reduce
 
         launch = prepare_reduce(self.partials.at(values), self.out.at(values))
-        return _Launch(launch, (self.partials.src, None, self.out.src))
+        return _launch_step(launch, (self.partials.src, None, self.out.src))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,16 +224,16 @@ class _Gemm:
             grid = min(grid // cfg.cluster_size, resident) * cfg.cluster_size
         launch = prepare_launch(kernel, grid, cfg.threads, args, cluster=cfg.cluster_size if cfg.cluster_size > 1 else None,
                                 shared_mem=cfg.shared_bytes, cache_key=cache_key)
-        gemm = _Launch(launch, srcs)
+        gemm = _launch_step(launch, srcs)
         if not cfg.stream_k:
             return gemm
         flags = _Memset(Src(SCRATCH, self.partials.offset + self.grid * 2 * cfg.partial_bytes), self.grid * 2 * 4)
 
-        def stream_k(stream, values):  # the fix-up's flags start at zero
+        def stream_k(stream, values, binds):  # the fix-up's flags start at zero
             flags(stream, values)
-            gemm(stream, values)
+            launch(stream, values, binds)
 
-        return stream_k
+        return stream_k, gemm[1]
 
 
 def _batched(v, count, stride):
@@ -260,16 +251,15 @@ def _batched(v, count, stride):
 
 class Plan:
     """The steps of a call, prepared on its first run; ``plan(stream, values)`` runs them on
-    the ``CUstream`` handle ``stream``.
-
-    ``overlaps``: the pairs of the caller's arrays that must not share memory, set by the
-    caller (``_checks.overlap_pairs``); :meth:`check_overlap` checks a call's addresses.
+    the ``CUstream`` handle ``stream``. A step is ``(callable, binds)``, called as
+    ``callable(stream, values, binds)`` (a :class:`~numba_hopper.launch.PreparedLaunch`, or a
+    memset with no binds).
     """
 
     def __init__(self, device, specs, scratch_bytes=0, record=None):
         self.device, self.specs, self.scratch_bytes, self.record = device, specs, scratch_bytes, record
-        self.overlaps = ()
         self._steps = None
+        self._scratch = (None, 0)  # the last stream's and its scratch (kept valid: _workspace)
 
     def __call__(self, stream, values, graph=None):
         """Run on ``stream``; ``graph``: whether it is capturing a CUDA graph (None: ask)."""
@@ -279,13 +269,17 @@ class Plan:
                 graph = capturing(stream)
             if graph:  # the graph's own scratch, allocated and freed inside it
                 values = (alloc_async(nbytes, stream), *values[1:])
-                for step in self._steps or self._prepare(values):
-                    step(stream, values)
+                for step, binds in self._steps or self._prepare(values):
+                    step(stream, values, binds)
                 free_async(values[0], stream)
                 return
-            values = (stream_scratch(self.device, stream, nbytes), *values[1:])
-        for step in self._steps or self._prepare(values):
-            step(stream, values)
+            last, scratch = self._scratch
+            if last != stream:
+                scratch = stream_scratch(self.device, stream, nbytes)
+                self._scratch = (stream, scratch)
+            values = (scratch, *values[1:])
+        for step, binds in self._steps or self._prepare(values):
+            step(stream, values, binds)
         if self.record is not None:
             self.record.synchronize(stream)
 
@@ -293,10 +287,6 @@ class Plan:
         self._steps = [spec.prepare(values) for spec in self.specs]
         self.specs = ()  # and what they held of the first call
         return self._steps
-
-    def check_overlap(self, values):
-        check_overlaps(self.overlaps, values)
-
 
 def _aligned(op: Operand, scratch, copies, row_major_only=False):
     """``op`` if TMA can read it (either major, unless ``row_major_only``), else a scratch copy

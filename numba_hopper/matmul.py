@@ -101,9 +101,14 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     ``UnsupportedDeviceError`` (a RuntimeError) when there is no Hopper GPU. Empty outputs
     launch nothing; ``K == 0`` zero-fills ``out``.
     """
-    f = fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale,
-                    col_scale)
-    fkey, fvalues = fusion_key_and_values(f) if f else (None, ())
+    if (alpha == 1.0 and beta == 0.0 and c is None and bias is None and bias_dim is None and activation is None
+            and aux_out is None and epilogue is None and row_scale is None and col_scale is None
+            and not epilogue_args):
+        f, fkey, fvalues = None, None, ()
+    else:
+        f = fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale,
+                        col_scale)
+        fkey, fvalues = fusion_key_and_values(f)
     sig_a, pa = describe(a)
     sig_b, pb = describe(b)
     sig_o, po = describe(out) if out is not None else (None, 0)
