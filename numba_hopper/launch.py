@@ -13,9 +13,8 @@ tuples of 1-3 ints (x first).
 What it does beyond ``kernel[grid, block, stream, shared_mem](*args)``:
 
 - opts the kernel into ``shared_mem`` bytes of dynamic shared memory
-  (``cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)`` on the current
-  context's function of its ``CUkernel``, once per kernel and device for the largest size
-  asked so far; unlike ``cuKernelSetAttribute`` it does not wait for the device);
+  (``cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)`` on its
+  ``CUkernel``, once per kernel and device for the largest size asked so far);
 - launches with a cluster dimension (``cuLaunchKernelEx``; and sets
   ``CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`` for clusters of 9-16 CTAs when
   ``non_portable_cluster=True``);
@@ -254,36 +253,24 @@ _dyn_smem_set: dict = {}  # (CUkernel handle, device) -> largest dynamic smem op
 _non_portable_set: set = set()
 
 
-def _context_function(core_kernel):
-    """The current context's ``CUfunction`` of a cuda.core Kernel (a ``CUkernel``)."""
-    from cuda.bindings import driver
-
-    err, func = driver.cuKernelGetFunction(core_kernel.handle)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuKernelGetFunction failed: {err}")
-    return func
-
-
-def _set_function_attribute(func, name: str, value: int):
-    # On the context's function, not the library's kernel: cuKernelSetAttribute waits for the
-    # device to go idle the first time (measured on the H100: the whole of a queued 0.3 s
-    # kernel), cuFuncSetAttribute does not.
+def _set_kernel_attribute(handle, device: int, name: str, value: int):
     from cuda.bindings import driver
 
     attr = getattr(driver.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_" + name)
-    (err,) = driver.cuFuncSetAttribute(func, attr, value)
+    (err,) = driver.cuKernelSetAttribute(attr, value, handle, device)
     if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuFuncSetAttribute({name}, {value}) failed: {err}")
+        raise RuntimeError(f"cuKernelSetAttribute({name}, {value}) failed: {err}")
 
 
 def _opt_in(core_kernel, device: int, shared_mem: int, non_portable: bool):
-    key = (int(core_kernel.handle), device)
+    handle = core_kernel.handle
+    key = (int(handle), device)
     with _attr_lock:
         if shared_mem > _dyn_smem_set.get(key, 0):
-            _set_function_attribute(_context_function(core_kernel), "MAX_DYNAMIC_SHARED_SIZE_BYTES", shared_mem)
+            _set_kernel_attribute(handle, device, "MAX_DYNAMIC_SHARED_SIZE_BYTES", shared_mem)
             _dyn_smem_set[key] = shared_mem
         if non_portable and key not in _non_portable_set:
-            _set_function_attribute(_context_function(core_kernel), "NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
+            _set_kernel_attribute(handle, device, "NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1)
             _non_portable_set.add(key)
 
 
@@ -313,7 +300,7 @@ class PreparedLaunch:
         self.kernel, self.config, self.args, self.leaves = kernel, config, args, leaves  # args: ctypes values
         self._dims, self._shared = dims, shared_mem
         self._lock = threading.Lock()  # binds and the launch that reads them go together
-        self._func = _context_function(kernel)  # which carries the attributes _opt_in set
+        self._func = driver.CUfunction(int(kernel.handle))  # a CUkernel launches as a CUfunction
         self._params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
         self._params_address = ctypes.addressof(self._params)
         self._per_stream = {}

@@ -182,8 +182,7 @@ def test_as_stream_handle_rejects_other_objects():
 
 def test_opt_in_is_set_once_per_kernel_and_device_for_the_largest_size(monkeypatch):
     calls = []
-    monkeypatch.setattr(L, "_context_function", lambda kernel: kernel.handle)
-    monkeypatch.setattr(L, "_set_function_attribute", lambda func, name, v: calls.append((func, name, v)))
+    monkeypatch.setattr(L, "_set_kernel_attribute", lambda h, dev, name, v: calls.append((int(h), dev, name, v)))
     monkeypatch.setattr(L, "_dyn_smem_set", {})
     monkeypatch.setattr(L, "_non_portable_set", set())
 
@@ -198,10 +197,10 @@ def test_opt_in_is_set_once_per_kernel_and_device_for_the_largest_size(monkeypat
     L._opt_in(K, 0, 200_000, True)
     L._opt_in(K, 0, 0, False)
     assert calls == [
-        (0xAB, "MAX_DYNAMIC_SHARED_SIZE_BYTES", 100_000),
-        (0xAB, "MAX_DYNAMIC_SHARED_SIZE_BYTES", 50_000),  # device 1's function (its context is current)
-        (0xAB, "MAX_DYNAMIC_SHARED_SIZE_BYTES", 200_000),
-        (0xAB, "NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1),
+        (0xAB, 0, "MAX_DYNAMIC_SHARED_SIZE_BYTES", 100_000),
+        (0xAB, 1, "MAX_DYNAMIC_SHARED_SIZE_BYTES", 50_000),
+        (0xAB, 0, "MAX_DYNAMIC_SHARED_SIZE_BYTES", 200_000),
+        (0xAB, 0, "NON_PORTABLE_CLUSTER_SIZE_ALLOWED", 1),
     ]
 
 
