@@ -15,10 +15,11 @@ Each figure is the host time of ``--calls`` back-to-back calls (no synchronizati
 divided by the count; the two libraries alternate in ``--rounds`` rounds and each reports
 its median. ``ratio = torch_us / ours_us`` (above 1: our call is cheaper).
 
-Blocking: with a ~0.5 s sleep kernel queued on the stream, a call on operands allocated
-earlier (of a layout called before) must return before the sleep ends; ``blocks`` records
-whether it did not. ``new_layout_blocks`` does the same for the first call of a layout (its
-plan built, its kernel compiled or loaded, while the sleep runs).
+Blocking: with a sleep kernel queued on the stream, a call on operands allocated earlier
+must return before the sleep ends; ``blocks`` records whether it did not, for a layout called
+before (a ~0.5 s sleep). ``new_layout_blocks``: the first call of a layout whose kernel is
+already loaded (its plan built while the sleep runs); ``new_kernel_blocks``: the first call
+that compiles or loads a kernel, with a ~10 s sleep, longer than the compile.
 """
 
 from __future__ import annotations
@@ -89,17 +90,13 @@ def _check_results():
             raise AssertionError(f"relative error {err}")
 
 
-def _blocks(make_operands, known_layout):
-    """Whether a gemm call on operands allocated earlier returns only after a queued ~0.5 s
-    sleep has ended. ``known_layout``: an earlier call has built the layout's plan."""
-    if known_layout:
-        numba_hopper.gemm(*make_operands())
-    operands = make_operands()
+def _blocks(operands, sleep_cycles=1_000_000_000, **kw):
+    """Whether ``gemm(*operands, **kw)`` returns only after a sleep queued before it ended."""
     torch.cuda.synchronize()
-    torch.cuda._sleep(1_000_000_000)
+    torch.cuda._sleep(sleep_cycles)
     gate = torch.cuda.Event()
     gate.record()
-    numba_hopper.gemm(*operands)
+    numba_hopper.gemm(*operands, **kw)
     waited = gate.query()
     torch.cuda.synchronize()
     return waited
@@ -124,10 +121,15 @@ def main(argv=None):
         records.append({"case": case, "ours_us": ours_us, "torch_us": torch_us, "ratio": torch_us / ours_us})
         print(f"{case:30s} ours {ours_us:6.2f} us  torch {torch_us:6.2f} us  ratio {torch_us / ours_us:.3f}",
               flush=True)
-    blocks = _blocks(lambda: [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(2)], True)
-    new_layout_blocks = _blocks(lambda: [torch.randn(2048 + 8, 1024 + 8, device="cuda", dtype=torch.float16),
-                                         torch.randn(1024 + 8, 512 + 8, device="cuda", dtype=torch.float16)], False)
-    print(f"blocks: {blocks}  (a new layout: {new_layout_blocks})")
+    def randn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+
+    numba_hopper.gemm(randn(2048, 2048), randn(2048, 2048))
+    blocks = _blocks([randn(2048, 2048), randn(2048, 2048)])
+    new_layout_blocks = _blocks([randn(2048 + 8, 2048), randn(2048, 2048)])
+    new_kernel_blocks = _blocks([randn(1032, 520, dtype=torch.float16), randn(520, 264, dtype=torch.float16)],
+                                sleep_cycles=20_000_000_000, out_dtype="f32")
+    print(f"blocks: {blocks}  (a new layout: {new_layout_blocks}, a new kernel: {new_kernel_blocks})")
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip() or "unknown"
@@ -135,6 +137,7 @@ def main(argv=None):
     date = datetime.date.today().isoformat()
     result = {"gpu": torch.cuda.get_device_name(), "date": date, "commit": commit, "shape": [N, N, N],
               "calls": args.calls, "rounds": args.rounds, "blocks": blocks, "new_layout_blocks": new_layout_blocks,
+              "new_kernel_blocks": new_kernel_blocks,
               "records": records}
     out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"overhead-{gpu}-{date}-{commit}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
