@@ -37,7 +37,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench_gemm import ROOT, _config, _operand, _time  # noqa: E402
+from bench_gemm import ROOT, _config, _operand, _time, current_commit  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -161,7 +161,7 @@ def main(argv=None):
                       f" (IQR {r['ratio_quartiles'][0]:.3f}-{r['ratio_quartiles'][2]:.3f})"
                       f"  vs plain {r['vs_plain']:.3f}  out=: speedup {r['out_ratio']:.3f}x,"
                       f" vs plain {r['out_vs_plain']:.3f}", flush=True)
-    result = {"gpu": props.name, "date": datetime.date.today().isoformat(),
+    result = {"gpu": props.name, "date": datetime.date.today().isoformat(), "commit": current_commit(),
               "baseline": "cublas_* fields: the unfused torch sequence (addmm + gelu / add_)",
               "calls": "ratio, vs_plain: fresh operands and outputs; out_*: both with out=", "records": records}
     out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"epilogue-{result['date']}.json")

@@ -182,6 +182,15 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), 
     }
 
 
+def current_commit():
+    """``GIT_COMMIT`` if set (a copy of the tree without its history, as on the device
+    machine), else the checkout's short HEAD."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return out.stdout.strip() or "unknown"
+
+
 def _parse_shape(s):
     """``MxNxK`` or ``MxNxK:LAYOUT`` (``RR``, ``RC``, ``CR``, ``CC``; bf16)."""
     dims, _, layout = s.partition(":")
@@ -220,11 +229,7 @@ def main(argv=None):
                             "layout": layout, "config": config, **r})
             print(f"{label:40s} ours {r['ours_tflops']:7.1f}  cuBLAS {r['cublas_tflops']:7.1f} TFLOP/s"
                   f"  ratio {r['ratio']:.3f}  (out=: {r['out_ratio']:.3f})", flush=True)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=ROOT).stdout.strip() or os.environ.get("GIT_COMMIT", "unknown")
-    except OSError:
-        commit = os.environ.get("GIT_COMMIT", "unknown")
+    commit = current_commit()
     result = {"gpu": props.name, "date": datetime.date.today().isoformat(), "commit": commit,
               "timing": "device" if DEVICE_TIME else "wall (host call rate included)",
               "calls": "ratio: gemm(a, b) vs torch.matmul(a, b), fresh operands and outputs; "

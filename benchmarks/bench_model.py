@@ -23,13 +23,14 @@ import datetime
 import json
 import pathlib
 import statistics
-import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
+from bench_gemm import current_commit  # noqa: E402
 
 import numba_hopper  # noqa: E402
 
@@ -120,8 +121,7 @@ def main(argv=None):
                         "rel_error": rel_error, "gemm_calls": calls})
         print(f"{case:16s} ours {ours_ms:8.3f} ms  torch {torch_ms:8.3f} ms  ratio {torch_ms / ours_ms:.3f}"
               f"  logits rel. error {rel_error:.2e}", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip() or "unknown"
+    commit = current_commit()
     gpu = torch.cuda.get_device_name().split()[1].lower()
     date = datetime.date.today().isoformat()
     result = {"gpu": torch.cuda.get_device_name(), "date": date, "commit": commit,

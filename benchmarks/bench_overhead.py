@@ -29,14 +29,15 @@ import datetime
 import json
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
+from bench_gemm import current_commit  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import numba_hopper  # noqa: E402
@@ -131,8 +132,7 @@ def main(argv=None):
                                 sleep_cycles=20_000_000_000, out_dtype="f32")
     print(f"blocks: {blocks}  (a new layout: {new_layout_blocks}, a new kernel: {new_kernel_blocks})")
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip() or "unknown"
+    commit = current_commit()
     gpu = torch.cuda.get_device_name().split()[1].lower()
     date = datetime.date.today().isoformat()
     result = {"gpu": torch.cuda.get_device_name(), "date": date, "commit": commit, "shape": [N, N, N],
