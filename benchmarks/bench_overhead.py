@@ -127,7 +127,7 @@ def main(argv=None):
 
     numba_hopper.gemm(randn(2048, 2048), randn(2048, 2048))
     blocks = _blocks([randn(2048, 2048), randn(2048, 2048)])
-    new_layout_blocks = _blocks([randn(2048 + 8, 2048), randn(2048, 2048)])
+    new_layout_blocks = _blocks([randn(2048, 2048 + 64)[:, :2048], randn(2048, 2048)])  # same kernel, new stride
     new_kernel_blocks = _blocks([randn(1032, 520, dtype=torch.float16), randn(520, 264, dtype=torch.float16)],
                                 sleep_cycles=20_000_000_000, out_dtype="f32")
     print(f"blocks: {blocks}  (a new layout: {new_layout_blocks}, a new kernel: {new_kernel_blocks})")

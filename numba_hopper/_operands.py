@@ -20,8 +20,8 @@ __all__ = ["describe", "empty_like", "current_torch_stream"]
 
 
 def _describe_torch(t):
-    ptr = t.data_ptr()
-    return ("torch", t.shape, t.stride(), t.dtype, t.device, ptr % 16 == 0), ptr
+    ptr = t.data_ptr()  # get_device(): the CUDA ordinal, -1 on the CPU (an int: cheaper than .device)
+    return ("torch", t.shape, t.stride(), t.dtype, t.get_device(), ptr % 16 == 0), ptr
 
 
 def _describe_cupy(a):
