@@ -31,8 +31,9 @@ def plot(result: dict, out: pathlib.Path):
     x = range(len(records))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, height_ratios=(3, 1.3))
     width = 0.4
-    top.bar([i - width / 2 for i in x], [r["ours_tflops"] for r in records], width, label="numba_hopper.gemm")
-    top.bar([i + width / 2 for i in x], [r["cublas_tflops"] for r in records], width, label="cuBLAS (torch.matmul)")
+    top.bar([i - width / 2 for i in x], [r["ours_tflops"] for r in records], width, label="numba_hopper.gemm(a, b)")
+    top.bar([i + width / 2 for i in x], [r["cublas_tflops"] for r in records], width,
+            label="cuBLAS (torch.matmul(a, b))")
     top.set_ylabel("TFLOP/s")
     top.set_ylim(0, 1.15 * max(max(r["ours_tflops"], r["cublas_tflops"]) for r in records))  # room for the legend
     top.legend(loc="upper left", ncols=2)
