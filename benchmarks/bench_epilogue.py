@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import math
 import pathlib
 import statistics
@@ -37,7 +35,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench_gemm import ROOT, _config, _operand, _time, current_commit  # noqa: E402
+from bench_gemm import _config, _operand, _time, save_results  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -144,7 +142,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--configs", nargs="*", default=["default"], help="our kernels, named as in bench_gemm.py")
-    p.add_argument("--json", help="results file (default benchmarks/results/epilogue-<date>.json)")
+    p.add_argument("--json", help="results file (default benchmarks/results/epilogue-<gpu>-<date>-<commit>.json)")
     args = p.parse_args(argv)
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20)
@@ -161,12 +159,9 @@ def main(argv=None):
                       f" (IQR {r['ratio_quartiles'][0]:.3f}-{r['ratio_quartiles'][2]:.3f})"
                       f"  vs plain {r['vs_plain']:.3f}  out=: speedup {r['out_ratio']:.3f}x,"
                       f" vs plain {r['out_vs_plain']:.3f}", flush=True)
-    result = {"gpu": props.name, "date": datetime.date.today().isoformat(), "commit": current_commit(),
-              "baseline": "cublas_* fields: the unfused torch sequence (addmm + gelu / add_)",
-              "calls": "ratio, vs_plain: fresh operands and outputs; out_*: both with out=", "records": records}
-    out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"epilogue-{result['date']}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = save_results("epilogue", {"baseline": "cublas_* fields: the unfused torch sequence (addmm + gelu / add_)",
+                                    "calls": "ratio, vs_plain: fresh operands and outputs; out_*: both with out=",
+                                    "records": records}, args.json)
     print(f"results: {out}")
 
 

@@ -191,6 +191,19 @@ def current_commit():
     return out.stdout.strip() or "unknown"
 
 
+def save_results(kind, fields, path=None):
+    """Write ``{gpu, date, commit, **fields}`` as JSON to ``path`` (default
+    ``benchmarks/results/<kind>-<gpu>-<date>-<commit>.json``); return the path."""
+    device = torch.cuda.get_device_name()  # "NVIDIA H100 80GB HBM3": "h100" in the file name
+    result = {"gpu": device, "date": datetime.date.today().isoformat(), "commit": current_commit(), **fields}
+    gpu = (device.split()[1:2] or [device])[0].lower()
+    filename = f"{kind}-{gpu}-{result['date']}-{result['commit']}.json"
+    out = pathlib.Path(path or ROOT / "benchmarks" / "results" / filename)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return out
+
+
 def _parse_shape(s):
     """``MxNxK`` or ``MxNxK:LAYOUT`` (``RR``, ``RC``, ``CR``, ``CC``; bf16)."""
     dims, _, layout = s.partition(":")
@@ -203,13 +216,13 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="4096^3 and 8192^3 only")
     p.add_argument("--suite", choices=["large", "small"], default="large",
                    help="large: issue 5/6 suite; small: skinny, partial-wave and batched shapes")
-    p.add_argument("--shapes", nargs="*", help="MxNxK[:layout] shapes (bf16; layout RR by default) instead of the suite")
+    p.add_argument("--shapes", nargs="*", help="MxNxK[:layout] shapes (bf16, layout RR by default), not the suite")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--configs", nargs="*", default=["default"],
                    help="our variants to time: 'default' and/or kernels like 2x1, 1x2, n192, n128-s2")
     p.add_argument("--device-time", action="store_true",
                    help="time the GPU alone (the host enqueues ahead during a sleep kernel)")
-    p.add_argument("--json", help="results file (default benchmarks/results/gemm-<date>.json)")
+    p.add_argument("--json", help="results file (default benchmarks/results/gemm-<gpu>-<date>-<commit>.json)")
     args = p.parse_args(argv)
     global DEVICE_TIME
     DEVICE_TIME = args.device_time
@@ -229,14 +242,9 @@ def main(argv=None):
                             "layout": layout, "config": config, **r})
             print(f"{label:40s} ours {r['ours_tflops']:7.1f}  cuBLAS {r['cublas_tflops']:7.1f} TFLOP/s"
                   f"  ratio {r['ratio']:.3f}  (out=: {r['out_ratio']:.3f})", flush=True)
-    commit = current_commit()
-    result = {"gpu": props.name, "date": datetime.date.today().isoformat(), "commit": commit,
-              "timing": "device" if DEVICE_TIME else "wall (host call rate included)",
-              "calls": "ratio: gemm(a, b) vs torch.matmul(a, b), fresh operands and outputs; "
-                       "out_ratio: both with out= (steady state)", "records": records}
-    out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"gemm-{result['date']}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = save_results("gemm", {"timing": "device" if DEVICE_TIME else "wall (host call rate included)",
+                                "calls": "ratio: gemm(a, b) vs torch.matmul(a, b), fresh operands and outputs; "
+                                         "out_ratio: both with out= (steady state)", "records": records}, args.json)
 
     print("\n| shape | ours TFLOP/s | cuBLAS TFLOP/s | ratio (fresh) | ratio (out=) |\n|---|---|---|---|---|")
     for r in records:

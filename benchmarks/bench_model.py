@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import json
 import pathlib
 import statistics
 import sys
@@ -30,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from bench_gemm import current_commit  # noqa: E402
+from bench_gemm import save_results  # noqa: E402
 
 import numba_hopper  # noqa: E402
 
@@ -121,16 +119,10 @@ def main(argv=None):
                         "rel_error": rel_error, "gemm_calls": calls})
         print(f"{case:16s} ours {ours_ms:8.3f} ms  torch {torch_ms:8.3f} ms  ratio {torch_ms / ours_ms:.3f}"
               f"  logits rel. error {rel_error:.2e}", flush=True)
-    commit = current_commit()
-    gpu = torch.cuda.get_device_name().split()[1].lower()
-    date = datetime.date.today().isoformat()
-    result = {"gpu": torch.cuda.get_device_name(), "date": date, "commit": commit,
-              "model": "LlamaForCausalLM, 4 layers, hidden 2048, MLP 5632, 16 heads, vocab 32000, bf16, random init",
-              "linears_per_forward": linears, "records": records}
-    out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"model-{gpu}-{date}-{commit}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n| case | ours ms | torch ms | ratio | logits rel. error |\n|---|---|---|---|---|")
+    out = save_results("model", {
+        "model": "LlamaForCausalLM, 4 layers, hidden 2048, MLP 5632, 16 heads, vocab 32000, bf16, random init",
+        "linears_per_forward": linears, "records": records}, args.json)
+    print("\n| case | ours ms | torch ms | ratio | logits rel. error |\n|---|---|---|---|---|")
     for r in records:
         print(f"| {r['case']} | {r['ours_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.3f} | {r['rel_error']:.1e} |")
     print(f"results: {out}")

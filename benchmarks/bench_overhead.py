@@ -25,8 +25,6 @@ that compiles or loads a kernel, with a ~10 s sleep, longer than the compile.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import pathlib
 import statistics
 import sys
@@ -37,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from bench_gemm import current_commit  # noqa: E402
+from bench_gemm import save_results  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import numba_hopper  # noqa: E402
@@ -132,17 +130,10 @@ def main(argv=None):
                                 sleep_cycles=20_000_000_000, out_dtype="f32")
     print(f"blocks: {blocks}  (a new layout: {new_layout_blocks}, a new kernel: {new_kernel_blocks})")
 
-    commit = current_commit()
-    gpu = torch.cuda.get_device_name().split()[1].lower()
-    date = datetime.date.today().isoformat()
-    result = {"gpu": torch.cuda.get_device_name(), "date": date, "commit": commit, "shape": [N, N, N],
-              "calls": args.calls, "rounds": args.rounds, "blocks": blocks, "new_layout_blocks": new_layout_blocks,
-              "new_kernel_blocks": new_kernel_blocks,
-              "records": records}
-    out = pathlib.Path(args.json or ROOT / "benchmarks" / "results" / f"overhead-{gpu}-{date}-{commit}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n| case | ours us | torch us | ratio |\n|---|---|---|---|")
+    out = save_results("overhead", {"shape": [N, N, N], "calls": args.calls, "rounds": args.rounds, "blocks": blocks,
+                                    "new_layout_blocks": new_layout_blocks, "new_kernel_blocks": new_kernel_blocks,
+                                    "records": records}, args.json)
+    print("\n| case | ours us | torch us | ratio |\n|---|---|---|---|")
     for r in records:
         print(f"| {r['case']} | {r['ours_us']:.2f} | {r['torch_us']:.2f} | {r['ratio']:.3f} |")
     print(f"results: {out}")

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DeviceView", "device_view", "DTYPES", "ITEMSIZE", "transpose", "is_row_major", "is_col_major", "leading_dim",
-           "tma_addressable", "canonical", "byte_span"]
+__all__ = ["DeviceView", "device_view", "DTYPES", "ITEMSIZE", "transpose", "is_row_major", "is_col_major",
+           "leading_dim", "tma_addressable", "canonical", "byte_span"]
 
 # canonical name -> item size in bytes
 ITEMSIZE = {

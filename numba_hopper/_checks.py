@@ -75,4 +75,5 @@ def check_overlaps(pairs, values):
     for (name, i, span), (other, j, other_span), same_allowed in pairs:
         lo, vlo = values[i], values[j]
         if lo < vlo + other_span and vlo < lo + span and not (same_allowed and lo == vlo):
-            raise OverlapError(f"{name} [0x{lo:x}, 0x{lo + span:x}) overlaps {other} [0x{vlo:x}, 0x{vlo + other_span:x})")
+            raise OverlapError(f"{name} [0x{lo:x}, 0x{lo + span:x}) overlaps {other} "
+                               f"[0x{vlo:x}, 0x{vlo + other_span:x})")

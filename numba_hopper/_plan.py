@@ -20,6 +20,7 @@ import dataclasses
 from typing import NamedTuple
 
 import numpy as np
+from cuda.bindings import driver
 
 from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
 from ._copy import aligned_layout, prepare_copy
@@ -101,8 +102,6 @@ class _Memset:
         return self, ()
 
     def __call__(self, stream, values, binds=()):
-        from cuda.bindings import driver
-
         (err,) = driver.cuMemsetD2D8Async(self.src.resolve(values), self.pitch, 0, self.width, self.rows, stream)
         if err != driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuMemsetD2D8Async failed: {err}")
@@ -181,7 +180,7 @@ class _Gemm:
         return tuple(m.words for m in maps)
 
     def _epilogue_args(self, values):
-        """The kernel's epilogue tuple (in ``arg_names`` order) and its sources."""
+        """The kernel's epilogue tuple (in ``arg_names`` order) and where its values come from."""
         args, srcs = [], []
         for name in self.cfg.epilogue.arg_names:
             if name in ("alpha", "beta"):
@@ -201,16 +200,18 @@ class _Gemm:
         M, N = self.d.view.shape
         K = self.a.view.shape[1]
         operands = (self.a, self.b, self.d) + ((self.c,) if self.c is not None else ())
-        workspace = self.partials.resolve(values) if self.partials else 0
-        args = [self._templates(values), tuple(np.uint64(op.src.resolve(values)) for op in operands),
-                np.uint64(self.slots.resolve(values)), M, N, K, batch.count, int(batch.a != 0), int(batch.b != 0),
-                batch.k_split, self.dp_tiles, workspace, self.record.address if self.record else 0]
-        srcs = [None, [op.src for op in operands], self.slots, None, None, None, None, None, None, None, None,
-                self.partials, None]
+        sizes = (M, N, K, batch.count, int(batch.a != 0), int(batch.b != 0), batch.k_split, self.dp_tiles)
+        bound = [  # (the kernel's argument, where each call's value of it comes from; None: fixed)
+            (self._templates(values), None),
+            (tuple(np.uint64(op.src.resolve(values)) for op in operands), [op.src for op in operands]),
+            (np.uint64(self.slots.resolve(values)), self.slots),
+            *((size, None) for size in sizes),
+            (self.partials.resolve(values) if self.partials else 0, self.partials),
+            (self.record.address if self.record else 0, None),
+        ]
         if cfg.epilogue is not None:
-            ep, ep_srcs = self._epilogue_args(values)
-            args.append(ep)
-            srcs.append(ep_srcs)
+            bound.append(self._epilogue_args(values))
+        args, srcs = zip(*bound)
         kernel = make_gemm_kernel(cfg)
         # The on-disk cache keys a kernel on the package's sources and the config's repr; a
         # user epilogue function is neither (its repr is an address, its code is the caller's),
@@ -222,8 +223,8 @@ class _Gemm:
             resident = max_active_clusters(kernel, cfg.cluster_size, cfg.threads, args,
                                            shared_mem=cfg.shared_bytes, cache_key=cache_key)
             grid = min(grid // cfg.cluster_size, resident) * cfg.cluster_size
-        launch = prepare_launch(kernel, grid, cfg.threads, args, cluster=cfg.cluster_size if cfg.cluster_size > 1 else None,
-                                shared_mem=cfg.shared_bytes, cache_key=cache_key)
+        launch = prepare_launch(kernel, grid, cfg.threads, args, shared_mem=cfg.shared_bytes, cache_key=cache_key,
+                                cluster=cfg.cluster_size if cfg.cluster_size > 1 else None)
         gemm = _launch_step(launch, srcs)
         if not cfg.stream_k:
             return gemm
@@ -288,6 +289,7 @@ class Plan:
         self.specs = ()  # and what they held of the first call
         return self._steps
 
+
 def _aligned(op: Operand, scratch, copies, row_major_only=False):
     """``op`` if TMA can read it (either major, unless ``row_major_only``), else a scratch copy
     of it, whose copy step is added to ``copies``."""
@@ -344,7 +346,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
             cfg.in_dtype, "f32", cfg.block_n, device_limits(vo.device).max_shared_per_block_optin,
             a_major=cfg.a_major, b_major=cfg.b_major, block_m=cfg.block_m))
         ld = -(-N // 4) * 4
-        k_split = -(-(-(-K // 64)) // splits)  # k-blocks per slice
+        k_split = -(-(-(-K // 64)) // splits)  # k-blocks per slice: ceil(ceil(K / 64) / splits)
         place = scratch.take(splits * M * ld * 4)
         slice_view = DeviceView(0, (M, N), (ld, 1), "f32", 4, vo.device, "numba")
         gemm = _Gemm(cfg, a, b, Operand(slice_view, place), _Batch(splits, 0, 0, M * ld, k_split), scratch,

@@ -36,8 +36,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+import numpy as np
+
 from . import debug as _debug
-from ._arrays import byte_span, device_view, tma_addressable
+from ._arrays import ITEMSIZE, DeviceView, byte_span, device_view, tma_addressable
 from ._checks import OUTPUT_DTYPES, check_dtype, check_inputs, check_out, check_overlaps, overlap_pairs
 from ._device import hopper_device_reason
 from ._fusion import check_fusion, fusion_args, fusion_key_and_values
@@ -118,16 +120,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     entry = None if debug else _plans.get(key)
     if entry is None:
         return _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, debug)
-    if out is None:
-        out, po = entry.make_out()
-    values = (0, pa, pb, po, *fvalues)
-    if entry.overlaps:
-        check_overlaps(entry.overlaps, values)
-    if stream is None:
-        entry.plan(entry.current_stream(), values, entry.current_capturing())
-    else:
-        entry.plan(as_stream_handle(stream), values)
-    return out
+    return _run(entry, out, (0, pa, pb, po, *fvalues), stream)
 
 
 def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None):
@@ -146,9 +139,14 @@ def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None)
     entry = _plans.get(key)
     if entry is None:
         return _first_bmm(key, a, b, out, out_dtype, dtype, stream, config)
+    return _run(entry, out, (0, pa, pb, po), stream)
+
+
+def _run(entry, out, values, stream):
+    """A call whose layout has a plan: make its output, check its addresses, queue its launches."""
     if out is None:
-        out, po = entry.make_out()
-    values = (0, pa, pb, po)
+        out, ptr = entry.make_out()
+        values = (0, values[A], values[B], ptr, *values[OUT + 1:])
     if entry.overlaps:
         check_overlaps(entry.overlaps, values)
     if stream is None:
@@ -242,24 +240,21 @@ def _spans(arrays):
 
 
 def _first_run(key, plan_for, a, out, vo, shape, out_dtype, va, addresses, fvalues, stream, overlaps, cache):
-    """The rest of a first call: overlaps, the device, the output, the plan; run it, keep it."""
+    """The rest of a first call: overlaps, the device, the plan; run it (making the output
+    if the call did not pass one) and keep it."""
     values = (0, *addresses, vo.ptr if vo else 0, *fvalues)
     check_overlaps(overlaps, values)
     reason = hopper_device_reason()
     if reason is not None:
         raise UnsupportedDeviceError(f"numba_hopper needs a Hopper GPU (compute capability 9.x): {reason}")
     make_out = None
-    if out is None:
-        out_dtype = out_dtype or va.dtype
-        make_out = _output_maker(a, va, shape, out_dtype)
-        out, ptr = make_out()
-        vo = device_view(out, dtype=out_dtype if out_dtype == "bf16" else None)
-        values = (*values[:OUT], ptr, *values[OUT + 1:])
+    if out is None:  # the output the calls will make: row-major, of a's kind, on a's device
+        dtype = out_dtype or va.dtype
+        make_out = _output_maker(a, va, shape, dtype)
+        strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+        vo = DeviceView(0, shape, strides, dtype, ITEMSIZE[dtype], va.device, va.framework)
     entry = _Entry(plan_for(vo), overlaps, make_out, a)
-    if stream is None:
-        entry.plan(entry.current_stream(), values, entry.current_capturing())
-    else:
-        entry.plan(as_stream_handle(stream), values)
+    out = _run(entry, out, values, stream)
     if cache:
         _remember(key, entry)
     return out

@@ -332,7 +332,6 @@ def _build_gemm_kernel(cfg: GemmConfig):
     # column (B), so all of their consumers must release it: CM + CN - 1 CTAs' worth.
     EMPTY_ARRIVALS = CONSUMER_WARPS * (CM + CN - 1)
     A_PARTS = CN if A_K_MAJOR else CONSUMERS  # M-major A is 64-wide boxes
-    B_PARTS = B_BOXES if not B_K_MAJOR else 1
     A_PART_BYTES = A_TILE // CN  # K-major: BM/CN rows of 128 B; M-major: CN=2 -> one box
     B_PART_BYTES = B_TILE // CM
     DEBUG = cfg.debug
