@@ -1,6 +1,6 @@
 """Host time per call, as users call it: numba_hopper.gemm vs torch in one process.
 
-    python benchmarks/bench_overhead.py [--calls 1000] [--rounds 10] [--json out.json]
+    python benchmarks/bench_overhead.py [--calls 300] [--rounds 30] [--json out.json]
 
 Cases (bf16, M = N = K = 256, so the host, not the GPU, sets the pace):
 
@@ -11,9 +11,10 @@ Cases (bf16, M = N = K = 256, so the host, not the GPU, sets the pace):
   vs ``F.gelu(torch.addmm(bias, a, b), approximate="tanh")``;
 - "out=, same operands":       ``gemm(a, b, out=c)`` vs ``torch.matmul(a, b, out=c)``.
 
-Each figure is the host time of ``--calls`` back-to-back calls (no synchronization inside)
-divided by the count; the two libraries alternate in ``--rounds`` rounds and each reports
-its median. ``ratio = torch_us / ours_us`` (above 1: our call is cheaper).
+Each figure is the host time of ``--calls`` back-to-back calls (no synchronization inside,
+the garbage collector paused, as ``timeit`` does) divided by the count; the two libraries
+alternate in ``--rounds`` rounds and each reports its median. ``ratio = torch_us / ours_us``
+(above 1: our call is cheaper).
 
 Blocking: with a sleep kernel queued on the stream, a call on operands allocated earlier
 must return before the sleep ends; ``blocks`` records whether it did not, for a layout called
@@ -25,6 +26,7 @@ that compiles or loads a kernel, with a ~10 s sleep, longer than the compile.
 from __future__ import annotations
 
 import argparse
+import gc
 import pathlib
 import statistics
 import sys
@@ -46,10 +48,12 @@ PAIRS = 64
 
 def _host_us(fn, calls):
     torch.cuda.synchronize()
+    gc.disable()  # as timeit does: a collection inside one side's block is not that side's cost
     start = time.perf_counter()
     for i in range(calls):
         fn(i)
     elapsed = time.perf_counter() - start
+    gc.enable()
     torch.cuda.synchronize()
     return elapsed / calls * 1e6
 
@@ -103,8 +107,8 @@ def _blocks(operands, sleep_cycles=1_000_000_000, **kw):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--calls", type=int, default=1000)
-    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--json", help="results file (default benchmarks/results/overhead-<gpu>-<date>-<commit>.json)")
     args = p.parse_args(argv)
     _check_results()

@@ -30,15 +30,15 @@ def main():
               torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)) for _ in range(64)]
     a, b = pairs[0]
     c = numba_hopper.gemm(a, b)
-    plan, _ = next(iter(matmul._plans.values()))
+    plan = next(iter(matmul._plans.values())).plan
     stream = torch.cuda.current_stream().cuda_stream
-    values = (0, a.data_ptr(), b.data_ptr(), c.data_ptr())
-    scratch = _workspace._stream_buffer(a.get_device(), stream).ptr  # what plan() passes its launches
-    launch = plan._steps[0]
+    values = [0, a.data_ptr(), b.data_ptr(), c.data_ptr()]
+    scratch = _workspace.stream_scratch(a.get_device(), stream, plan.scratch_bytes)  # what plan() passes
+    launch, binds = plan._steps[0]
     parts = (("numba_hopper.gemm(a, b)", lambda i: numba_hopper.gemm(*pairs[i % 64])),
              ("torch.matmul(a, b)", lambda i: torch.matmul(*pairs[i % 64])),
-             ("  plan(stream, values)", lambda i: plan(stream, values)),
-             ("  its GEMM launch", lambda i: launch(stream, (scratch,) + values[1:])),
+             ("  plan(stream, values)", lambda i: plan(stream, values, False)),
+             ("  its GEMM launch", lambda i: launch(stream, [scratch, *values[1:]], binds)),
              ("  torch.empty", lambda i: torch.empty((256, 256), dtype=torch.bfloat16, device=a.device)))
     for name, fn in parts:
         fn(0)

@@ -263,22 +263,23 @@ class Plan:
         self._scratch = (None, 0)  # the last stream's and its scratch (kept valid: _workspace)
 
     def __call__(self, stream, values, graph=None):
-        """Run on ``stream``; ``graph``: whether it is capturing a CUDA graph (None: ask)."""
+        """Run on ``stream``; ``values``: a list, whose SCRATCH entry this sets; ``graph``:
+        whether ``stream`` is capturing a CUDA graph (None: ask)."""
         nbytes = self.scratch_bytes
         if nbytes:
             if graph is None:
                 graph = capturing(stream)
             if graph:  # the graph's own scratch, allocated and freed inside it
-                values = (alloc_async(nbytes, stream), *values[1:])
+                values[SCRATCH] = alloc_async(nbytes, stream)
                 for step, binds in self._steps or self._prepare(values):
                     step(stream, values, binds)
-                free_async(values[0], stream)
+                free_async(values[SCRATCH], stream)
                 return
             last, scratch = self._scratch
             if last != stream:
                 scratch = stream_scratch(self.device, stream, nbytes)
                 self._scratch = (stream, scratch)
-            values = (scratch, *values[1:])
+            values[SCRATCH] = scratch
         for step, binds in self._steps or self._prepare(values):
             step(stream, values, binds)
         if self.record is not None:

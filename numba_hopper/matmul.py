@@ -120,7 +120,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     entry = None if debug else _plans.get(key)
     if entry is None:
         return _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, debug)
-    return _run(entry, out, (0, pa, pb, po, *fvalues), stream)
+    return _run(entry, out, pa, pb, po, fvalues, stream)
 
 
 def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None):
@@ -139,14 +139,18 @@ def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None)
     entry = _plans.get(key)
     if entry is None:
         return _first_bmm(key, a, b, out, out_dtype, dtype, stream, config)
-    return _run(entry, out, (0, pa, pb, po), stream)
+    return _run(entry, out, pa, pb, po, (), stream)
 
 
-def _run(entry, out, values, stream):
-    """A call whose layout has a plan: make its output, check its addresses, queue its launches."""
+def _run(entry, out, pa, pb, po, fvalues, stream):
+    """A call whose layout has a plan: make its output, check its addresses, queue its launches.
+
+    The call's values (``_plan``'s indices): a list, whose first entry the plan fills with its
+    scratch address.
+    """
     if out is None:
-        out, ptr = entry.make_out()
-        values = (0, values[A], values[B], ptr, *values[OUT + 1:])
+        out, po = entry.make_out()
+    values = [0, pa, pb, po, *fvalues]
     if entry.overlaps:
         check_overlaps(entry.overlaps, values)
     if stream is None:
@@ -242,8 +246,7 @@ def _spans(arrays):
 def _first_run(key, plan_for, a, out, vo, shape, out_dtype, va, addresses, fvalues, stream, overlaps, cache):
     """The rest of a first call: overlaps, the device, the plan; run it (making the output
     if the call did not pass one) and keep it."""
-    values = (0, *addresses, vo.ptr if vo else 0, *fvalues)
-    check_overlaps(overlaps, values)
+    check_overlaps(overlaps, (0, *addresses, vo.ptr if vo else 0, *fvalues))
     reason = hopper_device_reason()
     if reason is not None:
         raise UnsupportedDeviceError(f"numba_hopper needs a Hopper GPU (compute capability 9.x): {reason}")
@@ -254,7 +257,7 @@ def _first_run(key, plan_for, a, out, vo, shape, out_dtype, va, addresses, fvalu
         strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
         vo = DeviceView(0, shape, strides, dtype, ITEMSIZE[dtype], va.device, va.framework)
     entry = _Entry(plan_for(vo), overlaps, make_out, a)
-    out = _run(entry, out, values, stream)
+    out = _run(entry, out, *addresses, vo.ptr if out is not None else 0, fvalues, stream)
     if cache:
         _remember(key, entry)
     return out
