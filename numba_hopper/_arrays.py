@@ -14,6 +14,9 @@ Dtypes are canonical short names (``DTYPES``). bfloat16 and float8 data held in 
 array (numba, and CuPy before 14, have no such dtypes) is described with ``dtype="bf16"`` (over a 2-byte
 array) or ``dtype="e4m3"``/``"e5m2"`` (over a 1-byte array); ``"tf32"`` (over float32) is
 never inferred, only requested. An override must have the storage's item size.
+
+Below the view: the layout predicates TMA cares about (row- or column-major, leading
+dimension, 16-byte addressability) and ``byte_span`` for overlap checks.
 """
 
 from __future__ import annotations
