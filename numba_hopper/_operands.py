@@ -4,8 +4,8 @@
   strides, dtype, device, 16-byte alignment) and its address, read straight from the
   framework's attributes (no :class:`~numba_hopper._arrays.DeviceView`, no driver call for
   PyTorch and CuPy);
-- :func:`empty_like`: a new output through the caller's framework (PyTorch's caching
-  allocator, CuPy's pool, numba);
+- :func:`empty_like`: a new CuPy or numba output through the caller's framework (CuPy's
+  pool, numba);
 - :func:`current_torch_stream`: PyTorch's current ``CUstream`` (the default for its tensors)
   and whether it is capturing a graph.
 
@@ -63,12 +63,8 @@ def describe(x):
 
 
 def empty_like(a, shape, dtype, framework):
-    """An uninitialized array of ``a``'s kind (``framework`` as ``DeviceView`` names it)."""
-    if framework == "torch":
-        import torch
-
-        tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
-        return torch.empty(shape, dtype=tdt, device=a.device)
+    """An uninitialized CuPy or numba array of ``a``'s kind (``framework`` as ``DeviceView``
+    names it); PyTorch outputs come from ``matmul``'s faster maker."""
     if framework == "cupy":
         import cupy
 
