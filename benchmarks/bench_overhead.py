@@ -9,7 +9,9 @@ Cases (bf16, M = N = K = 256, so the host, not the GPU, sets the pace):
   up front) times one weight, ``gemm(x, w)`` vs ``torch.matmul(x, w)``;
 - "fresh pairs, bias+gelu_tanh": ``gemm(a, b, bias=bias, bias_dim=1, activation="gelu_tanh")``
   vs ``F.gelu(torch.addmm(bias, a, b), approximate="tanh")``;
-- "out=, same operands":       ``gemm(a, b, out=c)`` vs ``torch.matmul(a, b, out=c)``.
+- "out=, same operands":       ``gemm(a, b, out=c)`` vs ``torch.matmul(a, b, out=c)``;
+- "torch op: linear, fresh x":  the PyTorch custom op path, ``numba_hopper.torch.linear(x, w)``
+  (dispatcher, autograd key, ``numba_hopper::gemm``) vs ``F.linear(x, w)``, a new ``x`` each call.
 
 Each figure is the host time of ``--calls`` back-to-back calls (no synchronization inside,
 the garbage collector paused, as ``timeit`` does) divided by the count; the two libraries
@@ -41,6 +43,7 @@ from bench_gemm import save_results  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import numba_hopper  # noqa: E402
+import numba_hopper.torch as nht  # noqa: E402
 
 N = 256
 PAIRS = 64
@@ -77,6 +80,7 @@ def _cases(calls):
             lambda i: numba_hopper.gemm(*pairs[i % PAIRS], bias=bias, bias_dim=1, activation="gelu_tanh"),
             lambda i: F.gelu(torch.addmm(bias, *pairs[i % PAIRS]), approximate="tanh")),
         "out=, same operands": (lambda i: numba_hopper.gemm(a, b, out=c), lambda i: torch.matmul(a, b, out=c)),
+        "torch op: linear, fresh x": (lambda i: nht.linear(xs[i], weight), lambda i: F.linear(xs[i], weight)),
     }
 
 

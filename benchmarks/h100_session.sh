@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: set up, run the GPU tests, the main job and the GEMM benchmark.
-#   bash benchmarks/h100_session.sh [tests|main|bench|quick|small|epilogue|overhead|model|profile|sanitize]...
+#   bash benchmarks/h100_session.sh [tests|main|bench|quick|small|epilogue|overhead|model|torch|profile|sanitize]...
 #   (default: tests main quick); TESTS="tests/test_x.py ..." narrows the tests step.
 # Logs and results land in $OUT (the device tool brings them back). numba-cuda 0.30.4 needs
 # NumPy < 2.5: the wheel in .whl/ (carried with the call) is installed into .site first.
@@ -24,6 +24,7 @@ for step in $steps; do
     epilogue) python3 benchmarks/bench_epilogue.py --json "$OUT/epilogue.json" 2>&1 | tee "$OUT/epilogue.log" ;;
     overhead) python3 benchmarks/bench_overhead.py --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
     model) python3 benchmarks/bench_model.py --json "$OUT/model.json" 2>&1 | tee "$OUT/model.log" ;;
+    torch) python3 benchmarks/bench_torch.py --json "$OUT/torch.json" 2>&1 | tee "$OUT/torch.log" ;;
     profile) python3 benchmarks/profile_overhead.py 2>&1 | tee "$OUT/profile.log" | head -60 ;;
     sanitize) bash benchmarks/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" ;;
   esac

@@ -1,0 +1,139 @@
+"""numba_hopper.torch in a real model, as PyTorch users run one: compiled, graph-replayed,
+and trained, against the stock model in one process.
+
+    python benchmarks/bench_torch.py [--rounds 20] [--json out.json]
+
+The model is ``bench_model.py``'s Llama-style decoder (4 layers, hidden 2048, bf16). "ours"
+is a copy (the same weights) with every ``nn.Linear`` swapped by
+``numba_hopper.torch.replace_linear`` (29 per forward, custom ops ``numba_hopper::gemm``).
+
+Cases (``ratio = torch_ms / ours_ms``, above 1: ours is faster):
+
+- "compile forward, prefill 4x1024": ``torch.compile(model)`` (Inductor, default mode) of each
+  model, forward under ``torch.no_grad()``;
+- "graph forward, prefill 4x1024" / "graph forward, decode 8x1": each model's forward
+  captured in a ``torch.cuda.CUDAGraph``, timed by ``replay()``;
+- "train step, 4x1024": eager forward with the language-model loss, backward, and an AdamW
+  step (the 29 linears' forward and both backward GEMMs on numba_hopper).
+
+Each figure is the median of ``--rounds`` CUDA-event timings of one call, after warm-up,
+the two models alternating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+from bench_gemm import save_results  # noqa: E402
+from bench_model import _time_ms, build_model  # noqa: E402
+
+import numba_hopper.torch as nht  # noqa: E402
+
+
+def _ids(model, batch, seq):
+    return torch.randint(0, model.config.vocab_size, (batch, seq), device="cuda")
+
+
+def compiled_forward(model, batch, seq):
+    compiled = torch.compile(model)
+    ids = _ids(model, batch, seq)
+
+    def run():
+        with torch.no_grad():
+            return compiled(input_ids=ids, use_cache=False).logits
+
+    return run
+
+
+def graph_forward(model, batch, seq):
+    ids = _ids(model, batch, seq)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(2):  # warm up: kernels, plans, cuBLAS workspaces
+            model(input_ids=ids, use_cache=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits
+
+    def run():
+        graph.replay()
+        return logits
+
+    return run
+
+
+def train_step(model, batch, seq):
+    model.train()
+    ids = _ids(model, batch, seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def run():
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    return run
+
+
+CASES = [
+    ("compile forward, prefill 4x1024", compiled_forward, 4, 1024),
+    ("graph forward, prefill 4x1024", graph_forward, 4, 1024),
+    ("graph forward, decode 8x1", graph_forward, 8, 1),
+    ("train step, 4x1024", train_step, 4, 1024),
+]
+
+
+def bench(make, batch, seq, rounds):
+    stock = build_model()
+    ours = copy.deepcopy(stock)
+    swapped = nht.replace_linear(ours)
+    torch.manual_seed(1)
+    runs = {False: make(stock, batch, seq)}
+    torch.manual_seed(1)  # the same input ids
+    runs[True] = make(ours, batch, seq)
+    for ours_first in (True, False):
+        for _ in range(3):
+            _time_ms(runs[ours_first])
+    times = {True: [], False: []}
+    for r in range(rounds):
+        for side in ((True, False) if r % 2 == 0 else (False, True)):
+            times[side].append(_time_ms(runs[side]))
+    return statistics.median(times[True]), statistics.median(times[False]), swapped
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--json", help="results file (default benchmarks/results/torch-<gpu>-<date>-<commit>.json)")
+    args = p.parse_args(argv)
+    records = []
+    for case, make, batch, seq in CASES:
+        ours_ms, torch_ms, swapped = bench(make, batch, seq, args.rounds)
+        records.append({"case": case, "ours_ms": ours_ms, "torch_ms": torch_ms, "ratio": torch_ms / ours_ms})
+        print(f"{case:34s} ours {ours_ms:8.3f} ms  torch {torch_ms:8.3f} ms  ratio {torch_ms / ours_ms:.3f}"
+              f"  ({swapped} linears swapped)", flush=True)
+        torch.cuda.empty_cache()
+    out = save_results("torch", {
+        "model": "LlamaForCausalLM, 4 layers, hidden 2048, MLP 5632, 16 heads, vocab 32000, bf16, random init",
+        "torch": torch.__version__, "records": records}, args.json)
+    print("\n| case | ours ms | torch ms | ratio |\n|---|---|---|---|")
+    for r in records:
+        print(f"| {r['case']} | {r['ours_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.3f} |")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""numba_hopper for PyTorch: custom ops, autograd, and torch's matmul semantics.
+
+    import numba_hopper.torch as nht
+    y = nht.linear(x, weight, bias, activation="gelu_tanh")   # differentiable, one kernel
+    nht.replace_linear(model)                                 # every nn.Linear, in place
+    model = torch.compile(model, fullgraph=True)              # no graph break
+
+- :mod:`~numba_hopper.torch.ops`: the ``torch.library`` custom ops ``numba_hopper::gemm``,
+  ``numba_hopper::gemm_aux`` and ``numba_hopper::bmm``, with fake implementations (for
+  ``torch.compile`` and ``torch.export``) and autograd formulas;
+- :mod:`~numba_hopper.torch.functional`: ``mm``, ``addmm``, ``bmm``, ``baddbmm`` and
+  ``matmul``, with PyTorch's semantics (broadcasting, 1-D operands, ``beta``/``alpha``,
+  K == 0);
+- :mod:`~numba_hopper.torch.linear`: ``linear``, the ``nn.Linear`` drop-in ``Linear``, and
+  ``replace_linear``.
+
+Everything runs on PyTorch's current stream and never synchronizes, so ``torch.cuda.graph``
+captures it (after a warm-up call, which compiles). bf16/fp16 CUDA tensors on a Hopper GPU;
+anything else raises before launch (``numba_hopper.errors``). Importing this module imports
+torch; ``import numba_hopper`` alone does not.
+"""
+
+from . import ops  # noqa: F401  (registers the custom ops)
+from .functional import addmm, baddbmm, bmm, matmul, mm
+from .linear import Linear, linear, replace_linear
+
+__all__ = ["ops", "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "Linear", "replace_linear"]

@@ -1,0 +1,65 @@
+"""``linear`` and ``Linear``: ``nn.Linear`` on numba_hopper's GEMM, forward and backward.
+
+The forward is one kernel: ``act(x @ weight.T + bias)``, the weight read in place (a
+column-major B). When a gradient is needed and there is an activation, the same kernel also
+writes the value before the activation (``numba_hopper::gemm_aux``), which the activation's
+backward reads. The backward (``numba_hopper.torch.ops``) runs dX = dY W and dW = dY^T X on
+numba_hopper's GEMMs, and db = sum(dY) with torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+
+__all__ = ["linear", "Linear", "replace_linear"]
+
+
+def linear(x, weight, bias=None, activation=None):
+    """``act(torch.nn.functional.linear(x, weight, bias))`` with ``activation`` None, "relu",
+    "gelu", "gelu_tanh", "silu" or "sigmoid"; ``x`` (..., in), ``weight`` (out, in), bf16/fp16."""
+    x2 = x.flatten(0, -2) if x.dim() > 1 else x.unsqueeze(0)
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    if activation is not None and needs_grad:
+        y, _ = ops.gemm_aux(x2, weight.t(), bias=bias, activation=activation)
+    else:
+        y = ops.gemm(x2, weight.t(), bias=bias, activation=activation)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+class Linear(torch.nn.Linear):
+    """A drop-in ``nn.Linear`` (the same parameters and ``state_dict``) whose forward and
+    backward run on numba_hopper, with an optional fused ``activation``."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, activation=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.activation = activation
+
+    def forward(self, x):
+        return linear(x, self.weight, self.bias, self.activation)
+
+    def extra_repr(self):
+        return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+
+    @classmethod
+    def from_linear(cls, module: torch.nn.Linear, activation=None):
+        """A ``Linear`` sharing ``module``'s parameters (the same tensors: an optimizer built
+        on the old module keeps working)."""
+        new = cls(module.in_features, module.out_features, bias=module.bias is not None, device="meta",
+                  activation=activation)
+        new.weight, new.bias = module.weight, module.bias
+        return new.train(module.training)
+
+
+def replace_linear(model: torch.nn.Module) -> int:
+    """Swap every ``nn.Linear`` inside ``model`` for a :class:`Linear` sharing its parameters,
+    in place; return how many were swapped."""
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) and not isinstance(child, Linear):
+                setattr(parent, name, Linear.from_linear(child))
+                swapped += 1
+    return swapped

@@ -1,0 +1,174 @@
+"""numba_hopper.torch without a GPU: the custom ops' schemas and fake implementations, the
+torch-semantics layer on PyTorch's OpInfo samples, autograd, torch.compile / torch.export
+tracing and Linear, all with a float64 CPU stand-in for the GEMM (tests/_torch_double.py)."""
+
+import copy
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nht = pytest.importorskip("numba_hopper.torch")
+
+import _torch_cases as cases  # noqa: E402
+import _torch_double  # noqa: E402
+
+from numba_hopper import errors  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.fixture
+def double(monkeypatch):
+    _torch_double.install(monkeypatch)
+
+
+def test_import_numba_hopper_does_not_import_torch():
+    code = "import sys, numba_hopper; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_ops_schemas():
+    assert str(torch.ops.numba_hopper.gemm.default._schema) == (
+        "numba_hopper::gemm(Tensor a, Tensor b, Tensor? c=None, Tensor? bias=None, float alpha=1., "
+        "float beta=0., SymInt bias_dim=1, str? activation=None, ScalarType? out_dtype=None) -> Tensor")
+    assert str(torch.ops.numba_hopper.gemm_aux.default._schema).endswith("-> (Tensor, Tensor)")
+    assert str(torch.ops.numba_hopper.bmm.default._schema) == (
+        "numba_hopper::bmm(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opinfo_samples(double, dtype, requires_grad):
+    pytest.importorskip("expecttest")
+    seen = {}
+    for name, op, sample in cases.opinfo_samples("cpu", dtype, requires_grad):
+        try:
+            cases.check_sample(op, sample, dtype)
+        except Exception as e:
+            raise AssertionError(f"{name} sample {sample}: {e!r}") from e
+        seen[op.name] = seen.get(op.name, 0) + 1
+    assert set(seen) == set(cases.OPS), seen
+
+
+def _sample_ops():
+    a, b = torch.randn(7, 24, dtype=torch.bfloat16), torch.randn(24, 9, dtype=torch.bfloat16)
+    c, bias = torch.randn(7, 9, dtype=torch.bfloat16), torch.randn(9, dtype=torch.bfloat16)
+    return [
+        (torch.ops.numba_hopper.gemm.default, (a, b), {}),
+        (torch.ops.numba_hopper.gemm.default, (a, b), {"c": c, "bias": bias, "alpha": 0.5, "beta": 2.0}),
+        (torch.ops.numba_hopper.gemm_aux.default, (a, b), {"bias": bias, "activation": "silu"}),
+        (torch.ops.numba_hopper.bmm.default, (torch.randn(3, 5, 10, dtype=torch.float16),
+                                              torch.randn(3, 10, 6, dtype=torch.float16)), {}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_opcheck(double, case):
+    """torch.library.opcheck: schema, fake implementation, autograd registration, AOT dispatch."""
+    op, args, kwargs = _sample_ops()[case]
+    args = tuple(t.requires_grad_() for t in args)
+    torch.library.opcheck(op, args, kwargs)
+
+
+@pytest.mark.parametrize("shapes", [
+    ((7,), (7,)), ((5, 7), (7,)), ((7,), (7, 3)), ((2, 5, 7), (7,)), ((2, 5, 7), (7, 3)), ((7,), (2, 7, 3)),
+    ((2, 1, 5, 7), (3, 7, 4)), ((1, 5, 7), (4, 7, 2)), ((0, 5, 7), (7, 2)), ((5, 0), (0, 3)),
+])
+def test_matmul_shapes_match_torch(double, shapes):
+    a, b = (torch.randn(*s, dtype=torch.bfloat16) for s in shapes)
+    got, ref = nht.matmul(a, b), torch.matmul(a.double(), b.double())
+    assert got.shape == ref.shape and got.dtype == torch.bfloat16
+    assert cases.rel_error(got, ref) < 1e-2
+
+
+@pytest.mark.parametrize("input_shape", [(), (1,), (9,), (1, 9), (7, 1), (7, 9)])
+@pytest.mark.parametrize("k", [0, 16])
+def test_addmm_broadcast_inputs(double, input_shape, k):
+    m1, m2 = torch.randn(7, k, dtype=torch.bfloat16), torch.randn(k, 9, dtype=torch.bfloat16)
+    inp = torch.randn(input_shape, dtype=torch.bfloat16)
+    got = nht.addmm(inp, m1, m2, beta=0.5, alpha=2.0)
+    ref = torch.addmm(inp.double(), m1.double(), m2.double(), beta=0.5, alpha=2.0)
+    assert got.shape == ref.shape and cases.rel_error(got, ref) < 1e-2
+
+
+def test_addmm_beta_zero_ignores_nan_input(double):
+    m1, m2 = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 4, dtype=torch.bfloat16)
+    got = nht.addmm(torch.full((4, 4), float("nan"), dtype=torch.bfloat16), m1, m2, beta=0)
+    assert not got.isnan().any()
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu", "sigmoid"])
+def test_linear_gradients_match_float64(double, activation):
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 40, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(24, 40, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(24, dtype=torch.bfloat16, requires_grad=True)
+    y = nht.linear(x, w, b, activation=activation)
+    act = _torch_double._ACT[activation]
+    ref_leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    ref = act(torch.nn.functional.linear(*ref_leaves))
+    grad_out = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, w, b), grad_out)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, grad_out.double())
+    assert cases.rel_error(y, ref) < 1e-2
+    for g, r, t in zip(grads, ref_grads, (x, w, b)):
+        assert g.shape == t.shape and g.dtype == t.dtype and g.is_contiguous()
+        assert cases.rel_error(g, r) < 2e-2
+
+
+def test_gemm_with_activation_refuses_backward(double):
+    a = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="gemm_aux"):
+        torch.ops.numba_hopper.gemm(a, torch.randn(8, 4, dtype=torch.bfloat16), activation="relu")
+
+
+def test_linear_module_is_a_drop_in():
+    stock = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8, bias=False))
+    state = copy.deepcopy(stock.state_dict())
+    params = [id(p) for p in stock.parameters()]
+    assert nht.replace_linear(stock) == 2 and nht.replace_linear(stock) == 0
+    assert all(isinstance(stock[i], nht.Linear) for i in (0, 2))
+    assert [id(p) for p in stock.parameters()] == params
+    assert stock.state_dict().keys() == state.keys()
+    fresh = nht.Linear(16, 32)
+    fresh.load_state_dict({"weight": state["0.weight"], "bias": state["0.bias"]})
+    assert torch.equal(fresh.weight, stock[0].weight)
+
+
+def test_compile_fullgraph_and_gradients(double):
+    """torch.compile(fullgraph=True) traces the model (aot_eager: AOTAutograd, no codegen)."""
+    stock, ours = cases.models("cpu", torch.bfloat16)
+    x = torch.randn(2, 33, 64, dtype=torch.bfloat16)
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    got = compiled(x)
+    ref = ours(x)
+    assert cases.rel_error(got, ref) < 1e-2 and cases.rel_error(got, stock(x)) < 2e-2
+    got.float().square().sum().backward()
+    assert all(p.grad is not None for p in ours.parameters())
+
+
+def test_export_graph_holds_the_custom_ops(double):
+    _, ours = cases.models("cpu", torch.bfloat16)
+    exported = torch.export.export(ours, (torch.randn(2, 33, 64, dtype=torch.bfloat16),), strict=True)
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert {"numba_hopper.gemm.default", "numba_hopper.bmm.default"} <= targets, targets
+    assert not any("aten.mm" in t or "aten.bmm" in t or "aten.addmm" in t for t in targets), targets
+
+
+def test_training_follows_nn_linear(double):
+    stock, ours = cases.models("cpu", torch.bfloat16)
+    ref = cases.training_losses(stock, "cpu", torch.bfloat16)
+    got = cases.training_losses(ours, "cpu", torch.bfloat16)
+    assert got[-1] < 0.5 * got[0]
+    assert max(abs(g - r) / r for g, r in zip(got, ref)) < 0.05
+
+
+def test_bad_input_raises_before_launch(double):
+    with pytest.raises(errors.DtypeError):
+        nht.mm(torch.randn(4, 8), torch.randn(8, 4))
+    with pytest.raises(RuntimeError, match="2-D"):
+        nht.mm(torch.randn(2, 4, 8, dtype=torch.bfloat16), torch.randn(8, 4, dtype=torch.bfloat16))
+    with pytest.raises(errors.ShapeError):
+        torch.ops.numba_hopper.bmm(torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 4, dtype=torch.bfloat16))

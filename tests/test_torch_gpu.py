@@ -1,0 +1,127 @@
+"""numba_hopper.torch on the H100: OpInfo samples, opcheck, autograd against float64,
+training, torch.compile(fullgraph=True) with Inductor, and CUDA-graph capture and replay."""
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nht = pytest.importorskip("numba_hopper.torch")
+
+import _torch_cases as cases  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opinfo_samples(dtype, requires_grad):
+    """Every OpInfo sample of mm, addmm, bmm, baddbmm and matmul, none refused."""
+    pytest.importorskip("expecttest")
+    seen = {}
+    for name, op, sample in cases.opinfo_samples("cuda", dtype, requires_grad):
+        try:
+            cases.check_sample(op, sample, dtype)
+        except Exception as e:
+            raise AssertionError(f"{name} sample {sample}: {e!r}") from e
+        seen[op.name] = seen.get(op.name, 0) + 1
+    assert set(seen) == set(cases.OPS), seen
+
+
+def test_opcheck():
+    def randn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+
+    a, b, c, bias = randn(200, 64), randn(64, 136), randn(200, 136), randn(136)
+    torch.library.opcheck(torch.ops.numba_hopper.gemm.default, (a, b), {})
+    torch.library.opcheck(torch.ops.numba_hopper.gemm.default, (a, b),
+                          {"c": c, "bias": bias, "alpha": 0.5, "beta": 2.0})
+    torch.library.opcheck(torch.ops.numba_hopper.gemm_aux.default, (a, b), {"bias": bias, "activation": "gelu"})
+    torch.library.opcheck(torch.ops.numba_hopper.bmm.default, (randn(3, 5, 10), randn(3, 10, 6)), {})
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu", "sigmoid"])
+@pytest.mark.parametrize("m", [1, 7, 1000])
+def test_linear_gradients_match_float64(activation, m):
+    torch.manual_seed(0)
+    x = torch.randn(m, 384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(264, 384, device="cuda", dtype=torch.bfloat16) / 20).requires_grad_()
+    b = torch.randn(264, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = nht.linear(x, w, b, activation=activation)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    pre = torch.nn.functional.linear(*ref_leaves)
+    ref = {None: pre, "relu": torch.relu(pre), "gelu": torch.nn.functional.gelu(pre),
+           "gelu_tanh": torch.nn.functional.gelu(pre, approximate="tanh"),
+           "silu": torch.nn.functional.silu(pre), "sigmoid": torch.sigmoid(pre)}[activation]
+    grad_out = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, w, b), grad_out)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, grad_out.double())
+    assert cases.rel_error(y, ref) < 1e-2
+    for g, r, t in zip(grads, ref_grads, (x, w, b)):
+        assert g.shape == t.shape and g.is_contiguous() and torch.isfinite(g).all()
+        assert cases.rel_error(g, r) < 2e-2
+
+
+def test_training_follows_nn_linear():
+    stock, ours = cases.models("cuda", torch.bfloat16)
+    ref = cases.training_losses(stock, "cuda", torch.bfloat16)
+    got = cases.training_losses(ours, "cuda", torch.bfloat16)
+    assert got[-1] < 0.5 * got[0]
+    assert max(abs(g - r) / r for g, r in zip(got, ref)) < 0.05, (got, ref)
+
+
+def test_compile_fullgraph_inductor():
+    stock, ours = cases.models("cuda", torch.bfloat16)
+    x = torch.randn(4, 33, 64, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(ours, fullgraph=True)
+    got = compiled(x)
+    assert cases.rel_error(got, ours(x)) < 1e-2 and cases.rel_error(got, stock(x)) < 2e-2
+    got.float().square().sum().backward()
+    compiled_grads = [p.grad.clone() for p in ours.parameters()]
+    ours.zero_grad(set_to_none=True)
+    ours(x).float().square().sum().backward()
+    for g, ref in zip(compiled_grads, (p.grad for p in ours.parameters())):
+        assert cases.rel_error(g, ref) < 2e-2
+    x2 = torch.randn(2, 50, 64, device="cuda", dtype=torch.bfloat16)  # a new shape: recompiles
+    assert cases.rel_error(compiled(x2), stock(x2)) < 2e-2
+
+
+def test_cuda_graph_capture_and_replay_with_new_data():
+    stock, ours = cases.models("cuda", torch.bfloat16)
+    static_x = torch.randn(4, 33, 64, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        ours(static_x)  # warm up: compile, plans
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        static_y = ours(static_x)
+    for _ in range(3):
+        static_x.copy_(torch.randn_like(static_x))
+        static_y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            ref = stock(static_x)
+        assert torch.isfinite(static_y).all() and cases.rel_error(static_y, ref) < 2e-2
+
+
+def test_linear_call_never_waits_for_the_gpu():
+    x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)
+    nht.linear(x, w, activation="silu")  # warm: the plan exists
+    fresh = torch.randn_like(x)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)
+    gate = torch.cuda.Event()
+    gate.record()
+    start = time.perf_counter()
+    y = nht.linear(fresh, w, activation="silu")
+    host = time.perf_counter() - start
+    assert not gate.query(), "linear returned only after the queued sleep had finished"
+    assert host < 0.05, host
+    ref = torch.nn.functional.silu(fresh.double() @ w.double().t())
+    assert cases.rel_error(y, ref) < 1e-2
