@@ -32,7 +32,7 @@ def test_import_numba_hopper_does_not_import_torch():
 def test_ops_schemas():
     assert str(torch.ops.numba_hopper.gemm.default._schema) == (
         "numba_hopper::gemm(Tensor a, Tensor b, Tensor? c=None, Tensor? bias=None, float alpha=1., "
-        "float beta=0., SymInt bias_dim=1, str? activation=None, ScalarType? out_dtype=None) -> Tensor")
+        "float beta=0., int bias_dim=1, str? activation=None, ScalarType? out_dtype=None) -> Tensor")
     assert str(torch.ops.numba_hopper.gemm_aux.default._schema).endswith("-> (Tensor, Tensor)")
     assert str(torch.ops.numba_hopper.bmm.default._schema) == (
         "numba_hopper::bmm(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor")

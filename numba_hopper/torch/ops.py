@@ -1,22 +1,29 @@
-"""The custom operators: ``torch.ops.numba_hopper.gemm``, ``gemm_aux`` and ``bmm``.
+"""The custom operators ``torch.ops.numba_hopper.gemm``, ``gemm_aux`` and ``bmm``, and the
+calls the rest of ``numba_hopper.torch`` makes through them.
 
-Registered with ``torch.library.custom_op``, each with a fake (meta) implementation, so that
-``torch.compile`` traces through them with no graph break and AOTAutograd can build their
-backward; each has its autograd formula (``register_autograd``), whose GEMMs are these ops
-again. They run :func:`numba_hopper.gemm` / :func:`numba_hopper.bmm` on PyTorch's current
-stream, so ``torch.cuda.graph`` captures them (warm up first: a first call compiles).
+The operators are defined with ``torch.library`` (schema, CPU/CUDA implementation, fake
+implementation, autograd formula), so ``torch.compile`` and ``torch.export`` trace them with no
+graph break and AOTAutograd builds their backward, whose GEMMs are these operators again.
+They run :func:`numba_hopper.gemm` / :func:`numba_hopper.bmm` on PyTorch's current stream, so
+``torch.cuda.graph`` captures them (warm up first: a first call compiles).
 
 - ``gemm(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype)``:
   ``act(alpha * a @ b + beta * c + bias)``, a new row-major (M, N) tensor.
 - ``gemm_aux(...)``: the same, returning ``(out, pre)`` where ``pre`` is the value before the
   activation (written by the same kernel's epilogue): what the activation's backward reads.
-  ``gemm`` with an activation has no backward; :func:`numba_hopper.torch.linear` calls
-  ``gemm_aux`` when a gradient is needed.
+  ``gemm`` with an activation has no backward; use ``gemm_aux`` (as ``linear`` does).
 - ``bmm(a, b, out_dtype)``: (B, M, K) x (B, K, N). Operands TMA cannot address (a row pitch or
   batch stride that is not a multiple of 16 bytes, as in (10, 5, 10) bf16) are first copied
   into padded tensors, and an N whose row is not a multiple of 16 bytes computes into a padded
   output then copies out: up to three extra copies, each one read and one write of that
   operand (torch.bmm makes none).
+
+Host time. Through the dispatcher, an operator with a Python autograd formula costs about
+10 us more than the GEMM it runs, and about 50 us when an input requires grad. So the
+module-level functions :func:`gemm`, :func:`gemm_aux` and :func:`bmm` call the operator only
+while something traces (``torch.compile``, ``torch.export``, fake tensors); eagerly they
+run the implementation directly, inside a ``torch.autograd.Function`` with the same formula
+when a gradient is needed.
 
 The backward computes each gradient in its input's layout (a column-major ``b``, such as
 ``weight.t()``, gets a column-major gradient), so AccumulateGrad needs no layout copy.
@@ -24,10 +31,8 @@ The backward computes each gradient in its input's layout (a column-major ``b``,
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
-from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode  # private: PyTorch has no public one
 
 from .. import matmul as _matmul
 from ..errors import ShapeError
@@ -36,57 +41,50 @@ __all__ = ["gemm", "gemm_aux", "bmm", "DTYPE_NAMES"]
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
+_EPILOGUE = ("Tensor a, Tensor b, Tensor? c=None, Tensor? bias=None, float alpha=1., float beta=0., "
+             "int bias_dim=1, str? activation=None, ScalarType? out_dtype=None")
+_lib = torch.library.Library("numba_hopper", "DEF")
 
-def _core_gemm(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype, aux_out=None):
+
+# --- implementations -----------------------------------------------------------------------
+
+
+def _gemm_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None,
+               aux_out=None):
     return _matmul.gemm(a, b, c=c, bias=bias, alpha=alpha, beta=beta if c is not None else 0.0,
                         bias_dim=bias_dim if bias is not None else None, activation=activation,
                         out_dtype=DTYPE_NAMES.get(out_dtype, out_dtype), aux_out=aux_out)
 
 
-def _out_like(a, b, out_dtype):
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
-
-
-@torch.library.custom_op("numba_hopper::gemm", mutates_args=())
-def gemm(a: Tensor, b: Tensor, c: Optional[Tensor] = None, bias: Optional[Tensor] = None, alpha: float = 1.0,
-         beta: float = 0.0, bias_dim: int = 1, activation: Optional[str] = None,
-         out_dtype: Optional[torch.dtype] = None) -> Tensor:
-    return _core_gemm(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype)
-
-
-@torch.library.custom_op("numba_hopper::gemm_aux", mutates_args=())
-def gemm_aux(a: Tensor, b: Tensor, c: Optional[Tensor] = None, bias: Optional[Tensor] = None,
-             alpha: float = 1.0, beta: float = 0.0, bias_dim: int = 1, activation: Optional[str] = None,
-             out_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
+def _gemm_aux_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
     pre = _out_like(a, b, out_dtype)
-    return _core_gemm(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype, aux_out=pre), pre
+    return _gemm_impl(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype, aux_out=pre), pre
 
 
-@gemm.register_fake
-def _gemm_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
-    return _out_like(a, b, out_dtype)
-
-
-@gemm_aux.register_fake
-def _gemm_aux_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
-    return _out_like(a, b, out_dtype), _out_like(a, b, out_dtype)
-
-
-@torch.library.custom_op("numba_hopper::bmm", mutates_args=())
-def bmm(a: Tensor, b: Tensor, out_dtype: Optional[torch.dtype] = None) -> Tensor:
+def _bmm_impl(a, b, out_dtype=None):
     _check_3d(a, b)
     a, b = _addressable(a), _addressable(b)
     batch, m, n = max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]
     dtype = out_dtype or a.dtype
-    row_bytes = n * torch.finfo(dtype).bits // 8
-    if row_bytes % 16 == 0:
+    if n * torch.finfo(dtype).bits // 8 % 16 == 0:
         return _matmul.bmm(a, b, out_dtype=DTYPE_NAMES[dtype])
     padded = a.new_empty((batch, m, _padded(n, dtype)), dtype=dtype)[..., :n]
     _matmul.bmm(a, b, out=padded)
     return padded.contiguous()
 
 
-@bmm.register_fake
+def _out_like(a, b, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
+
+
+def _gemm_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
+    return _out_like(a, b, out_dtype)
+
+
+def _gemm_aux_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
+    return _out_like(a, b, out_dtype), _out_like(a, b, out_dtype)
+
+
 def _bmm_fake(a, b, out_dtype=None):
     _check_3d(a, b)
     return a.new_empty((max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]), dtype=out_dtype or a.dtype)
@@ -115,7 +113,12 @@ def _addressable(t):
     return copy.copy_(t)
 
 
-# --- autograd -------------------------------------------------------------------------------
+# --- autograd formulas (shared by the operators and the eager path) --------------------------
+
+
+def _needs_grad(ctx, i):
+    # The dispatcher drops trailing arguments left at their defaults: they need no gradient.
+    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
 
 
 def _in_layout_of(x, compute):
@@ -124,11 +127,6 @@ def _in_layout_of(x, compute):
     if x.dim() == 2 and x.stride(0) == 1 and x.stride(1) != 1:
         return compute(True).t()
     return compute(False)
-
-
-def _needs_grad(ctx, i):
-    # The dispatcher drops trailing arguments left at their defaults: they need no gradient.
-    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
 
 
 def _gemm_grads(ctx, d_pre):
@@ -147,6 +145,34 @@ def _gemm_grads(ctx, d_pre):
     if _needs_grad(ctx, 3):
         dbias = d_pre.sum(dim=0 if ctx.bias_dim == 1 else 1, dtype=torch.float32).to(ctx.bias_dtype)
     return da, db, dc, dbias, None, None, None, None, None
+
+
+_ACTIVATION_BACKWARD = {
+    "relu": lambda g, pre: torch.ops.aten.threshold_backward(g, pre, 0),
+    "gelu": lambda g, pre: torch.ops.aten.gelu_backward(g, pre),
+    "gelu_tanh": lambda g, pre: torch.ops.aten.gelu_backward(g, pre, approximate="tanh"),
+    "silu": lambda g, pre: torch.ops.aten.silu_backward(g, pre),
+    "sigmoid": lambda g, pre: torch.ops.aten.sigmoid_backward(g, torch.sigmoid(pre)),
+}
+
+
+def _gemm_aux_grads(ctx, d_out, d_pre):
+    pre = ctx.saved_tensors[2]
+    d = _ACTIVATION_BACKWARD[ctx.activation](d_out, pre) if ctx.activation else d_out
+    return _gemm_grads(ctx, d if d_pre is None else d + d_pre)
+
+
+def _bmm_grads(ctx, d_out):
+    a, b = ctx.saved_tensors
+    d_out = d_out.contiguous()
+    da = bmm(d_out.to(a.dtype), b.transpose(1, 2)) if _needs_grad(ctx, 0) else None
+    db = bmm(a.transpose(1, 2), d_out.to(b.dtype)) if _needs_grad(ctx, 1) else None
+    # A broadcast operand (batch 1 against B) gets the sum of the batch's gradients.
+    if da is not None and a.shape[0] != da.shape[0]:
+        da = da.sum(0, keepdim=True)
+    if db is not None and b.shape[0] != db.shape[0]:
+        db = db.sum(0, keepdim=True)
+    return da, db, None
 
 
 def _setup(ctx, inputs, *saved):
@@ -168,38 +194,68 @@ def _setup_gemm_aux(ctx, inputs, output):
     _setup(ctx, inputs, output[1])
 
 
-_ACTIVATION_BACKWARD = {
-    "relu": lambda g, pre: torch.ops.aten.threshold_backward(g, pre, 0),
-    "gelu": lambda g, pre: torch.ops.aten.gelu_backward(g, pre),
-    "gelu_tanh": lambda g, pre: torch.ops.aten.gelu_backward(g, pre, approximate="tanh"),
-    "silu": lambda g, pre: torch.ops.aten.silu_backward(g, pre),
-    "sigmoid": lambda g, pre: torch.ops.aten.sigmoid_backward(g, torch.sigmoid(pre)),
-}
-
-
-def _gemm_aux_backward(ctx, d_out, d_pre):
-    pre = ctx.saved_tensors[2]
-    d = _ACTIVATION_BACKWARD[ctx.activation](d_out, pre) if ctx.activation else d_out
-    return _gemm_grads(ctx, d if d_pre is None else d + d_pre)
-
-
-def _bmm_setup(ctx, inputs, output):
+def _setup_bmm(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:2])
 
 
-def _bmm_backward(ctx, d_out):
-    a, b = ctx.saved_tensors
-    d_out = d_out.contiguous()
-    da = bmm(d_out.to(a.dtype), b.transpose(1, 2)) if _needs_grad(ctx, 0) else None
-    db = bmm(a.transpose(1, 2), d_out.to(b.dtype)) if _needs_grad(ctx, 1) else None
-    # A broadcast operand (batch 1 against B) gets the sum of the batch's gradients.
-    if da is not None and a.shape[0] != da.shape[0]:
-        da = da.sum(0, keepdim=True)
-    if db is not None and b.shape[0] != db.shape[0]:
-        db = db.sum(0, keepdim=True)
-    return da, db, None
+# --- the operators -------------------------------------------------------------------------
 
 
-gemm.register_autograd(_gemm_grads, setup_context=_setup_gemm)
-gemm_aux.register_autograd(_gemm_aux_backward, setup_context=_setup_gemm_aux)
-bmm.register_autograd(_bmm_backward, setup_context=_bmm_setup)
+def _define(name, schema, impl, fake, grads, setup):
+    _lib.define(name + schema)
+    for key in ("CPU", "CUDA"):  # CPU tensors reach numba_hopper, which refuses them with a TypeError
+        _lib.impl(name, impl, key)
+    torch.library.register_fake(f"numba_hopper::{name}", fake, lib=_lib)
+    torch.library.register_autograd(f"numba_hopper::{name}", grads, setup_context=setup, lib=_lib)
+    return getattr(torch.ops.numba_hopper, name).default
+
+
+_gemm_op = _define("gemm", f"({_EPILOGUE}) -> Tensor", _gemm_impl, _gemm_fake, _gemm_grads, _setup_gemm)
+_gemm_aux_op = _define("gemm_aux", f"({_EPILOGUE}) -> (Tensor, Tensor)", _gemm_aux_impl, _gemm_aux_fake,
+                       _gemm_aux_grads, _setup_gemm_aux)
+_bmm_op = _define("bmm", "(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor", _bmm_impl, _bmm_fake,
+                  _bmm_grads, _setup_bmm)
+
+
+def _eager_function(name, impl, grads, setup):
+    """The eager path's ``torch.autograd.Function``: ``impl`` with the operator's formula."""
+
+    def forward(ctx, *inputs):
+        output = impl(*inputs)
+        setup(ctx, inputs, output)
+        return output
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                   "backward": staticmethod(grads)})
+
+
+_GemmFunction = _eager_function("_GemmFunction", _gemm_impl, _gemm_grads, _setup_gemm)
+_GemmAuxFunction = _eager_function("_GemmAuxFunction", _gemm_aux_impl, _gemm_aux_grads, _setup_gemm_aux)
+_BmmFunction = _eager_function("_BmmFunction", _bmm_impl, _bmm_grads, _setup_bmm)
+
+
+def _call(op, function, impl, inputs, tensors):
+    """``op(*inputs)`` while tracing; eagerly, ``impl`` (in ``function`` when a gradient is needed)."""
+    if (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+            or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors if t is not None)):
+        return op(*inputs)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return function.apply(*inputs)
+    return impl(*inputs)
+
+
+def gemm(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
+    """``numba_hopper::gemm``: ``act(alpha * a @ b + beta * c + bias)``."""
+    return _call(_gemm_op, _GemmFunction, _gemm_impl,
+                 (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
+
+
+def gemm_aux(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
+    """``numba_hopper::gemm_aux``: ``(act(pre), pre)`` with ``pre = alpha * a @ b + beta * c + bias``."""
+    return _call(_gemm_aux_op, _GemmAuxFunction, _gemm_aux_impl,
+                 (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
+
+
+def bmm(a, b, out_dtype=None):
+    """``numba_hopper::bmm``: ``a @ b`` for 3-D ``a`` and ``b`` (a batch of 1 broadcasts)."""
+    return _call(_bmm_op, _BmmFunction, _bmm_impl, (a, b, out_dtype), (a, b))
