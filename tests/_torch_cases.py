@@ -29,6 +29,18 @@ def opinfo_samples(device, dtype, requires_grad):
                 yield f"{op.name}.{op.variant_test_name or 'default'}", op, sample
 
 
+def check_all_samples(device, dtype, requires_grad):
+    """:func:`check_sample` on every OpInfo sample; every op must have samples, none refused."""
+    seen = {}
+    for name, op, sample in opinfo_samples(device, dtype, requires_grad):
+        try:
+            check_sample(op, sample, dtype)
+        except Exception as e:
+            raise AssertionError(f"{name} sample {sample}: {e!r}") from e
+        seen[op.name] = seen.get(op.name, 0) + 1
+    assert set(seen) == set(OPS), seen
+
+
 def _double_leaf(t):
     return t.detach().double().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
 
