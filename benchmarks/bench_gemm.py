@@ -204,6 +204,15 @@ def save_results(kind, fields, path=None):
     return out
 
 
+def print_table(records, columns, out):
+    """Print ``records`` as a markdown table of ``columns`` (``(key, header, format)``), then
+    where the results file went."""
+    print("\n| " + " | ".join(h for _, h, _ in columns) + " |\n|" + "---|" * len(columns))
+    for r in records:
+        print("| " + " | ".join(format(r[k], f) for k, _, f in columns) + " |")
+    print(f"results: {out}")
+
+
 def _parse_shape(s):
     """``MxNxK`` or ``MxNxK:LAYOUT`` (``RR``, ``RC``, ``CR``, ``CC``; bf16)."""
     dims, _, layout = s.partition(":")

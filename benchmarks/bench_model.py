@@ -28,11 +28,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from bench_gemm import save_results  # noqa: E402
+from bench_gemm import print_table, save_results  # noqa: E402
 
 import numba_hopper  # noqa: E402
 
 CASES = [("prefill 4x1024", 4, 1024), ("decode 8x1", 8, 1)]
+MODEL = "LlamaForCausalLM, 4 layers, hidden 2048, MLP 5632, 16 heads, vocab 32000, bf16, random init"
 
 
 def build_model():
@@ -119,13 +120,9 @@ def main(argv=None):
                         "rel_error": rel_error, "gemm_calls": calls})
         print(f"{case:16s} ours {ours_ms:8.3f} ms  torch {torch_ms:8.3f} ms  ratio {torch_ms / ours_ms:.3f}"
               f"  logits rel. error {rel_error:.2e}", flush=True)
-    out = save_results("model", {
-        "model": "LlamaForCausalLM, 4 layers, hidden 2048, MLP 5632, 16 heads, vocab 32000, bf16, random init",
-        "linears_per_forward": linears, "records": records}, args.json)
-    print("\n| case | ours ms | torch ms | ratio | logits rel. error |\n|---|---|---|---|---|")
-    for r in records:
-        print(f"| {r['case']} | {r['ours_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.3f} | {r['rel_error']:.1e} |")
-    print(f"results: {out}")
+    out = save_results("model", {"model": MODEL, "linears_per_forward": linears, "records": records}, args.json)
+    print_table(records, [("case", "case", "s"), ("ours_ms", "ours ms", ".3f"), ("torch_ms", "torch ms", ".3f"),
+                          ("ratio", "ratio", ".3f"), ("rel_error", "logits rel. error", ".1e")], out)
 
 
 if __name__ == "__main__":

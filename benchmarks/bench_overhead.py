@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from bench_gemm import save_results  # noqa: E402
+from bench_gemm import print_table, save_results  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import numba_hopper  # noqa: E402
@@ -141,10 +141,8 @@ def main(argv=None):
     out = save_results("overhead", {"shape": [N, N, N], "calls": args.calls, "rounds": args.rounds, "blocks": blocks,
                                     "new_layout_blocks": new_layout_blocks, "new_kernel_blocks": new_kernel_blocks,
                                     "records": records}, args.json)
-    print("\n| case | ours us | torch us | ratio |\n|---|---|---|---|")
-    for r in records:
-        print(f"| {r['case']} | {r['ours_us']:.2f} | {r['torch_us']:.2f} | {r['ratio']:.3f} |")
-    print(f"results: {out}")
+    print_table(records, [("case", "case", "s"), ("ours_us", "ours us", ".2f"), ("torch_us", "torch us", ".2f"),
+                          ("ratio", "ratio", ".3f")], out)
 
 
 if __name__ == "__main__":

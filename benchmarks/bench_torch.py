@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from bench_gemm import save_results  # noqa: E402
-from bench_model import _time_ms, build_model  # noqa: E402
+from bench_gemm import print_table, save_results  # noqa: E402
+from bench_model import MODEL, _time_ms, build_model  # noqa: E402
 
 import numba_hopper.torch as nht  # noqa: E402
 
@@ -126,13 +126,9 @@ def main(argv=None):
         print(f"{case:34s} ours {ours_ms:8.3f} ms  torch {torch_ms:8.3f} ms  ratio {torch_ms / ours_ms:.3f}"
               f"  ({swapped} linears swapped)", flush=True)
         torch.cuda.empty_cache()
-    out = save_results("torch", {
-        "model": "LlamaForCausalLM, 4 layers, hidden 2048, MLP 5632, 16 heads, vocab 32000, bf16, random init",
-        "torch": torch.__version__, "records": records}, args.json)
-    print("\n| case | ours ms | torch ms | ratio |\n|---|---|---|---|")
-    for r in records:
-        print(f"| {r['case']} | {r['ours_ms']:.3f} | {r['torch_ms']:.3f} | {r['ratio']:.3f} |")
-    print(f"results: {out}")
+    out = save_results("torch", {"model": MODEL, "torch": torch.__version__, "records": records}, args.json)
+    print_table(records, [("case", "case", "s"), ("ours_ms", "ours ms", ".3f"), ("torch_ms", "torch ms", ".3f"),
+                          ("ratio", "ratio", ".3f")], out)
 
 
 if __name__ == "__main__":
