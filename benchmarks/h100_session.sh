@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device-machine call: set up, run the GPU tests, the main job and the GEMM benchmark.
-#   bash benchmarks/h100_session.sh [tests|main|bench|quick|small|epilogue|overhead|model|torch|profile|sanitize]...
-#   (default: tests main quick); TESTS="tests/test_x.py ..." narrows the tests step.
+#   bash benchmarks/h100_session.sh [tests|main|bench|quick|small|sweep|epilogue|overhead|model|torch|profile|sanitize]...
+#   (default: tests main quick); TESTS="tests/test_x.py ..." narrows the tests step;
+#   SWEEP_ARGS="--models llama3-8b ..." narrows the sweep.
 # Logs and results land in $OUT (the device tool brings them back). numba-cuda 0.30.4 needs
 # NumPy < 2.5: the wheel in .whl/ (carried with the call) is installed into .site first.
 set -uo pipefail
@@ -24,6 +25,7 @@ for step in $steps; do
     epilogue) python3 benchmarks/bench_epilogue.py --json "$OUT/epilogue.json" 2>&1 | tee "$OUT/epilogue.log" ;;
     overhead) python3 benchmarks/bench_overhead.py --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
     model) python3 benchmarks/bench_model.py --json "$OUT/model.json" 2>&1 | tee "$OUT/model.log" ;;
+    sweep) python3 benchmarks/bench_sweep.py ${SWEEP_ARGS:-} --json "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
     torch) python3 benchmarks/bench_torch.py --json "$OUT/torch.json" 2>&1 | tee "$OUT/torch.log" ;;
     profile) python3 benchmarks/profile_overhead.py 2>&1 | tee "$OUT/profile.log" | head -60 ;;
     sanitize) bash benchmarks/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" ;;
