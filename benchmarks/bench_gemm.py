@@ -100,7 +100,7 @@ def _time(fn, sets, reps):
 def _config(name):
     """``default`` (the library's choice) or a kernel spelled as dash-separated parts:
     a cluster shape ``MxN`` (``2x1``), ``m<block_m>`` (``m64``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``),
-    ``p<pipeline stages>`` (``p3``), ``sk`` (stream-K); e.g. ``n128-s2``, ``n192-sk``. Unnamed
+    ``p<pipeline stages>`` (``p3``), ``g<tile-rows per raster group>`` (``g16``), ``sk`` (stream-K); e.g. ``n128-s2``, ``n192-sk``. Unnamed
     parts keep GemmConfig's defaults (128x256 tiles, no cluster, no split, no stream-K, the
     deepest ring that fits).
     """
@@ -120,6 +120,8 @@ def _config(name):
             kw["split_k"] = int(part[1:])
         elif part[0] == "p":
             kw["stages"] = int(part[1:])
+        elif part[0] == "g":
+            kw["group_m"] = int(part[1:])
         else:
             raise ValueError(f"bad config part {part!r} in {name!r}")
     kw.setdefault("stages", max_stages("bf16", "f32" if kw.get("split_k", 1) > 1 else "bf16", kw.get("block_n", 256),
