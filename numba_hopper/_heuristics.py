@@ -15,9 +15,16 @@ from .launch import device_limits
 __all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "stream_k_schedule", "cluster_pays", "choose_config",
            "split_count"]
 
-# Relative time per output column of a tile, from benchmarks/NOTES.md (1792x1280x4096, one
-# wave each): a narrower tile reads A from shared memory for fewer columns of MMA.
-TILE_COST = {256: 1.0, 192: 1.075, 160: 1.07, 128: 1.065, 64: 1.52}
+# Relative time per output column of a 128-row tile, fitted to the shape sweep
+# (benchmarks/NOTES.md, issue 22): 192-wide tiles run as fast as 256-wide ones; 160-wide and
+# 128-wide ones run slower, the more so the longer the run (their smaller tiles read more
+# per flop), so at many waves 128 columns cost 1.2-1.7x; one wave of them pays ~1.05x.
+TILE_COST = {256: 1.0, 192: 1.0, 160: 1.1, 128: 1.25, 64: 1.52}
+# 64-row tiles (M <= SMALL_M) stream B and do little math: 128 columns move as many bytes
+# per k-block as the pipeline keeps in flight, 64 columns too few (0.72-0.85x where 128 gave
+# 0.81-0.95x), so only these two widths compete, 128 at the same cost as 256.
+SMALL_M = 128
+SMALL_M_TILE_COST = {256: 1.0, 128: 1.0}
 # The fewest k-blocks a stream-K CTA gets (more CTAs would only add fix-ups).
 SK_MIN_ITERS = 4
 
@@ -25,18 +32,21 @@ SK_MIN_ITERS = 4
 def tile_shape(M, N, units, sms, fused=False):
     """``(block_m, block_n)``: the tile with the shortest estimated run.
 
-    Rows: 64 when M <= 64, where half of a 128-row tile would be padding (measured at
-    64x4096x4096: 0.94x cuBLAS with 64x64 tiles, 0.58x with 128x64). Width: waves of tiles x
-    width x tile cost; wave quantization decides: 1792x1280 takes 112 tiles of 128x160 (one
-    wave on 132 SMs) rather than 70 of 128x256 (also one wave, of slower tiles); a skinny
-    128x8192 takes 128 tiles of 128x64 rather than leaving 100 SMs idle with 32 tiles of
-    128x256. Ties go to the wider tile. A fused epilogue has no 160-wide kernel.
+    Rows: 64 when M <= SMALL_M, where a 128-row tile would be mostly padding, or (M = 128)
+    where two 64-row tiles give twice the CTAs for a product that streams B (measured at
+    128x4096x4096: 0.95x cuBLAS with 64x128 tiles, 0.92x with 128x64). Width: waves of
+    tiles x width x tile cost; wave quantization decides: 1792x1280 takes 112 tiles of
+    128x160 (one wave on 132 SMs) rather than 70 of 128x256 (also one wave, of slower
+    tiles); 5120^3 takes 128x192 (9 waves) over 128x256 (7 waves, the last 6% full). Ties
+    go to the wider tile. A fused epilogue has no 160-wide kernel.
     """
-    def estimate(bn):
-        tiles = units * -(-M // 128) * -(-N // bn)
-        return -(-tiles // sms) * bn * TILE_COST[bn]
+    block_m, cost = (64, SMALL_M_TILE_COST) if M <= SMALL_M else (128, TILE_COST)
 
-    return 64 if M <= 64 else 128, min((bn for bn in TILE_COST if not (fused and bn % 64)), key=estimate)
+    def estimate(bn):
+        tiles = units * -(-M // block_m) * -(-N // bn)
+        return -(-tiles // sms) * bn * cost[bn]
+
+    return block_m, min((bn for bn in sorted(cost, reverse=True) if not (fused and bn % 64)), key=estimate)
 
 
 def stream_k_schedule(tiles, k_blocks, sms):
@@ -53,30 +63,35 @@ def stream_k_schedule(tiles, k_blocks, sms):
     return sms, (full - 1) * sms
 
 
-def cluster_pays(tiles, K, sms):
+def cluster_pays(tiles, K, b_major, sms):
     """Whether a 1x2 cluster (the two CTAs of a tile row share their A tile through multicast)
-    beats single CTAs: only with many tiles per CTA and a long K loop. Measured (session 4,
-    benchmarks/NOTES.md): +4.5% at 16384x4096x4096 (15.5 tiles per CTA), even at 8192^3, but
-    -2.5% at 4096^3 (3.9), -5% at 6144^3 (8.7), -3% at 8192x8192x1024, -10% at 4096x4096x512.
+    beats single CTAs: only with many tiles per CTA, a long K loop and B stored (K, N).
+    Measured (session 4, benchmarks/NOTES.md): +4.5% at 16384x4096x4096 (15.5 tiles per CTA),
+    even at 8192^3, but -2.5% at 4096^3 (3.9), -5% at 6144^3 (8.7), -3% at 8192x8192x1024,
+    -10% at 4096x4096x512. With B stored (N, K) (``x @ W.T``) it lost on every large shape of
+    the issue-22 sweep: 0.75x vs 0.98x cuBLAS at 8192x8192x28672, 0.77x vs 0.99x at
+    16384x57344x8192.
     """
-    return tiles >= 12 * sms and K >= 2048
+    return b_major == "N" and tiles >= 12 * sms and K >= 2048
 
 
-def choose_config(va, vb, vo, config, debug, epilogue=None, units=1):
+def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None):
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
 
     Default: the tile :func:`tile_shape` picks for ``units`` products, the deepest ring
-    that fits, and a 1x2 cluster where :func:`cluster_pays`.
+    that fits, and a 1x2 cluster of 128x256 tiles (the only clustered tile measured) where
+    :func:`cluster_pays`. ``limits``: the device's
+    :class:`~numba_hopper.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
     """
     a_major = "K" if tma_addressable(va, row_major=True) else "M"
     b_major = "N" if tma_addressable(vb, row_major=True) else "K"
-    limits = device_limits(vo.device)
+    limits = limits or device_limits(vo.device)
     if config is None:
         M, N = vo.shape
         block_m, block_n = tile_shape(M, N, units, limits.sm_count, fused=epilogue is not None)
         base = GemmConfig(block_m=block_m, block_n=block_n)
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
-        if block_m == 128 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], limits.sm_count):
+        if block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
             base = dataclasses.replace(base, cluster_n=2)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epilogue=epilogue)
@@ -98,10 +113,14 @@ def split_count(cfg, M, N, K, sms):
     idle SMs unless most SMs would idle and K is long: measured (benchmarks/NOTES.md), two
     slices lost at 1024^3 (0.47x vs 0.67x cuBLAS), and at 64x4096x4096 with 128x64 tiles
     (64 tiles on 132 SMs; 0.52x vs 0.61x). So: at most a quarter of the SMs busy, >= 128
-    k-blocks, >= 32 per slice.
+    k-blocks, >= 32 per slice. With M <= 64 the partials are a few rows, so half the SMs
+    idle is enough, given >= 192 k-blocks: 1x4096x14336 went from 0.72x to 0.92x with two
+    slices, while 16x8192x8192 (128 k-blocks) lost (0.86x vs 0.94x).
     """
     tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
     k_blocks = -(-K // 64)
-    if 4 * tiles > sms or k_blocks < 128:
+    few_tiles = 4 * tiles <= sms and k_blocks >= 128
+    few_rows = M <= 64 and 2 * tiles <= sms and k_blocks >= 192
+    if not (few_tiles or few_rows):
         return 1
     return max(1, min(sms // tiles, k_blocks // 32, 16))

@@ -160,12 +160,12 @@ def test_gemm_without_hopper_gpu_says_so(monkeypatch):
 
 
 @pytest.mark.parametrize("M,N,units,tile", [
-    (4096, 4096, 1, (128, 256)), (8192, 8192, 1, (128, 256)), (6144, 6144, 1, (128, 256)),
-    (256, 14336, 1, (128, 256)),
+    (4096, 4096, 1, (128, 256)), (6144, 6144, 1, (128, 256)), (256, 14336, 1, (128, 256)),
+    (8192, 8192, 1, (128, 192)), (5120, 5120, 1, (128, 192)),  # fewer idle SMs in the last wave
     (1792, 1280, 1, (128, 160)), (1920, 1280, 1, (128, 160)),  # one wave of 160-wide tiles (112, 120 tiles)
-    (128, 8192, 1, (128, 64)),  # skinny: fill the SMs with narrow tiles
-    (64, 4096, 1, (64, 64)), (1, 14336, 1, (64, 128)),  # M <= 64: 64-row tiles
-    (16384, 128, 1, (128, 128)), (1000, 7, 1, (128, 64)), (1024, 1024, 32, (128, 256)),
+    (1000, 7, 1, (128, 64)), (16384, 128, 1, (128, 128)), (1024, 1024, 32, (128, 256)),
+    # M <= 128: 64-row tiles, 128 wide unless 256 needs fewer waves
+    (1, 14336, 1, (64, 128)), (64, 4096, 1, (64, 128)), (128, 8192, 1, (64, 128)), (1, 57344, 1, (64, 256)),
 ])
 def test_tile_shape_heuristic(M, N, units, tile):
     from numba_hopper._heuristics import tile_shape as _tile_shape
@@ -173,17 +173,21 @@ def test_tile_shape_heuristic(M, N, units, tile):
     assert _tile_shape(M, N, units, 132) == tile
 
 
-@pytest.mark.parametrize("tiles,K,cluster", [(2048, 4096, True), (2048, 8192, True), (512, 4096, False),
-                                             (1152, 6144, False), (4096, 1024, False), (1024, 512, False)])
-def test_cluster_heuristic(tiles, K, cluster):
+@pytest.mark.parametrize("tiles,K,b_major,cluster", [
+    (2048, 4096, "N", True), (2048, 8192, "N", True), (512, 4096, "N", False), (1152, 6144, "N", False),
+    (4096, 1024, "N", False), (1024, 512, "N", False), (2048, 8192, "K", False)])
+def test_cluster_heuristic(tiles, K, b_major, cluster):
     from numba_hopper._heuristics import cluster_pays as _cluster_pays
 
-    assert _cluster_pays(tiles, K, 132) == cluster
+    assert _cluster_pays(tiles, K, b_major, 132) == cluster
 
 
-@pytest.mark.parametrize("M,N,K,splits", [(64, 4096, 4096, 1), (1024, 1024, 1024, 1), (64, 2048, 16384, 4),
-                                          (128, 1024, 65536, 8), (64, 256, 4096, 1)])
-def test_split_k_heuristic(M, N, K, splits):
+@pytest.mark.parametrize("M,N,K,block,splits", [
+    (64, 4096, 4096, (128, 64), 1), (1024, 1024, 1024, (128, 64), 1), (64, 2048, 16384, (128, 64), 4),
+    (128, 1024, 65536, (128, 64), 8), (64, 256, 4096, (128, 64), 1),
+    # M <= 64: half the SMs idle and >= 192 k-blocks
+    (1, 4096, 14336, (64, 128), 4), (1, 8192, 28672, (64, 128), 2), (16, 8192, 8192, (64, 128), 1)])
+def test_split_k_heuristic(M, N, K, block, splits):
     from numba_hopper._heuristics import split_count as _split_count
 
-    assert _split_count(GemmConfig(block_n=64), M, N, K, 132) == splits
+    assert _split_count(GemmConfig(block_m=block[0], block_n=block[1]), M, N, K, 132) == splits
