@@ -12,41 +12,81 @@ from ._arrays import tma_addressable
 from .kernels.gemm_sm90 import GemmConfig, max_stages
 from .launch import device_limits
 
-__all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "stream_k_schedule", "cluster_pays", "choose_config",
+__all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "stream_k_schedule", "cluster_pays", "choose_config",
            "split_count"]
 
-# Relative time per output column of a 128-row tile, fitted to the shape sweep
-# (benchmarks/NOTES.md, issue 22): 192-wide tiles run as fast as 256-wide ones; 160-wide and
-# 128-wide ones run slower, the more so the longer the run (their smaller tiles read more
-# per flop), so at many waves 128 columns cost 1.2-1.7x; one wave of them pays ~1.05x.
-TILE_COST = {256: 1.0, 192: 1.0, 160: 1.1, 128: 1.25, 64: 1.52}
-# 64-row tiles (M <= SMALL_M) stream B and do little math: 128 columns move as many bytes
-# per k-block as the pipeline keeps in flight, 64 columns too few (0.72-0.85x where 128 gave
-# 0.81-0.95x), so only these two widths compete, 128 at the same cost as 256.
+# Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
+# (benchmarks/NOTES.md). Up to MANY_WAVES waves (1792x1280x4096: one wave; 4096x3584x18944,
+# 512x14336x4096: 7 waves) a narrower tile pays for reading A from shared memory for fewer
+# columns of MMA. Over many waves 128-wide tiles fall behind (1.2-1.7x per column at
+# 8192x8192x28672, 16384x10240x8192) and 192-wide ones keep up with 256-wide ones (8192^3,
+# 4096x57344x8192).
+MANY_WAVES = 16
+TILE_COST = {256: 1.0, 192: 1.075, 160: 1.15, 128: 1.065, 64: 1.52}
+TILE_COST_MANY_WAVES = {**TILE_COST, 192: 1.0, 128: 1.25}
+# M <= SMALL_M reads B once and does little math, so its time is B's bytes over the rate the
+# busy SMs stream them: per SM by tile width (GB/s; from 64-row tiles at 1x3584x18944,
+# 1x4096x14336, 1x8192x28672), together at most the HBM rate cuBLAS reaches on most of the
+# sweep's decode shapes (2.6 TB/s).
 SMALL_M = 128
-SMALL_M_TILE_COST = {256: 1.0, 128: 1.0}
+SM_STREAM_GBPS = {128: 58, 64: 34}  # in order of preference between equal estimates
+HBM_STREAM_GBPS = 2600
 # The fewest k-blocks a stream-K CTA gets (more CTAs would only add fix-ups).
 SK_MIN_ITERS = 4
 
 
-def tile_shape(M, N, units, sms, fused=False):
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def tile_shape(M, N, K, units, sms, fused=False):
     """``(block_m, block_n)``: the tile with the shortest estimated run.
 
-    Rows: 64 when M <= SMALL_M, where a 128-row tile would be mostly padding, or (M = 128)
-    where two 64-row tiles give twice the CTAs for a product that streams B (measured at
-    128x4096x4096: 0.95x cuBLAS with 64x128 tiles, 0.92x with 128x64). Width: waves of
-    tiles x width x tile cost; wave quantization decides: 1792x1280 takes 112 tiles of
-    128x160 (one wave on 132 SMs) rather than 70 of 128x256 (also one wave, of slower
-    tiles); 5120^3 takes 128x192 (9 waves) over 128x256 (7 waves, the last 6% full). Ties
-    go to the wider tile. A fused epilogue has no 160-wide kernel.
+    M <= SMALL_M: 64-row tiles (the width :func:`small_m_tiling` picks); at M = 128 two of
+    them give twice the CTAs to a product that streams B (128x4096x4096: 0.95x cuBLAS with
+    64x128 tiles, 0.92x with 128x64). Otherwise 128 rows, and the width of the fewest
+    waves x width x tile cost: wave quantization decides. 1792x1280 takes 112 tiles of
+    128x160 (one wave on 132 SMs) rather than 70 of 128x256 (one wave of slower tiles);
+    8192^3 takes 128x192 (21 waves) over 128x256 (16 waves, fuller). Ties go to the wider
+    tile. A fused epilogue has no 160-wide kernel.
     """
-    block_m, cost = (64, SMALL_M_TILE_COST) if M <= SMALL_M else (128, TILE_COST)
+    if M <= SMALL_M:
+        return 64, small_m_tiling(M, N, K, units, sms, can_split=_splits_small_m(M, units, fused))[0]
 
     def estimate(bn):
-        tiles = units * -(-M // block_m) * -(-N // bn)
-        return -(-tiles // sms) * bn * cost[bn]
+        waves = _ceil(units * _ceil(M, 128) * _ceil(N, bn), sms)
+        return waves * bn * (TILE_COST_MANY_WAVES if waves > MANY_WAVES else TILE_COST)[bn]
 
-    return block_m, min((bn for bn in sorted(cost, reverse=True) if not (fused and bn % 64)), key=estimate)
+    return 128, min((bn for bn in sorted(TILE_COST, reverse=True) if not (fused and bn % 64)), key=estimate)
+
+
+def _splits_small_m(M, units, fused):
+    """Whether a 64-row tiling may split K: a single product (batches do not split) with no
+    fused epilogue, and M <= 64, whose fp32 partials are a few rows."""
+    return M <= 64 and units == 1 and not fused
+
+
+def small_m_tiling(M, N, K, units, sms, can_split):
+    """``(block_n, K slices)`` of 64-row tiles with the highest estimated streaming rate.
+
+    The busy SMs (units per wave, averaged over the waves) times their per-SM rate, capped by
+    HBM; slices (2 or 4, >= 64 k-blocks each) add units when ``can_split``. Ties go to the
+    first width of ``SM_STREAM_GBPS``, then to fewer slices: 1x4096x14336 takes 64x128 tiles
+    in two slices (0.91x cuBLAS; unsplit 64x64: 0.72x), 1x3584x3584 takes 64x64 tiles (56
+    busy SMs stream faster than 28 with 64x128).
+    """
+    k_blocks = _ceil(K, 64)
+    best, best_rate = None, -1.0
+    for bn, per_sm in SM_STREAM_GBPS.items():
+        tiles = units * _ceil(M, 64) * _ceil(N, bn)
+        for slices in (1, 2, 4) if can_split else (1,):
+            if slices > 1 and k_blocks < 64 * slices:
+                break
+            work = tiles * slices
+            rate = min(HBM_STREAM_GBPS, work / _ceil(work, sms) * per_sm)
+            if rate > best_rate:
+                best, best_rate = (bn, slices), rate
+    return best
 
 
 def stream_k_schedule(tiles, k_blocks, sms):
@@ -88,7 +128,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     limits = limits or device_limits(vo.device)
     if config is None:
         M, N = vo.shape
-        block_m, block_n = tile_shape(M, N, units, limits.sm_count, fused=epilogue is not None)
+        block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None)
         base = GemmConfig(block_m=block_m, block_n=block_n)
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
         if block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
@@ -109,18 +149,18 @@ def split_count(cfg, M, N, K, sms):
     """K slices for a product with too few output tiles to fill the GPU (1: no split).
 
     Each slice writes fp32 partials that a second kernel sums in a fixed order, so the
-    result is deterministic. The workspace round trip and the second launch cost more than
-    idle SMs unless most SMs would idle and K is long: measured (benchmarks/NOTES.md), two
-    slices lost at 1024^3 (0.47x vs 0.67x cuBLAS), and at 64x4096x4096 with 128x64 tiles
-    (64 tiles on 132 SMs; 0.52x vs 0.61x). So: at most a quarter of the SMs busy, >= 128
-    k-blocks, >= 32 per slice. With M <= 64 the partials are a few rows, so half the SMs
-    idle is enough, given >= 192 k-blocks: 1x4096x14336 went from 0.72x to 0.92x with two
-    slices, while 16x8192x8192 (128 k-blocks) lost (0.86x vs 0.94x).
+    result is deterministic. 64-row tiles (M <= SMALL_M) split as :func:`small_m_tiling`
+    estimates. Otherwise the workspace round
+    trip and the second launch cost more than idle SMs unless most SMs would idle and K is
+    long: measured (benchmarks/NOTES.md), two slices lost at 1024^3 (0.47x vs 0.67x cuBLAS),
+    and at 64x4096x4096 with 128x64 tiles (64 tiles on 132 SMs; 0.52x vs 0.61x). So: at most
+    a quarter of the SMs busy, >= 128 k-blocks, >= 32 per slice.
     """
-    tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
-    k_blocks = -(-K // 64)
-    few_tiles = 4 * tiles <= sms and k_blocks >= 128
-    few_rows = M <= 64 and 2 * tiles <= sms and k_blocks >= 192
-    if not (few_tiles or few_rows):
+    if cfg.block_m == 64 and M <= SMALL_M:
+        block_n, slices = small_m_tiling(M, N, K, 1, sms, can_split=_splits_small_m(M, 1, False))
+        return slices if block_n == cfg.block_n else 1
+    tiles = _ceil(M, cfg.block_m) * _ceil(N, cfg.block_n)
+    k_blocks = _ceil(K, 64)
+    if 4 * tiles > sms or k_blocks < 128:
         return 1
     return max(1, min(sms // tiles, k_blocks // 32, 16))

@@ -159,18 +159,20 @@ def test_gemm_without_hopper_gpu_says_so(monkeypatch):
         gemm(_m(4, 8), _m(8, 4))
 
 
-@pytest.mark.parametrize("M,N,units,tile", [
-    (4096, 4096, 1, (128, 256)), (6144, 6144, 1, (128, 256)), (256, 14336, 1, (128, 256)),
-    (8192, 8192, 1, (128, 192)), (5120, 5120, 1, (128, 192)),  # fewer idle SMs in the last wave
-    (1792, 1280, 1, (128, 160)), (1920, 1280, 1, (128, 160)),  # one wave of 160-wide tiles (112, 120 tiles)
-    (1000, 7, 1, (128, 64)), (16384, 128, 1, (128, 128)), (1024, 1024, 32, (128, 256)),
-    # M <= 128: 64-row tiles, 128 wide unless 256 needs fewer waves
-    (1, 14336, 1, (64, 128)), (64, 4096, 1, (64, 128)), (128, 8192, 1, (64, 128)), (1, 57344, 1, (64, 256)),
+@pytest.mark.parametrize("M,N,K,units,tile", [
+    (4096, 4096, 4096, 1, (128, 256)), (6144, 6144, 6144, 1, (128, 256)), (256, 14336, 4096, 1, (128, 256)),
+    (8192, 8192, 8192, 1, (128, 192)),  # many waves: 192 columns as cheap as 256, fuller last wave
+    (512, 28672, 4096, 1, (128, 128)),  # 7 waves of 128-wide tiles beat 5 of 192 and 4 of 256
+    (1792, 1280, 4096, 1, (128, 160)), (1920, 1280, 4096, 1, (128, 160)),  # one wave of 160-wide tiles
+    (1000, 7, 64, 1, (128, 64)), (16384, 128, 64, 1, (128, 128)), (1024, 1024, 128, 32, (128, 256)),
+    # M <= 128: 64-row tiles, 128 wide unless 64 keeps many more SMs streaming
+    (1, 14336, 4096, 1, (64, 128)), (64, 6144, 4096, 1, (64, 128)), (128, 8192, 4096, 1, (64, 128)),
+    (1, 3584, 3584, 1, (64, 64)), (1, 4096, 14336, 1, (64, 128)),
 ])
-def test_tile_shape_heuristic(M, N, units, tile):
+def test_tile_shape_heuristic(M, N, K, units, tile):
     from numba_hopper._heuristics import tile_shape as _tile_shape
 
-    assert _tile_shape(M, N, units, 132) == tile
+    assert _tile_shape(M, N, K, units, 132) == tile
 
 
 @pytest.mark.parametrize("tiles,K,b_major,cluster", [
@@ -185,8 +187,9 @@ def test_cluster_heuristic(tiles, K, b_major, cluster):
 @pytest.mark.parametrize("M,N,K,block,splits", [
     (64, 4096, 4096, (128, 64), 1), (1024, 1024, 1024, (128, 64), 1), (64, 2048, 16384, (128, 64), 4),
     (128, 1024, 65536, (128, 64), 8), (64, 256, 4096, (128, 64), 1),
-    # M <= 64: half the SMs idle and >= 192 k-blocks
-    (1, 4096, 14336, (64, 128), 4), (1, 8192, 28672, (64, 128), 2), (16, 8192, 8192, (64, 128), 1)])
+    # 64-row tiles: slices where they stream faster, only for M <= 64
+    (1, 4096, 14336, (64, 128), 2), (1, 3584, 18944, (64, 128), 2), (16, 8192, 8192, (64, 128), 1),
+    (1, 4096, 14336, (64, 64), 1), (128, 4096, 14336, (64, 128), 1)])
 def test_split_k_heuristic(M, N, K, block, splits):
     from numba_hopper._heuristics import split_count as _split_count
 
