@@ -29,7 +29,7 @@ TILE_COST_MANY_WAVES = {**TILE_COST, 192: 1.0, 128: 1.25}
 # 1x4096x14336, 1x8192x28672), together at most the HBM rate cuBLAS reaches on most of the
 # sweep's decode shapes (2.6 TB/s).
 SMALL_M = 128
-SM_STREAM_GBPS = {128: 58, 64: 34}  # in order of preference between equal estimates
+SM_STREAM_GBPS = {128: 58, 256: 85, 64: 34}  # in order of preference between equal estimates
 HBM_STREAM_GBPS = 2600
 # The fewest k-blocks a stream-K CTA gets (more CTAs would only add fix-ups).
 SK_MIN_ITERS = 4
@@ -67,25 +67,28 @@ def _splits_small_m(M, units, fused):
 
 
 def small_m_tiling(M, N, K, units, sms, can_split):
-    """``(block_n, K slices)`` of 64-row tiles with the highest estimated streaming rate.
+    """``(block_n, K slices)`` of 64-row tiles with the shortest estimated streaming time.
 
-    The busy SMs (units per wave, averaged over the waves) times their per-SM rate, capped by
-    HBM; slices (2 or 4, >= 64 k-blocks each) add units when ``can_split``. Ties go to the
-    first width of ``SM_STREAM_GBPS``, then to fewer slices: 1x4096x14336 takes 64x128 tiles
-    in two slices (0.91x cuBLAS; unsplit 64x64: 0.72x), 1x3584x3584 takes 64x64 tiles (56
-    busy SMs stream faster than 28 with 64x128).
+    Each wave of work units (tiles x slices) streams its share of B at its SMs' rate, capped
+    by HBM; a partial last wave of few units runs at their own rate. Slices (2 or 4, >= 64
+    k-blocks each) add units when ``can_split``. Within 1%, the first width of
+    ``SM_STREAM_GBPS`` and fewer slices win: 1x4096x14336 takes 64x128 tiles in two slices
+    (0.91x cuBLAS; unsplit 64x64: 0.72x), 1x3584x3584 takes 64x64 tiles (56 busy SMs stream
+    faster than 28 of 64x128), 128x10240x8192 64x256 (80 tiles, where 160 of 64x128 leave a
+    wave of 28: 0.94x vs 0.77x).
     """
     k_blocks = _ceil(K, 64)
-    best, best_rate = None, -1.0
+    best, best_time = None, float("inf")
     for bn, per_sm in SM_STREAM_GBPS.items():
         tiles = units * _ceil(M, 64) * _ceil(N, bn)
         for slices in (1, 2, 4) if can_split else (1,):
             if slices > 1 and k_blocks < 64 * slices:
                 break
-            work = tiles * slices
-            rate = min(HBM_STREAM_GBPS, work / _ceil(work, sms) * per_sm)
-            if rate > best_rate:
-                best, best_rate = (bn, slices), rate
+            work, unit_bytes = tiles * slices, bn / slices  # bytes in units of K x 2 (one tile-row of B)
+            full, last = divmod(work, sms)
+            time = sum(n * unit_bytes / min(HBM_STREAM_GBPS, n * per_sm) for n in (sms,) * full + (last,) if n)
+            if time < 0.99 * best_time:
+                best, best_time = (bn, slices), time
     return best
 
 

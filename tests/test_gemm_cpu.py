@@ -165,9 +165,10 @@ def test_gemm_without_hopper_gpu_says_so(monkeypatch):
     (512, 28672, 4096, 1, (128, 128)),  # 7 waves of 128-wide tiles beat 5 of 192 and 4 of 256
     (1792, 1280, 4096, 1, (128, 160)), (1920, 1280, 4096, 1, (128, 160)),  # one wave of 160-wide tiles
     (1000, 7, 64, 1, (128, 64)), (16384, 128, 64, 1, (128, 128)), (1024, 1024, 128, 32, (128, 256)),
-    # M <= 128: 64-row tiles, 128 wide unless 64 keeps many more SMs streaming
+    # M <= 128: 64-row tiles of the shortest estimated streaming time
     (1, 14336, 4096, 1, (64, 128)), (64, 6144, 4096, 1, (64, 128)), (128, 8192, 4096, 1, (64, 128)),
     (1, 3584, 3584, 1, (64, 64)), (1, 4096, 14336, 1, (64, 128)),
+    (128, 10240, 8192, 1, (64, 256)),  # 80 tiles, one wave, rather than 160 (a wave of 28)
 ])
 def test_tile_shape_heuristic(M, N, K, units, tile):
     from numba_hopper._heuristics import tile_shape as _tile_shape
