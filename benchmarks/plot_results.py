@@ -2,6 +2,9 @@
 
     python benchmarks/plot_results.py [RESULTS.json] [-o chart.png]
 
+A sweep file (``bench_sweep.py``, too many shapes for bars) is drawn as the ratio against
+the product's size, one colour per model.
+
 Default input: the newest ``benchmarks/results/gemm-*.json`` (by modification time); default
 output: the input's name with ``.png``. Needs matplotlib (``pip install 'numba-hopper[plot]'``).
 """
@@ -20,12 +23,43 @@ def newest_results() -> pathlib.Path:
     return files[-1]
 
 
-def plot(result: dict, out: pathlib.Path):
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_sweep(result: dict, out: pathlib.Path):
+    plt = _pyplot()
+    groups = {}
+    for r in result["records"]:
+        name = r["name"].split()[0] if "M=" in r["name"] else ("square" if r["name"].endswith("^3") else "layouts")
+        groups.setdefault(name, []).append(r)
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for name, rs in groups.items():
+        ax.scatter([2 * r["M"] * r["N"] * r["K"] for r in rs], [r["ratio"] for r in rs], s=18, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(result["geomean_ratio"], color="tab:red", linestyle="--", linewidth=0.8,
+               label=f"geomean {result['geomean_ratio']:.3f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("FLOPs of the product (2MNK)")
+    ax.set_ylabel("numba_hopper / cuBLAS (fresh operands)")
+    ax.set_title(f"gemm(a, b) vs torch.matmul(a, b), {len(result['records'])} bf16 shapes, {result['gpu']} "
+                 f"({result['date']}, {result['commit']})", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncols=3, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot(result: dict, out: pathlib.Path):
+    if "geomean_ratio" in result:
+        return plot_sweep(result, out)
+    plt = _pyplot()
     records = result["records"]
     names = [r["name"] for r in records]
     x = range(len(records))
