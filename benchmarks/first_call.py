@@ -1,11 +1,13 @@
 """First-call cost of numba_hopper.gemm in a new process: cold (empty kernel cache), then warm.
 
-    python benchmarks/first_call.py [--json PATH]   # two new processes sharing a fresh cache dir
-    python benchmarks/first_call.py --child         # (what each of them runs) prints one JSON line
+    python benchmarks/first_call.py [--json PATH] [--no-prebuilt]  # two new processes, one fresh cache dir
+    python benchmarks/first_call.py --child   # (what each of them runs) prints one JSON line
 
 Each child times its first gemm call (2048^3 bf16; torch's CUDA context already up) and its
-second; the parent reports both and whether the warm child wrote any cache entry (it only
-writes after compiling).
+second; the parent reports both, where the child's kernels came from (the package's prebuilt
+kernels, the user cache, or compiled) and whether it wrote any cache entry (only after
+compiling). ``--no-prebuilt`` turns the prebuilt kernels off (``NUMBA_HOPPER_PREBUILT=0``):
+the cold child then measures the compile path.
 """
 
 import argparse
@@ -23,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def child():
     import torch
 
-    from numba_hopper import gemm
+    from numba_hopper import _kernel_cache, gemm
 
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
@@ -36,7 +38,10 @@ def child():
         times.append(time.perf_counter() - t)
     ref = a.double() @ b.double()
     err = ((out.double() - ref).norm() / ref.norm()).item()
-    print(json.dumps({"first_call_s": times[0], "second_call_s": times[1], "rel_error": err}))
+    print(json.dumps({"first_call_s": times[0], "second_call_s": times[1], "rel_error": err,
+                      "used_prebuilt": _kernel_cache.kernel_sources["prebuilt"] > 0,
+                      "kernel_sources": dict(_kernel_cache.kernel_sources),
+                      "prebuilt_unused_because": _kernel_cache.prebuilt_status()}))
 
 
 def _entries(directory):
@@ -47,11 +52,15 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--child", action="store_true")
     p.add_argument("--json")
+    p.add_argument("--no-prebuilt", action="store_true", help="compile instead of loading the prebuilt kernels")
     args = p.parse_args()
     if args.child:
         return child()
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, NUMBA_HOPPER_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        env.pop("NUMBA_HOPPER_PREBUILT", None)
+        if args.no_prebuilt:
+            env["NUMBA_HOPPER_PREBUILT"] = "0"
         runs = {}
         for name in ("cold", "warm"):
             before = _entries(cache)
@@ -59,8 +68,11 @@ def main():
             runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
             runs[name]["wrote_cache_entries"] = _entries(cache) != before
     for name, r in runs.items():
+        sources = ", ".join(f"{n} {where}" for where, n in sorted(r["kernel_sources"].items())) or "none"
         print(f"{name}: first call {r['first_call_s'] * 1e3:9.1f} ms, second {r['second_call_s'] * 1e3:6.2f} ms, "
-              f"wrote cache entries: {r['wrote_cache_entries']}, rel error {r['rel_error']:.1e}")
+              f"kernels: {sources}, wrote cache entries: {r['wrote_cache_entries']}, rel error {r['rel_error']:.1e}")
+    if runs["cold"]["prebuilt_unused_because"]:
+        print(f"prebuilt kernels not used: {runs['cold']['prebuilt_unused_because']}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(runs, indent=2))
 

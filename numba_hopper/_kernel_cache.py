@@ -2,7 +2,8 @@
 
 numba compiles a kernel on its first launch in every process (the GEMM kernel: seconds of
 typing, NVVM and nvJitLink). :func:`numba_hopper.launch.prepare_launch` with a
-``cache_key`` looks here first and stores what numba compiled after a miss.
+``cache_key`` looks here first, then among the package's prebuilt kernels, and stores what
+numba compiled after a miss of both.
 
 Why not numba's own ``cache=True``: its index keys an entry on the kernel's source file
 (its modification time) and its closure variables. Device functions the kernel calls from
@@ -18,20 +19,38 @@ and overwritten. Like numba's cache the entries are pickles: keep the directory 
 
 ``NUMBA_HOPPER_CACHE_DIR`` sets the directory (default ``$XDG_CACHE_HOME/numba_hopper``,
 else ``~/.cache/numba_hopper``); set it to an empty string to turn the cache off.
+
+Prebuilt kernels: ``numba_hopper/_prebuilt/`` holds the kernels a default ``gemm``/``bmm``
+call can pick, built without a GPU by ``python -m numba_hopper.prebuild`` and named like
+the cache's entries, as cubins for sm_90a only (no IR or PTX; see
+``_numba_internals.serialize_cubin_kernel``). They are used when the cache misses, unless
+its ``manifest.json`` names other package sources or another numba-cuda, or the driver is
+of an older CUDA major version than the nvJitLink that linked them (CUDA's minor version
+compatibility covers the rest). A kernel loaded from there is not copied to the cache; one
+that does not load (or that the driver rejects) is compiled as after a miss.
+``NUMBA_HOPPER_PREBUILT=0`` turns the prebuilt kernels off (to measure the compile path).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import pathlib
 import tempfile
 
 from . import _numba_internals as _internals
 
-__all__ = ["cache_dir", "entry_path", "kernel_for_args"]
+__all__ = ["cache_dir", "entry_name", "entry_path", "kernel_for_args", "PREBUILT_DIR", "MANIFEST", "build_identity",
+           "prebuilt_status", "kernel_sources"]
+
+PREBUILT_DIR = pathlib.Path(__file__).resolve().parent / "_prebuilt"
+MANIFEST = "manifest.json"
+# Where the kernels this process looked up came from: "user cache", "prebuilt" or "compiled".
+kernel_sources = collections.Counter()
 
 
 def cache_dir() -> pathlib.Path | None:
@@ -60,28 +79,86 @@ def _numba_cuda_version() -> str:
     return version("numba-cuda")
 
 
-def entry_path(key, argtypes, cc) -> pathlib.Path | None:
-    """The file of the entry for ``key`` compiled for ``argtypes`` on a ``cc`` device."""
-    directory = cache_dir()
-    if directory is None:
-        return None
+def entry_name(key, argtypes, cc) -> str:
+    """The file name of the entry for ``key`` compiled for ``argtypes`` on a ``cc`` device."""
     ident = repr((_package_digest(), _numba_cuda_version(), tuple(cc), tuple(map(str, argtypes)), key))
-    return directory / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".nbk")
+    return hashlib.sha256(ident.encode()).hexdigest()[:32] + ".nbk"
+
+
+def entry_path(key, argtypes, cc) -> pathlib.Path | None:
+    """The file of that entry in the cache (None: the cache is off)."""
+    directory = cache_dir()
+    return None if directory is None else directory / entry_name(key, argtypes, cc)
 
 
 def kernel_for_args(dispatcher, args, key, cc):
-    """``_numba_internals.kernel_for_args`` through the disk cache (see the module doc)."""
+    """``_numba_internals.kernel_for_args`` through the disk cache and the prebuilt kernels
+    (see the module doc)."""
     argtypes = _internals.arg_types(dispatcher, args)
-    path = None if _internals.has_overload(dispatcher, argtypes) else entry_path(key, argtypes, cc)
-    if path is None:
+    if _internals.has_overload(dispatcher, argtypes):
         return _internals.kernel_for_args(dispatcher, args)
-    try:
-        return _internals.add_serialized_kernel(dispatcher, path.read_bytes())
-    except Exception:  # no entry, or one this numba cannot load: compile and (re)write it
-        pass
+    name, directory = entry_name(key, argtypes, cc), cache_dir()
+    path = None if directory is None else directory / name
+    if path is not None:
+        try:
+            kernel = _internals.add_serialized_kernel(dispatcher, path.read_bytes())
+            kernel_sources["user cache"] += 1
+            return kernel
+        except Exception:  # no entry, or one this numba cannot load: look further, then (re)write it
+            pass
+    if prebuilt_status() is None:
+        try:
+            kernel = _internals.add_cubin_kernel(dispatcher, (PREBUILT_DIR / name).read_bytes())
+            kernel_sources["prebuilt"] += 1
+            return kernel
+        except Exception:  # not among them, or unloadable: compile
+            pass
     kernel = _internals.kernel_for_args(dispatcher, args)
-    _write_atomically(path, _internals.serialize_kernel(kernel))
+    kernel_sources["compiled"] += 1
+    if path is not None:
+        _write_atomically(path, _internals.serialize_kernel(kernel))
     return kernel
+
+
+def build_identity() -> dict:
+    """What prebuilt kernels must have been built from to be used here: these package sources
+    and this numba-cuda (their manifest also names the CUDA version that linked them)."""
+    return {"package_digest": _package_digest(), "numba_cuda": _numba_cuda_version()}
+
+
+def prebuilt_status() -> str | None:
+    """Why the prebuilt kernels are not used in this process; None when they are."""
+    if os.environ.get("NUMBA_HOPPER_PREBUILT") == "0":
+        return "turned off by NUMBA_HOPPER_PREBUILT=0"
+    try:
+        built = json.loads((PREBUILT_DIR / MANIFEST).read_text())
+        linked = built["linked_with_cuda"]  # "major.minor"
+        linked_major = int(linked.split(".")[0])
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
+        return f"no valid {MANIFEST} in {PREBUILT_DIR} ({exc.__class__.__name__}: {exc})"
+    for field, value in build_identity().items():
+        if built.get(field) != value:
+            return f"built for {field} {built.get(field)!r}, this is {value!r}"
+    driver = _driver_cuda_version()
+    if driver is None:
+        return "no CUDA driver"
+    # CUDA minor version compatibility: a driver runs cubins built by any toolkit of its
+    # major version (https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html).
+    if driver // 1000 < linked_major:
+        return f"linked by the nvJitLink of CUDA {linked}; the driver is CUDA {driver // 1000}.{driver % 1000 // 10}"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_cuda_version() -> int | None:
+    """``cuDriverGetVersion`` (1000 * major + 10 * minor); None without a driver."""
+    try:
+        from cuda.bindings import driver
+
+        err, version = driver.cuDriverGetVersion()
+    except Exception:  # no libcuda on this machine
+        return None
+    return int(version) if err == driver.CUresult.CUDA_SUCCESS else None
 
 
 def _write_atomically(path: pathlib.Path, data: bytes):

@@ -7,7 +7,8 @@ The rest of the package uses only public API: ``cuda.jit``, ``numba.cuda.extendi
 
 What is private and why:
 - compiling a kernel for an explicit ``cc`` without a GPU, through the same code path as
-  ``_Kernel.__init__`` (compile_cuda + kernel_fixup + launch bounds + LTO link);
+  ``_Kernel.__init__`` (compile_cuda + kernel_fixup + launch bounds + LTO link), into a code
+  library or a whole ``_Kernel``;
 - the linker, to relink the same LTO-IR verbosely for ptxas' resource report;
 - LLVM helpers for declaring shared-memory globals in an intrinsic (cgutils);
 - an ``@intrinsic`` that prefers literal argument types (``literal_intrinsic``): the public
@@ -16,13 +17,15 @@ What is private and why:
   values land in the packed list, so a prepared launch can rebind pointers) and its
   ``CUkernel`` handle, used by the cluster/large-shared-memory launcher;
 - pickling a ``_Kernel`` and adding one to a dispatcher, as numba's own disk cache does,
-  for numba_hopper's kernel cache (``_kernel_cache``).
+  for numba_hopper's kernel cache (``_kernel_cache``); and a cubin-only form of a kernel
+  for the prebuilt kernels (``prebuild``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import pickle
 
 from numba.cuda import cgutils  # noqa: F401  (re-exported for intrinsics)
 from numba.cuda import types
@@ -35,6 +38,7 @@ __all__ = [
     "cgutils",
     "literal_intrinsic",
     "compile_kernel_library",
+    "compile_kernel",
     "relink_verbose",
     "kernel_for_args",
     "pack_kernel_args",
@@ -45,6 +49,9 @@ __all__ = [
     "has_overload",
     "serialize_kernel",
     "add_serialized_kernel",
+    "serialize_cubin_kernel",
+    "cubin_kernel",
+    "add_cubin_kernel",
 ]
 
 
@@ -89,14 +96,9 @@ def _assume_device(cc):
         _dispatcher.get_current_device = saved
 
 
-def compile_kernel_library(dispatcher, signature, cc):
-    """Compile ``dispatcher`` (a ``@cuda.jit`` kernel) for ``signature`` and ``cc``.
-
-    Mirrors ``numba.cuda.dispatcher._Kernel.__init__`` without touching a device, so the
-    returned code library links (``lib.get_cubin(cc)``) exactly as a launch would: LTO-IR
-    through nvJitLink unless the kernel was declared with ``lto=False`` or ``debug=True``.
-    Returns ``(library, entry_name)``.
-    """
+def _compile(dispatcher, signature, cc):
+    """numba's compile result for ``dispatcher`` (a ``@cuda.jit`` kernel), ``signature`` and
+    ``cc``, its kernel function fixed up as ``_Kernel.__init__`` does; no device needed."""
     opts = dispatcher.targetoptions
     argtypes, restype = sigutils.normalize_signature(signature)
     if restype not in (None, types.void):
@@ -125,12 +127,61 @@ def compile_kernel_library(dispatcher, signature, cc):
             lto=lto,
         )
     lib = cres.library
-    name = cres.fndesc.llvm_func_name
-    kernel = lib.get_function(name)
-    lib._entry_name = name
+    kernel = lib.get_function(cres.fndesc.llvm_func_name)
+    lib._entry_name = cres.fndesc.llvm_func_name
     kernel_fixup(kernel, debug)
     nvvm.set_launch_bounds(kernel, opts.get("launch_bounds"))
-    return lib, name
+    return cres
+
+
+def compile_kernel_library(dispatcher, signature, cc):
+    """Compile ``dispatcher`` (a ``@cuda.jit`` kernel) for ``signature`` and ``cc``.
+
+    Mirrors ``numba.cuda.dispatcher._Kernel.__init__`` without touching a device, so the
+    returned code library links (``lib.get_cubin(cc)``) exactly as a launch would: LTO-IR
+    through nvJitLink unless the kernel was declared with ``lto=False`` or ``debug=True``.
+    Returns ``(library, entry_name)``.
+    """
+    cres = _compile(dispatcher, signature, cc)
+    return cres.library, cres.library._entry_name
+
+
+def compile_kernel(dispatcher, argtypes, cc):
+    """The ``_Kernel`` that ``dispatcher.compile(argtypes)`` gives on a ``cc`` device (e.g.
+    ``(9, 0, "a")``), built without one, with its cubin for ``cc`` linked.
+
+    As ``_Kernel.__init__``, with one difference: a kernel that would link extra files
+    (``link=``, numba's reshape helpers, the NRT library) raises ValueError, since such a
+    code library cannot be serialized.
+    """
+    from numba.cuda.dispatcher import _Kernel, reshape_funcs
+
+    cres = _compile(dispatcher, argtypes, cc)
+    lib, opts = cres.library, dispatcher.targetoptions
+    if lib.use_cooperative:
+        lib.needs_cudadevrt = True
+    # _Kernel.__init__ looks for the helpers in the PTX, which names what it calls.
+    ptx = lib.get_asm_str(cc=cc)
+    link = list(opts.get("link") or ()) + [fn for fn in reshape_funcs if fn in ptx]
+    _Kernel.maybe_link_nrt(_Kernel, link, cres.target_context, ptx)  # (reads no instance state)
+    if link:
+        raise ValueError(f"{dispatcher.py_func.__qualname__} links {link}; only self-contained kernels are supported")
+    carveout = opts.get("shared_memory_carveout")
+    kernel = _Kernel._rebuild(
+        cooperative=lib.use_cooperative,
+        name=lib._entry_name,
+        signature=cres.signature,
+        codelibrary=lib,
+        debug=opts.get("debug", False),
+        lineinfo=opts.get("lineinfo", False),
+        call_helper=cres.call_helper,
+        extensions=opts.get("extensions") or [],
+        shared_memory_carveout=None if carveout is None else _Kernel._parse_carveout(_Kernel, carveout),
+        launch_config_sensitive=bool(getattr(cres, "metadata", None)
+                                     and cres.metadata.get("launch_config_sensitive", False)),
+    )
+    lib.get_cubin(cc=cc)
+    return kernel
 
 
 def relink_verbose(library, cc) -> str:
@@ -280,8 +331,45 @@ def serialize_kernel(kernel) -> bytes:
 
 def add_serialized_kernel(dispatcher, data: bytes):
     """Unpickle a ``serialize_kernel`` result into ``dispatcher`` as a compiled overload."""
-    import pickle
-
     kernel = pickle.loads(data)
+    dispatcher.add_overload(kernel, kernel.argument_types)
+    return kernel
+
+
+def serialize_cubin_kernel(kernel, cc) -> bytes:
+    """``kernel`` with nothing but its linked cubin for ``cc``: no LLVM IR, PTX or LTO-IR.
+
+    About 5% of :func:`serialize_kernel`'s size, and independent of the Python version:
+    numba's pickler (cloudpickle) stores one of its own functions by value, as bytecode of
+    the Python that wrote it; this is the standard pickler over the same ``_reduce_states``
+    (with the cubin as bytes), which refers to every class and function by name. A device
+    of another ``cc`` cannot run the result (there is nothing left to link).
+    """
+    lib = kernel._codelibrary
+    library = lib._reduce_states()  # refuses libraries with linking files or captured arrays
+    library.update(llvm_strs=[], ptx_cache={}, linkerinfo_cache={},
+                   cubin_cache={cc: bytes(lib.get_cubin(cc=cc).code)})
+    return pickle.dumps(dict(kernel._reduce_states(), codelibrary=library), protocol=4)
+
+
+def cubin_kernel(data: bytes):
+    """The ``_Kernel`` of a :func:`serialize_cubin_kernel` result (no device needed)."""
+    from cuda.core import ObjectCode
+    from numba.cuda.codegen import CUDACodeLibrary
+    from numba.cuda.dispatcher import _Kernel
+
+    states = pickle.loads(data)
+    library = states["codelibrary"]
+    library["cubin_cache"] = {cc: ObjectCode.from_cubin(cubin, name=library["name"])
+                              for cc, cubin in library["cubin_cache"].items()}
+    return _Kernel._rebuild(**dict(states, codelibrary=CUDACodeLibrary._rebuild(**library)))
+
+
+def add_cubin_kernel(dispatcher, data: bytes):
+    """Add the kernel of a :func:`serialize_cubin_kernel` result to ``dispatcher``, bound to
+    the current context first (as ``dispatcher.compile`` does): a cubin this driver rejects
+    raises here, before the dispatcher holds it."""
+    kernel = cubin_kernel(data)
+    kernel.bind()
     dispatcher.add_overload(kernel, kernel.argument_types)
     return kernel

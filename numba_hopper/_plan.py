@@ -33,8 +33,8 @@ from .kernels.gemm_sm90 import EPI_ROWS, c_box_cols, make_gemm_kernel, max_stage
 from .launch import device_limits, max_active_clusters, prepare_launch
 from .tensormap import encode_template
 
-__all__ = ["Plan", "gemm_plan", "bmm_plan", "zero_fill_plan", "SCRATCH", "A", "B", "OUT", "ALPHA", "BETA", "C",
-           "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "USER"]
+__all__ = ["Plan", "gemm_plan", "bmm_plan", "zero_fill_plan", "split_k_config", "gemm_cache_key", "SCRATCH", "A",
+           "B", "OUT", "ALPHA", "BETA", "C", "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "USER"]
 
 # Indices into a call's values. USER + i: the i-th array among the user epilogue's arguments.
 SCRATCH, A, B, OUT, ALPHA, BETA, C, ROW_SCALE, COL_SCALE, BIAS, AUX, USER = range(12)
@@ -217,7 +217,7 @@ class _Gemm:
         # user epilogue function is neither (its repr is an address, its code is the caller's),
         # so such kernels are compiled in every process rather than risk loading a stale one.
         user_code = cfg.epilogue is not None and cfg.epilogue.user is not None
-        cache_key = None if user_code else ("gemm_sm90", cfg)
+        cache_key = None if user_code else gemm_cache_key(cfg)
         grid = self.grid
         if cfg.cluster_size > 1:  # GPCs hold fewer whole clusters than SMs / cluster size
             resident = max_active_clusters(kernel, cfg.cluster_size, cfg.threads, args,
@@ -235,6 +235,11 @@ class _Gemm:
             launch(stream, values, binds)
 
         return stream_k, gemm[1]
+
+
+def gemm_cache_key(cfg):
+    """The on-disk cache key of the GEMM kernel of ``cfg`` (``launch.prepare_launch``)."""
+    return "gemm_sm90", cfg
 
 
 def _batched(v, count, stride):
@@ -343,9 +348,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
     auto_split = not fusion and config is None and not cfg.stream_k
     splits = split_count(cfg, M, N, K, sms) if auto_split else cfg.split_k
     if splits > 1:
-        cfg = dataclasses.replace(cfg, out_dtype="f32", stages=max_stages(
-            cfg.in_dtype, "f32", cfg.block_n, device_limits(vo.device).max_shared_per_block_optin,
-            a_major=cfg.a_major, b_major=cfg.b_major, block_m=cfg.block_m))
+        cfg = split_k_config(cfg, device_limits(vo.device).max_shared_per_block_optin)
         ld = -(-N // 4) * 4
         k_split = -(-(-(-K // 64)) // splits)  # k-blocks per slice: ceil(ceil(K / 64) / splits)
         place = scratch.take(splits * M * ld * 4)
@@ -359,6 +362,14 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
                      record=record, **_stream_k(cfg, M, N, K, sms))
         steps = [*copies, gemm, *finish]
     return Plan(vo.device, steps, scratch.size, record)
+
+
+def split_k_config(cfg, shared_limit):
+    """The kernel of ``cfg``'s K slices: fp32 partial sums, and the deepest ring that fits
+    ``shared_limit`` bytes with their wider output buffers."""
+    return dataclasses.replace(cfg, out_dtype="f32", stages=max_stages(
+        cfg.in_dtype, "f32", cfg.block_n, shared_limit, a_major=cfg.a_major, b_major=cfg.b_major,
+        block_m=cfg.block_m))
 
 
 def _user_sources(user_args):

@@ -18,6 +18,7 @@ class FakeDispatcher:
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBA_HOPPER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NUMBA_HOPPER_PREBUILT", "0")  # the user cache alone (tests/test_prebuilt.py: both)
 
     def compile_(d, args):
         d.compiles += 1

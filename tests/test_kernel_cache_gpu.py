@@ -15,7 +15,7 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "first_cal
 def test_second_process_first_call_loads_the_cached_kernel(tmp_path):
     pytest.importorskip("torch")
     result = tmp_path / "first_call.json"
-    subprocess.run([sys.executable, str(SCRIPT), "--json", str(result)], check=True, timeout=300)
+    subprocess.run([sys.executable, str(SCRIPT), "--json", str(result), "--no-prebuilt"], check=True, timeout=300)
     runs = json.loads(result.read_text())
     cold, warm = runs["cold"], runs["warm"]
     assert cold["wrote_cache_entries"] and not warm["wrote_cache_entries"], runs  # warm compiled nothing
