@@ -76,18 +76,15 @@ def _operand(rows, cols, dtype, major, batch=1):
     return torch.randn(*lead, cols, rows, device="cuda", dtype=TORCH_DTYPE[dtype]).transpose(-1, -2)
 
 
-DEVICE_TIME = False  # --device-time: time the GPU's work alone, not the host's call rate
-
-
-def _time(fn, sets, reps):
+def _time(fn, sets, reps, device_time=False):
     """Milliseconds per call over ``reps`` calls rotating through ``sets``.
 
-    With ``DEVICE_TIME`` the stream first sleeps for longer than the host needs to enqueue
+    With ``device_time`` the stream first sleeps for longer than the host needs to enqueue
     the ``reps`` calls, so the events time back-to-back kernels, with no gaps where the GPU
     waits for the host (small products are otherwise timed at the host's call rate).
     """
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    if DEVICE_TIME:
+    if device_time:
         torch.cuda._sleep(reps * 100_000)  # ~50 us of host time per call at ~2 GHz
     start.record()
     for i in range(reps):
@@ -129,8 +126,9 @@ def _config(name):
     return GemmConfig(**kw)
 
 
-def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), batch=1):
-    """TFLOP/s of each of our ``configs`` and of cuBLAS, timed in interleaved rounds."""
+def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), batch=1, device_time=False):
+    """TFLOP/s of each of our ``configs`` and of cuBLAS, timed in interleaved rounds
+    (``device_time``: the GPU's work alone, not the host's call rate; see ``_time``)."""
     set_bytes = 2 * batch * (M * K + K * N + M * N)
     nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
     lead = (batch,) if batch > 1 else ()
@@ -158,14 +156,14 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), 
             errors[name] = max(errors.get(name, 0.0), err)
     # Warm up all (compile, clocks), then pick reps so one timing lasts ~20 ms.
     for fn in fns.values():
-        _time(fn, sets, 3)
-    est = _time(fns["cublas"], sets, 5)
+        _time(fn, sets, 3, device_time)
+    est = _time(fns["cublas"], sets, 5, device_time)
     reps = max(5, min(200, int(20 / max(est, 1e-3))))
     times = {k: [] for k in fns}
     order = list(fns)
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
-            times[name].append(_time(fns[name], sets, reps))
+            times[name].append(_time(fns[name], sets, reps, device_time))
     flops = 2.0 * batch * M * N * K
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
@@ -235,8 +233,6 @@ def main(argv=None):
                    help="time the GPU alone (the host enqueues ahead during a sleep kernel)")
     p.add_argument("--json", help="results file (default benchmarks/results/gemm-<gpu>-<date>-<commit>.json)")
     args = p.parse_args(argv)
-    global DEVICE_TIME
-    DEVICE_TIME = args.device_time
 
     suite = [_parse_shape(s) for s in args.shapes] if args.shapes else (SMALL_SUITE if args.suite == "small" else SUITE)
     if args.quick:
@@ -246,14 +242,14 @@ def main(argv=None):
     records = []
     for name, M, N, K, dtype, layout, *batch in suite:
         batch = batch[0] if batch else 1
-        results = bench_shape(M, N, K, dtype, layout, args.rounds, l2, args.configs, batch)
+        results = bench_shape(M, N, K, dtype, layout, args.rounds, l2, args.configs, batch, args.device_time)
         for config, r in results.items():
             label = name if config == "default" else f"{name} [{config}]"
             records.append({"name": label, "M": M, "N": N, "K": K, "batch": batch, "dtype": dtype,
                             "layout": layout, "config": config, **r})
             print(f"{label:40s} ours {r['ours_tflops']:7.1f}  cuBLAS {r['cublas_tflops']:7.1f} TFLOP/s"
                   f"  ratio {r['ratio']:.3f}  (out=: {r['out_ratio']:.3f})", flush=True)
-    out = save_results("gemm", {"timing": "device" if DEVICE_TIME else "wall (host call rate included)",
+    out = save_results("gemm", {"timing": "device" if args.device_time else "wall (host call rate included)",
                                 "calls": "ratio: gemm(a, b) vs torch.matmul(a, b), fresh operands and outputs; "
                                          "out_ratio: both with out= (steady state)", "records": records}, args.json)
 
