@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 
 from ._device import hopper_device_reason
-from .inspect import inspect_kernel
 from .kernels import shipped_kernels
+from .sass import inspect_kernel
 
 
 def report_compiled() -> int:

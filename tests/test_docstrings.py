@@ -11,7 +11,7 @@ PUBLIC_MODULES = [
     "numba_hopper.launch",
     "numba_hopper.tensormap",
     "numba_hopper.pipeline",
-    "numba_hopper.inspect",
+    "numba_hopper.sass",
     "numba_hopper.kernels.gemm_sm90",
     "numba_hopper.kernels.scheduler",
     "numba_hopper.kernels.descriptors",

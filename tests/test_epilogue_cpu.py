@@ -9,10 +9,10 @@ from numba.cuda import types
 from _fakes import FakeCAI
 from numba_hopper.errors import OverlapError
 from numba_hopper import gemm
-from numba_hopper.inspect import inspect_kernel
 from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.epilogue import EpilogueConfig
 from numba_hopper.kernels.gemm_sm90 import GemmConfig, make_gemm_kernel, max_stages
+from numba_hopper.sass import inspect_kernel
 
 F32 = types.float32
 

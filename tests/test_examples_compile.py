@@ -5,7 +5,7 @@ import runpy
 
 import pytest
 
-from numba_hopper.inspect import inspect_kernel
+from numba_hopper.sass import inspect_kernel
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 

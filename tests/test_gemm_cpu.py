@@ -6,7 +6,7 @@ import pytest
 from numba_hopper.kernels import gemm_argument_types, shipped_kernels
 from numba_hopper.kernels.gemm_sm90 import GemmConfig, make_gemm_kernel, max_stages
 from numba_hopper.kernels.scheduler import host_grouped_tile
-from numba_hopper.inspect import inspect_kernel
+from numba_hopper.sass import inspect_kernel
 
 ALL_CONFIGS = [
     GemmConfig(i, o, am, bm)

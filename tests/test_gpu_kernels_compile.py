@@ -3,7 +3,7 @@
 import pytest
 
 import test_intrinsics_gpu as g
-from numba_hopper.inspect import inspect_kernel
+from numba_hopper.sass import inspect_kernel
 
 SS_ARGS = "uint32[::1], int64, int64, int64, int64, int64, int64, int64, int64, int64, int64"
 

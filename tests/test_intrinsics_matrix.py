@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numba_hopper.inspect import inspect_kernel
 from numba_hopper.intrinsics import (
     ldmatrix_x1,
     ldmatrix_x1_trans,
@@ -24,6 +23,7 @@ from numba_hopper.intrinsics import (
     stmatrix_x4,
     stmatrix_x4_trans,
 )
+from numba_hopper.sass import inspect_kernel
 
 
 @cuda.jit(launch_bounds=(32, 1))

@@ -3,7 +3,6 @@
 import numpy as np
 from numba import cuda
 
-from numba_hopper.inspect import inspect_kernel
 from numba_hopper.intrinsics import (
     fence_mbarrier_init,
     mbarrier_arrive,
@@ -19,6 +18,7 @@ from numba_hopper.intrinsics import (
     mbarrier_wait_parity,
     shared_address,
 )
+from numba_hopper.sass import inspect_kernel
 
 
 @cuda.jit(launch_bounds=(128, 1))

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numba_hopper.inspect import inspect_kernel
 from numba_hopper.intrinsics import (
     dynamic_shared_base,
     ld_shared_u32,
@@ -16,6 +15,7 @@ from numba_hopper.intrinsics import (
     shared_array,
     st_shared_u32,
 )
+from numba_hopper.sass import inspect_kernel
 
 EXTERN_1024 = re.compile(r"\.extern \.shared \.align 1024 \.b8 (\w+)\[\];")
 

@@ -3,7 +3,6 @@
 import pytest
 from numba import cuda
 
-from numba_hopper.inspect import inspect_kernel
 from numba_hopper.intrinsics import (
     elect_sync,
     fence_proxy_async,
@@ -14,6 +13,7 @@ from numba_hopper.intrinsics import (
     setmaxnreg_dec,
     setmaxnreg_inc,
 )
+from numba_hopper.sass import inspect_kernel
 
 
 def _warp_specialized(out):

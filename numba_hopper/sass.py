@@ -4,7 +4,7 @@ No GPU or driver is needed: PTX comes from NVVM, the cubin from numba's own defa
 path (LTO-IR through nvJitLink, the same bytes a launch would load), the SASS from
 ``nvdisasm`` and the resource counts from ptxas' report of the same link::
 
-    from numba_hopper.inspect import inspect_kernel
+    from numba_hopper.sass import inspect_kernel
     report = inspect_kernel(my_kernel, "void(float32[::1])")
     assert report.count("HGMMA") and report.spill_bytes == 0
     print(report.summary())
