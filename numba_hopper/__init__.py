@@ -7,7 +7,7 @@ Layers, each importing only the ones above it:
 
 - ``numba_hopper.intrinsics``: one numba intrinsic per PTX instruction (device side);
 - ``numba_hopper.tensormap`` / ``numba_hopper.launch``: TMA descriptors and cluster launch;
-- ``numba_hopper.pipeline``: the mbarrier ring buffer (producer/consumer state);
+- ``numba_hopper.kernels.pipeline``: the mbarrier ring buffer (producer/consumer state);
 - ``numba_hopper.kernels``: kernels built from those pieces;
 - ``numba_hopper.matmul``: the public GEMM (``gemm``, ``bmm``), re-exported here with
   :class:`GemmConfig` and the exceptions of ``numba_hopper.errors``.

@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 
 from ._arrays import tma_addressable
-from .kernels.gemm_sm90 import GemmConfig, max_stages
+from .kernels.gemm_config import GemmConfig
 from .launch import device_limits
 
 __all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "stream_k_schedule", "cluster_pays", "choose_config",
-           "split_count"]
+           "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
 # (benchmarks/NOTES.md). Up to MANY_WAVES waves (1792x1280x4096: one wave; 4096x3584x18944,
@@ -116,6 +116,15 @@ def cluster_pays(tiles, K, b_major, sms):
     16384x57344x8192.
     """
     return b_major == "N" and tiles >= 12 * sms and K >= 2048
+
+
+def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 * 1024, **kw):
+    """The deepest ring of a :class:`GemmConfig` (``kw``: its other fields) that fits in
+    ``shared_limit`` bytes of shared memory."""
+    stages = 2
+    while GemmConfig(in_dtype, out_dtype, block_n=block_n, stages=stages + 1, **kw).shared_bytes <= shared_limit:
+        stages += 1
+    return stages
 
 
 def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None):

@@ -7,7 +7,7 @@ numba compiled after a miss of both.
 
 Why not numba's own ``cache=True``: its index keys an entry on the kernel's source file
 (its modification time) and its closure variables. Device functions the kernel calls from
-other modules (``numba_hopper.pipeline``, the intrinsics) are pickled by reference, so an
+other modules (``numba_hopper.kernels.pipeline``, the intrinsics) are pickled by reference, so an
 edit to them would load a stale kernel. Here the key holds a digest of every source file of
 the package, numba-cuda's version, the device's compute capability, the argument types and
 the caller's ``cache_key`` (for the GEMM, its ``GemmConfig``: every constant its closure

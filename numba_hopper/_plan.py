@@ -25,11 +25,13 @@ from cuda.bindings import driver
 from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
 from ._copy import aligned_layout, prepare_copy
 from ._fusion import Fusion, is_array, numba_array, user_arg
-from ._heuristics import choose_config, split_count, stream_k_schedule
+from ._heuristics import choose_config, max_stages, split_count, stream_k_schedule
 from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratch
 from .debug import DebugRecord
 from .kernels.descriptors import TENSORMAP_BYTES
-from .kernels.gemm_sm90 import EPI_ROWS, c_box_cols, make_gemm_kernel, max_stages
+from .kernels.epilogue import EpilogueArgs, c_box_cols
+from .kernels.gemm_config import EPI_ROWS, GemmParams
+from .kernels.gemm_sm90 import make_gemm_kernel
 from .launch import device_limits, max_active_clusters, prepare_launch
 from .tensormap import encode_template
 
@@ -180,38 +182,39 @@ class _Gemm:
         return tuple(m.words for m in maps)
 
     def _epilogue_args(self, values):
-        """The kernel's epilogue tuple (in ``arg_names`` order) and where its values come from."""
-        args, srcs = [], []
+        """The kernel's :class:`EpilogueArgs` and where each call's values of it come from."""
+        args, srcs = {}, {}
         for name in self.cfg.epilogue.arg_names:
             if name in ("alpha", "beta"):
-                args.append(np.float32(values[ALPHA if name == "alpha" else BETA]))
-                srcs.append(Src(ALPHA if name == "alpha" else BETA))
+                index = ALPHA if name == "alpha" else BETA
+                args[name], srcs[name] = np.float32(values[index]), Src(index)
             elif name == "user_args":
-                args.append(tuple(map(user_arg, self.fusion.user_args)))
-                srcs.append(list(self.user_srcs))
+                args[name], srcs[name] = tuple(map(user_arg, self.fusion.user_args)), list(self.user_srcs)
             else:
                 op = self.arrays[name]
-                args.append(numba_array(op.at(values)))
-                srcs.append(op.src)
-        return tuple(args), srcs
+                args[name], srcs[name] = numba_array(op.at(values)), op.src
+        return EpilogueArgs(**args), [srcs.get(field) for field in EpilogueArgs._fields]
 
     def prepare(self, values):
         cfg, batch = self.cfg, self.batch
         M, N = self.d.view.shape
         K = self.a.view.shape[1]
         operands = (self.a, self.b, self.d) + ((self.c,) if self.c is not None else ())
-        sizes = (M, N, K, batch.count, int(batch.a != 0), int(batch.b != 0), batch.k_split, self.dp_tiles)
-        bound = [  # (the kernel's argument, where each call's value of it comes from; None: fixed)
-            (self._templates(values), None),
-            (tuple(np.uint64(op.src.resolve(values)) for op in operands), [op.src for op in operands]),
-            (np.uint64(self.slots.resolve(values)), self.slots),
-            *((size, None) for size in sizes),
-            (self.partials.resolve(values) if self.partials else 0, self.partials),
-            (self.record.address if self.record else 0, None),
-        ]
-        if cfg.epilogue is not None:
-            bound.append(self._epilogue_args(values))
-        args, srcs = zip(*bound)
+        params = GemmParams(
+            maps=self._templates(values),
+            addresses=tuple(np.uint64(op.src.resolve(values)) for op in operands),
+            slots=np.uint64(self.slots.resolve(values)),
+            M=M, N=N, K=K, batches=batch.count, a_batched=int(batch.a != 0), b_batched=int(batch.b != 0),
+            k_split=batch.k_split, dp_tiles=self.dp_tiles,
+            workspace=self.partials.resolve(values) if self.partials else 0,
+            debug_record=self.record.address if self.record else 0)
+        # Where each call's value of a field comes from (None: fixed at preparation).
+        params_srcs = [None] * len(GemmParams._fields)
+        params_srcs[GemmParams._fields.index("addresses")] = [op.src for op in operands]
+        params_srcs[GemmParams._fields.index("slots")] = self.slots
+        params_srcs[GemmParams._fields.index("workspace")] = self.partials
+        ep, ep_srcs = self._epilogue_args(values) if cfg.epilogue is not None else ((), None)
+        args, srcs = (params, ep), (params_srcs, ep_srcs)
         kernel = make_gemm_kernel(cfg)
         # The on-disk cache keys a kernel on the package's sources and the config's repr; a
         # user epilogue function is neither (its repr is an address, its code is the caller's),

@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from .errors import PipelineHangError
-from .pipeline import DEBUG_TIMEOUT_NS, RECORD_FIELDS, ROLES
+from .kernels.pipeline import DEBUG_TIMEOUT_NS, RECORD_FIELDS, ROLES
 
 __all__ = ["debug_enabled", "DebugRecord", "DEFAULT"]
 

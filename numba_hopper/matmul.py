@@ -46,7 +46,7 @@ from ._fusion import check_fusion, fusion_args, fusion_key_and_values
 from ._operands import current_torch_stream, describe, empty_like
 from ._plan import A, AUX, B, C, OUT, Plan, bmm_plan, gemm_plan, zero_fill_plan
 from .errors import ShapeError, UnsupportedDeviceError
-from .kernels.gemm_sm90 import GemmConfig
+from .kernels.gemm_config import GemmConfig
 from .launch import as_stream_handle
 
 __all__ = ["gemm", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]

@@ -33,7 +33,8 @@ from ._arrays import DeviceView, tma_addressable
 from ._heuristics import choose_config, split_count
 from ._plan import gemm_cache_key, split_k_config
 from .kernels import gemm_argument_types
-from .kernels.gemm_sm90 import GemmConfig, make_gemm_kernel
+from .kernels.gemm_config import GemmConfig
+from .kernels.gemm_sm90 import make_gemm_kernel
 from .launch import DeviceLimits
 
 __all__ = ["H100", "kernel_set", "build"]

@@ -15,7 +15,7 @@ from numba import cuda
 from numba_hopper import intrinsics as nh
 from numba_hopper.debug import DebugRecord
 from numba_hopper.errors import PipelineHangError
-from numba_hopper.pipeline import (
+from numba_hopper.kernels.pipeline import (
     PipelineState,
     consumer_release,
     consumer_wait,

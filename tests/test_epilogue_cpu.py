@@ -11,7 +11,9 @@ from numba_hopper.errors import OverlapError
 from numba_hopper import gemm
 from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.epilogue import EpilogueConfig
-from numba_hopper.kernels.gemm_sm90 import GemmConfig, make_gemm_kernel, max_stages
+from numba_hopper._heuristics import max_stages
+from numba_hopper.kernels.gemm_config import GemmConfig
+from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
 from numba_hopper.sass import inspect_kernel
 
 F32 = types.float32

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from numba_hopper.kernels import gemm_argument_types, shipped_kernels
-from numba_hopper.kernels.gemm_sm90 import GemmConfig, make_gemm_kernel, max_stages
+from numba_hopper._heuristics import max_stages
+from numba_hopper.kernels.gemm_config import GemmConfig
+from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
 from numba_hopper.kernels.scheduler import host_grouped_tile
 from numba_hopper.sass import inspect_kernel
 

@@ -1,22 +1,21 @@
-"""Kernels built from numba_hopper.intrinsics, and the list ``python -m numba_hopper`` reports on."""
+"""Device code built from ``numba_hopper.intrinsics``: the GEMM kernel and its components.
 
+``gemm_config`` (the kernel's interface), ``pipeline``, ``mainloop``, ``scheduler`` and
+``epilogue`` (its components), ``gemm_sm90`` (the kernel), ``descriptors`` (tensor maps
+built on the device), ``splitk`` and ``copy`` (the small kernels a call may add). Host code
+lives in the package's top-level modules.
+"""
 
-def gemm_argument_types(cfg, epilogue_types=None) -> tuple:
-    """The numba types of ``make_gemm_kernel(cfg)``'s arguments, as ``gemm`` passes them:
-    tensor-map templates and addresses, the slots' address, ten int64 scalars (sizes, batch
-    flags, the stream-K split and workspace, the debug record's address) and, with a fused
-    epilogue, its tuple of ``epilogue_types``."""
-    from numba.cuda import types
+from .gemm_config import gemm_argument_types
 
-    maps = cfg.tensormaps
-    scalars = (types.int64,) * 10
-    head = (types.UniTuple(types.UniTuple(types.uint64, 16), maps), types.UniTuple(types.uint64, maps), types.uint64)
-    return head + scalars + ((types.Tuple(tuple(epilogue_types)),) if epilogue_types is not None else ())
+__all__ = ["gemm_argument_types", "shipped_kernels"]
+
 
 
 def shipped_kernels():
     """``[(label, dispatcher, argument types), ...]`` for every kernel the package ships."""
-    from .gemm_sm90 import GemmConfig, make_gemm_kernel
+    from .gemm_config import GemmConfig
+    from .gemm_sm90 import make_gemm_kernel
 
     configs = [
         GemmConfig("bf16", "bf16", "K", "N"),

@@ -1,6 +1,15 @@
-"""Fused GEMM epilogues: the math between the f32 accumulator and the packed output.
+"""The GEMM's epilogue: accumulators to the output, with the fused math on the way.
 
-For each in-bounds element (row r, column c) of the kernel's row-major output tile:
+The store (:func:`make_epilogue`), per consumer warpgroup and output tile: accumulators
+-> output dtype -> shared memory (``stmatrix``, 128-byte-swizzled like the output's tensor
+map, so the writes are bank-conflict free) -> ``fence.proxy.async`` -> one thread issues a
+TMA store of a 64 x 64 (16-bit) or 64 x 32 (f32) sub-tile. Two sub-tile buffers per
+consumer alternate, so a store drains while the next sub-tile is written, and the last
+stores of a tile drain while the next tile's main loop runs. TMA clips stores outside the
+tensor, so partial tiles need no code.
+
+The fused math, for each in-bounds element (row r, column c) of the kernel's row-major
+output tile:
 
     v = acc * alpha * row_scale[r] * col_scale[c]      (each factor only if asked)
     v = v + beta * C[r, c] + bias[r or c]              (likewise)
@@ -9,9 +18,13 @@ For each in-bounds element (row r, column c) of the kernel's row-major output ti
     v = user(v, r, c, *user_args)                      (a @cuda.jit(device=True) function)
 
 Every feature is a compile-time flag of :class:`EpilogueConfig`, so a kernel carries only
-the code it uses, and the run-time values reach the kernel as one tuple argument laid out
-by ``EpilogueConfig.arg_names``. ``C`` is not read here: the kernel loads it into shared
-memory by TMA and hands each element's value to :func:`make_epilogue`'s function.
+the code it uses; the run-time values reach the kernel as one :class:`EpilogueArgs`. The
+row and column vectors are loaded when a tile's main loop starts and the column terms
+staged in shared memory after it, so the store reads each with one shared load. C comes
+in by TMA, one sub-tile (64 rows x ``epi_cols``) at a time into two buffers per consumer,
+each with its own mbarrier: the consumer's leader issues the loads of a tile's first two
+sub-tiles as its main loop starts, and that of sub-tile q + 2 as soon as sub-tile q has
+been read.
 
 Coordinates are the KERNEL's: for a column-major output the host runs the kernel on the
 transposed problem and passes transposed operands, swapped scales and the bias along the
@@ -22,15 +35,20 @@ other dimension; ``transposed`` then swaps (row, col) back for the user's functi
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
 
+from .. import intrinsics as nh
 from ..intrinsics import (bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, ld_shared_v2_f32, st_shared_v2_f32,
                           tanh_approx)
+from .gemm_config import ELEMENT_BYTES, EPI_BUF_BYTES, EPI_ROWS, WG_ROWS
 
-__all__ = ["EpilogueConfig", "ACTIVATIONS", "make_epilogue"]
+__all__ = ["EpilogueConfig", "EpilogueArgs", "ACTIVATIONS", "Epilogue", "make_epilogue", "epilogue_argument_type",
+           "c_box_cols"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
 FLOAT_DTYPES = ("bf16", "f16", "f32")
@@ -75,7 +93,7 @@ class EpilogueConfig:
 
     @property
     def arg_names(self) -> tuple:
-        """The run-time epilogue arguments, in the order of the kernel's tuple argument.
+        """The :class:`EpilogueArgs` fields this epilogue uses.
 
         ``alpha``/``beta``: float32; ``row_scale``/``col_scale``: float32 vectors; ``bias``:
         a vector (uint16 bits or float32); ``aux``: a 2-D array (likewise); ``user_args``: a
@@ -89,6 +107,35 @@ class EpilogueConfig:
     def column_bytes(self, block_n):
         """Shared memory a consumer stages its tile's column vectors in (f32, ``block_n`` each)."""
         return 4 * block_n * (self.col_scale + (self.bias == "col"))
+
+
+class EpilogueArgs(NamedTuple):
+    """The fused epilogue's run-time arguments (see :attr:`EpilogueConfig.arg_names`). A field
+    the config does not use is 0 (``()`` for ``user_args``): one parameter, never read."""
+
+    beta: object = 0
+    alpha: object = 0
+    row_scale: object = 0
+    col_scale: object = 0
+    bias: object = 0
+    aux: object = 0
+    user_args: tuple = ()
+
+
+def epilogue_argument_type(ecfg: EpilogueConfig, arg_types):
+    """The numba type of the :class:`EpilogueArgs` of ``ecfg`` whose used fields have the
+    types ``arg_types`` (in ``ecfg.arg_names`` order)."""
+    from numba.cuda import types
+
+    given = dict(zip(ecfg.arg_names, arg_types))
+    unused = {"user_args": types.Tuple(())}
+    return types.NamedTuple(tuple(given.get(f, unused.get(f, types.int64)) for f in EpilogueArgs._fields),
+                            EpilogueArgs)
+
+
+def c_box_cols(cfg):
+    """Columns of one TMA box of the residual C: ``cfg.epi_cols``, at most 128 bytes of them."""
+    return min(cfg.epi_cols, 128 // ELEMENT_BYTES[cfg.epilogue.c_dtype])
 
 
 @cuda.jit(device=True, forceinline=True)
@@ -130,7 +177,10 @@ _ACTIVATION = {None: _f32, "relu": _relu, "gelu": _gelu, "gelu_tanh": _gelu_tanh
                "silu": _silu, "sigmoid": _sigmoid}
 
 
-def make_epilogue(ecfg: EpilogueConfig, block_n: int):
+EpilogueMath = namedtuple("EpilogueMath", ["tile_terms", "stage_columns", "column_terms", "apply"])
+
+
+def epilogue_math(ecfg: EpilogueConfig, block_n: int) -> EpilogueMath:
     """Device functions ``(tile_terms, stage_columns, column_terms, apply)`` for ``ecfg``.
 
     The vectors are read once per tile, not per element: ``tile_terms(row, col0, t, M, N,
@@ -145,23 +195,18 @@ def make_epilogue(ecfg: EpilogueConfig, block_n: int):
 
     ``apply(v, c, rt, ct, row, col, M, N, ep) -> float32``: ``v`` the f32 accumulator, ``c``
     the f32 value of ``C[row, col]`` (ignored without C), ``rt``/``ct`` the row's and the
-    column's ``(scale, bias)``, ``ep`` the kernel's epilogue tuple.
+    column's ``(scale, bias)``, ``ep`` the kernel's :class:`EpilogueArgs`.
 
     The math is branch-free: vectors are read at indices clamped into range, so elements
     outside the M x N output (the padding of partial tiles, which the TMA store clips) read
     valid memory and their values are dropped. Only side effects are guarded: ``aux`` is
     written and the user function called for in-bounds elements only.
     """
-    names = ecfg.arg_names
-    at = {name: names.index(name) for name in names}
     ALPHA, ROW_SCALE, COL_SCALE = ecfg.alpha, ecfg.row_scale, ecfg.col_scale
     HAS_C, BIAS, AUX = ecfg.c_dtype is not None, ecfg.bias, ecfg.aux_dtype is not None
     COL_BIAS = BIAS == "col"
     USER, HAS_USER = ecfg.user, ecfg.user is not None  # (branches prune on bools, not functions)
     TRANSPOSED = ecfg.transposed
-    I_ALPHA, I_BETA = at.get("alpha", 0), at.get("beta", 0)
-    I_ROW, I_COL, I_BIAS = at.get("row_scale", 0), at.get("col_scale", 0), at.get("bias", 0)
-    I_AUX, I_USER = at.get("aux", 0), at.get("user_args", 0)
     BIAS_AT = 4 * block_n if COL_SCALE else 0  # the staged bias follows the staged scales
     load_bias = _LOAD[ecfg.bias_dtype]
     store_aux = _STORE[ecfg.aux_dtype or "f32"]
@@ -175,8 +220,8 @@ def make_epilogue(ecfg: EpilogueConfig, block_n: int):
     @cuda.jit(device=True, forceinline=True)
     def row_terms(row, M, ep):
         r = clamp(row, M)
-        scale = ep[I_ROW][r] if ROW_SCALE else _ONE
-        bias = load_bias(ep[I_BIAS][r]) if BIAS == "row" else _ZERO
+        scale = ep.row_scale[r] if ROW_SCALE else _ONE
+        bias = load_bias(ep.bias[r]) if BIAS == "row" else _ZERO
         return scale, bias
 
     @cuda.jit(device=True, forceinline=True)
@@ -187,8 +232,8 @@ def make_epilogue(ecfg: EpilogueConfig, block_n: int):
     @cuda.jit(device=True, forceinline=True)
     def tile_terms(row, col0, t, M, N, ep):
         col = col0 + 2 * t
-        scales = column_pair(ep[I_COL], col, N) if COL_SCALE else (_ONE, _ONE)
-        raw = column_pair(ep[I_BIAS], col, N) if COL_BIAS else (0, 0)
+        scales = column_pair(ep.col_scale, col, N) if COL_SCALE else (_ONE, _ONE)
+        raw = column_pair(ep.bias, col, N) if COL_BIAS else (0, 0)
         biases = (load_bias(raw[0]), load_bias(raw[1])) if COL_BIAS else (_ZERO, _ZERO)
         return row_terms(row, M, ep), row_terms(row + 8, M, ep), (scales, biases)
 
@@ -209,13 +254,13 @@ def make_epilogue(ecfg: EpilogueConfig, block_n: int):
     @cuda.jit(device=True, forceinline=True)
     def apply(v, c, rt, ct, row, col, M, N, ep):
         if ALPHA:
-            v = v * ep[I_ALPHA]
+            v = v * ep.alpha
         if ROW_SCALE:
             v = v * rt[0]
         if COL_SCALE:
             v = v * ct[0]
         if HAS_C:
-            v = v + ep[I_BETA] * c
+            v = v + ep.beta * c
         if BIAS == "row":
             v = v + rt[1]
         if COL_BIAS:
@@ -223,11 +268,261 @@ def make_epilogue(ecfg: EpilogueConfig, block_n: int):
         inside = row < M and col < N
         if AUX:
             if inside:
-                ep[I_AUX][np.uint64(row), np.uint64(col)] = store_aux(v)
+                ep.aux[np.uint64(row), np.uint64(col)] = store_aux(v)
         v = activation(v)
         if HAS_USER:
             if inside:
-                v = np.float32(USER(v, col, row, *ep[I_USER]) if TRANSPOSED else USER(v, row, col, *ep[I_USER]))
+                v = np.float32(USER(v, col, row, *ep.user_args) if TRANSPOSED else USER(v, row, col, *ep.user_args))
         return v
 
-    return tile_terms, stage_columns, column_terms, apply
+    return EpilogueMath(tile_terms, stage_columns, column_terms, apply)
+
+
+Epilogue = namedtuple("Epilogue", ["init", "begin_tile", "store_tile", "drain"])
+# What a sub-tile's store reads besides the fragment: a fused epilogue's coordinates and
+# terms (the distance from the output buffer to C's, the sub-tile's first output row and
+# column, the row terms of rows row_in_wg and row_in_wg + 8, the staged column terms).
+_Subtile = namedtuple("_Subtile", ["c_offset", "row0", "col0", "M", "N", "ep", "row_terms", "row_terms_8", "columns"])
+# One tile's store, passed through the unrolled sub-tile steps.
+_TileStore = namedtuple("_TileStore", ["frag", "smem", "c", "row0", "n0", "batch", "tmap_d", "tmap_c", "M", "N", "ep",
+                                       "terms"])
+
+
+def make_epilogue(cfg) -> Epilogue:
+    """The epilogue of the GEMM kernel of ``cfg`` (:class:`~.gemm_config.GemmConfig`): an
+    :class:`Epilogue` of device functions, for one consumer warpgroup ``c``
+    (:class:`~.gemm_config.Consumer`).
+
+    - ``init(smem)``: (one thread, before the block's barrier) C's mbarriers, if any;
+    - ``begin_tile(smem, c, tile, stores, tmap_c, params, ep) -> terms``: as the tile's main
+      loop starts, the loads of its row and column terms and of its first C sub-tiles;
+    - ``store_tile(frag, smem, c, tile, stores, tmap_d, tmap_c, params, ep, terms) ->
+      stores``: the tile from the accumulator fragment ``frag`` to global memory; ``stores``
+      counts the consumer's sub-tile stores (it picks the buffers and their phases);
+    - ``drain(c)``: wait for the consumer's last stores.
+    """
+    BN, OUT_T, CONSUMERS = cfg.block_n, cfg.out_dtype, cfg.consumers
+    EPI = cfg.epilogue
+    FUSED, HAS_C = EPI is not None, cfg.has_c
+    EPI_COLS = cfg.epi_cols
+    EPI_CHUNKS = BN // EPI_COLS
+    EPI_ROW_BYTES = cfg.epi_swizzle
+    EPI_GROUPS = EPI_COLS // 16  # stmatrix 16-column groups of a 16-bit sub-tile
+    layout = cfg.layout
+    EPI_OFF, VEC_OFF, VEC_BYTES = layout.epi, layout.vec, layout.vec_bytes
+    C_OFF, C_BAR_OFF, C_BUF = layout.c, layout.c_barriers, cfg.c_buf_bytes
+    C_ITEM = ELEMENT_BYTES[EPI.c_dtype] if HAS_C else 2
+    C_BOX_COLS = c_box_cols(cfg) if HAS_C else EPI_COLS
+    C_BOX_ROW = C_BOX_COLS * C_ITEM  # bytes: the box row is also its swizzle span
+    C_BOX_BYTES = EPI_ROWS * C_BOX_ROW
+    C_BOXES = EPI_COLS // C_BOX_COLS
+    C_SWIZZLE_MASK = C_BOX_ROW // 16 - 1
+    C_LIKE_OUT = C_ITEM == ELEMENT_BYTES[OUT_T]  # C's buffer is laid out as the output's
+    tile_terms, stage_columns, column_terms, apply = epilogue_math(EPI, BN) if FUSED else (None,) * 4
+    unpack = nh.unpack_bf16x2 if HAS_C and EPI.c_dtype == "bf16" else nh.unpack_f16x2
+    pack = nh.pack_bf16x2 if OUT_T == "bf16" else nh.pack_f16x2
+
+    @cuda.jit(device=True, forceinline=True)
+    def c_pair(cbuf, r, col):
+        """C at (row ``r``, columns ``col``, ``col`` + 1) of the sub-tile in ``cbuf``, as f32."""
+        byte = col * C_ITEM
+        off = (byte // C_BOX_ROW) * C_BOX_BYTES + r * C_BOX_ROW + byte % C_BOX_ROW
+        addr = cbuf + (off ^ (((off >> 7) & C_SWIZZLE_MASK) << 4))  # the TMA swizzle
+        if C_ITEM == 4:
+            return nh.ld_shared_v2_f32(addr)
+        return unpack(nh.ld_shared_u32(addr))
+
+    @cuda.jit(device=True, forceinline=True)
+    def c_f32_pair(buf, addr, r, col, at):
+        """C's pair at sub-tile (``r``, ``col``) for an f32 output pair stored at ``addr``."""
+        if C_LIKE_OUT:  # the same offset in C's buffer
+            return nh.ld_shared_v2_f32(addr + at.c_offset)
+        return c_pair(buf + at.c_offset, r, col)
+
+    @cuda.jit(device=True, forceinline=True)
+    def c_quad(buf, addr, r, col, at):
+        """C's four pairs of one stmatrix.x4 (pair x = 2h + j at (r + 8j, col + 8h))."""
+        if C_LIKE_OUT:  # ldmatrix.x4 at stmatrix's addresses returns its registers
+            regs = nh.ldmatrix_x4(addr + at.c_offset)
+            return unpack(regs[0]), unpack(regs[1]), unpack(regs[2]), unpack(regs[3])
+        cbuf = buf + at.c_offset
+        return (c_pair(cbuf, r, col), c_pair(cbuf, r + 8, col),
+                c_pair(cbuf, r, col + 8), c_pair(cbuf, r + 8, col + 8))
+
+    @cuda.jit(device=True, forceinline=True)
+    def pair(frag, k, row_in_wg, j, col, c, ct, at):
+        """Registers ``k``, ``k + 1`` (sub-tile row ``row_in_wg + 8j``, columns ``col``, ``col`` + 1), as stored.
+
+        ``c``: C's f32 pair there (if any); ``ct``: the two columns' terms (:func:`columns`);
+        ``at``: the sub-tile's ``_Subtile`` (None without a fused epilogue).
+        """
+        if not FUSED:
+            return frag[k], frag[k + 1]
+        row, col = at.row0 + row_in_wg + 8 * j, at.col0 + col
+        rt = at.row_terms if j == 0 else at.row_terms_8
+        return (apply(frag[k], c[0], rt, ct[0], row, col, at.M, at.N, at.ep),
+                apply(frag[k + 1], c[1], rt, ct[1], row, col + 1, at.M, at.N, at.ep))
+
+    @cuda.jit(device=True, forceinline=True)
+    def columns(q, col, at):
+        """The staged terms of sub-tile ``q``'s columns ``col`` and ``col + 1`` (fused only)."""
+        return column_terms(at.columns, q * EPI_COLS + col) if FUSED else (0, 0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def write_subtile(frag, buf, q, row_in_wg, lane, at):
+        """Sub-tile ``q`` of this thread's accumulator fragment into swizzled ``buf``.
+
+        Fragment of m64nNk16 (thread t, warp w = t // 32, lane l): register 4i + 2j + c
+        holds row 16w + l//4 + 8j, column 8i + 2(l%4) + c. 128B swizzle: the 16-byte
+        chunk ``c`` of row ``r`` lives at chunk ``c ^ (r % 8)`` (64B: ``c ^ ((r // 2) % 4)``).
+        A fused epilogue (:func:`pair`) maps each pair of values on the way.
+        """
+        if OUT_T == "f32":
+            for ii in range(4):  # 8-column groups of this 32-column sub-tile
+                i = 4 * q + ii
+                for j in range(2):
+                    r = row_in_wg + 8 * j
+                    byte = 32 * ii + 8 * (lane % 4)
+                    addr = buf + r * 128 + (((byte // 16) ^ (r % 8)) * 16) + byte % 16
+                    col = 8 * ii + 2 * (lane % 4)
+                    k = 4 * i + 2 * j
+                    c = c_f32_pair(buf, addr, r, col, at) if HAS_C else (frag[k], frag[k])
+                    v0, v1 = pair(frag, k, row_in_wg, j, col, c, columns(q, col, at), at)
+                    nh.st_shared_v2_f32(addr, v0, v1)
+        else:
+            # stmatrix.x4: matrix m (its row addresses from lanes 8m..8m+7) is the 8x8 block
+            # at rows 8*(m%2), columns 8*(m//2) of a 16x16 block = registers 8P+2m, 8P+2m+1.
+            m = lane // 8
+            r = (row_in_wg - lane // 4) + 8 * (m % 2) + lane % 8
+            for p in range(EPI_GROUPS):  # 16-column groups of this sub-tile
+                base = 8 * (EPI_GROUPS * q + p)
+                chunk = 2 * p + m // 2
+                if EPI_ROW_BYTES == 128:
+                    addr = buf + r * 128 + ((chunk ^ (r % 8)) * 16)
+                else:  # 64-byte swizzle: chunk c of row r lives at chunk c ^ ((r // 2) % 4)
+                    addr = buf + r * 64 + ((chunk ^ ((r // 2) % 4)) * 16)
+                col = 16 * p + 2 * (lane % 4)
+                f = (frag[base], frag[base])
+                c = c_quad(buf, addr, row_in_wg, col, at) if HAS_C else (f, f, f, f)
+                # register pair x = 2h + j: row row_in_wg + 8j, column col + 8h
+                ct0, ct1 = columns(q, col, at), columns(q, col + 8, at)
+                v = (
+                    pair(frag, base + 0, row_in_wg, 0, col, c[0], ct0, at),
+                    pair(frag, base + 2, row_in_wg, 1, col, c[1], ct0, at),
+                    pair(frag, base + 4, row_in_wg, 0, col + 8, c[2], ct1, at),
+                    pair(frag, base + 6, row_in_wg, 1, col + 8, c[3], ct1, at),
+                )
+                regs = (
+                    pack(v[0][0], v[0][1]),
+                    pack(v[1][0], v[1][1]),
+                    pack(v[2][0], v[2][1]),
+                    pack(v[3][0], v[3][1]),
+                )
+                nh.stmatrix_x4(addr, regs[0], regs[1], regs[2], regs[3])
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_c(smem, cw, s, tmap, row0, col0, bc):
+        """(Leader) start loading C's 64 x EPI_COLS sub-tile at (``row0``, ``col0``) as sub-tile
+        ``s`` of this consumer's sequence: into buffer s % 2, completing phase s // 2 of that
+        buffer's mbarrier."""
+        slot = 2 * cw + s % 2
+        bar = smem + C_BAR_OFF + 8 * slot
+        nh.mbarrier_arrive_expect_tx(bar, C_BUF)
+        for box in range(C_BOXES):
+            nh.tma_load_3d(smem + C_OFF + slot * C_BUF + box * C_BOX_BYTES, tmap, col0 + box * C_BOX_COLS, row0, bc,
+                           bar)
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_subtile(q, stores, ts):
+        """Sub-tile ``q`` of a tile (the consumer's ``stores``-th) to global memory; ``stores + 1``."""
+        c, smem = ts.c, ts.smem
+        buf = smem + EPI_OFF + (2 * c.cw + stores % 2) * EPI_BUF_BYTES
+        if c.leader:
+            nh.bulk_wait_group_read(1)  # the store that last read buf is done
+        nh.named_barrier_sync(1 + c.cw, 128)
+        at = None
+        if FUSED:
+            slot = 2 * c.cw + stores % 2
+            if HAS_C:
+                nh.mbarrier_wait_parity(smem + C_BAR_OFF + 8 * slot, (stores // 2) % 2)
+            at = _Subtile(smem + C_OFF + slot * C_BUF - buf, ts.row0, ts.n0 + q * EPI_COLS, ts.M, ts.N, ts.ep,
+                          ts.terms[0], ts.terms[1], smem + VEC_OFF + c.cw * VEC_BYTES)
+        write_subtile(ts.frag, buf, q, c.row_in_wg, c.lane, at)
+        nh.fence_proxy_async()
+        nh.named_barrier_sync(1 + c.cw, 128)
+        if c.leader:
+            nh.tma_store_3d(ts.tmap_d, buf, ts.n0 + q * EPI_COLS, ts.row0, ts.batch)
+            nh.bulk_commit_group()
+        if HAS_C and c.leader and q + 2 < EPI_CHUNKS:  # every thread has read C sub-tile q: refill its buffer
+            load_c(smem, c.cw, stores + 2, ts.tmap_c, ts.row0, ts.n0 + (q + 2) * EPI_COLS, ts.batch)
+        return stores + 1
+
+    # q must be a constant in each sub-tile's code: LLVM leaves a loop over a fused epilogue
+    # rolled, and a run-time q would index the fragment, moving it to local memory. The
+    # plain kernel keeps its loop (LLVM unrolls it).
+    subtiles = (_unrolled if FUSED else _looped)(store_subtile, EPI_CHUNKS)
+
+    @cuda.jit(device=True, forceinline=True)
+    def init(smem):
+        if HAS_C:
+            for slot in range(2 * CONSUMERS):
+                nh.mbarrier_init(smem + C_BAR_OFF + 8 * slot, 1)
+
+    @cuda.jit(device=True, forceinline=True)
+    def begin_tile(smem, c, tile, stores, tmap_c, p, ep):
+        row0 = tile.m0 + c.cw * WG_ROWS
+        terms = tile_terms(row0 + c.row_in_wg, tile.n0, c.t, p.M, p.N, ep) if FUSED else ()
+        if HAS_C and c.leader:  # C's first two sub-tiles land during the main loop
+            for q in range(min(2, EPI_CHUNKS)):
+                load_c(smem, c.cw, stores + q, tmap_c, row0, tile.n0 + q * EPI_COLS, tile.batch)
+        return terms
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_tile(frag, smem, c, tile, stores, tmap_d, tmap_c, p, ep, terms):
+        if FUSED:  # the previous tile's reads of the staged columns are behind its last barrier
+            stage_columns(smem + VEC_OFF + c.cw * VEC_BYTES, c.t, terms[2])
+        return subtiles(stores, _TileStore(frag, smem, c, tile.m0 + c.cw * WG_ROWS, tile.n0, tile.batch, tmap_d,
+                                           tmap_c, p.M, p.N, ep, terms))
+
+    @cuda.jit(device=True, forceinline=True)
+    def drain(c):
+        if c.leader:
+            nh.bulk_wait_group(0)
+
+    return Epilogue(init, begin_tile, store_tile, drain)
+
+
+def _unrolled(step, n):
+    """Device function ``run(x, args)``: ``x = step(q, x, args)`` for q = 0, ..., n - 1.
+
+    Each call has its own q, a compile-time constant (closure constants), so the steps are
+    unrolled whatever LLVM's unroller thinks of their size.
+    """
+
+    @cuda.jit(device=True, forceinline=True)
+    def run(x, args):
+        return x
+
+    for q in range(n):
+        run = _then(run, step, q)
+    return run
+
+
+def _looped(step, n):
+    """``run(x, args)`` as :func:`_unrolled`, as a plain loop (left to LLVM to unroll)."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def run(x, args):
+        for q in range(n):
+            x = step(q, x, args)
+        return x
+
+    return run
+
+
+def _then(run, step, Q):
+    @cuda.jit(device=True, forceinline=True)
+    def run_then_step(x, args):
+        return step(Q, run(x, args), args)
+
+    return run_then_step

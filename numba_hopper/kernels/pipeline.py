@@ -10,12 +10,14 @@ shared address, 8-byte aligned):
 
 Both sides walk the slots with a :class:`PipelineState` ``(stage, phase)``: the stage wraps
 at ``stages`` and the phase flips when it does. The state runs on across output tiles of a
-persistent kernel and is never reset (seed 000, section 7.4: resetting it per tile makes
+persistent kernel and is never reset (as CUTLASS's ``PipelineState``: resetting it per tile makes
 the producer and consumers disagree about parity after a tile whose k-block count is not a
 multiple of ``stages``). The producer waits on ``empty`` with the opposite parity, so its
 first pass over the fresh barriers does not block (CuTe's ``make_producer_start_state``).
 
-Usage, as in CuTe's ``PipelineTmaAsync``::
+:func:`make_tma_pipeline` bundles these for one ring (stage count, arrivals, bytes per
+slot, cluster peers) as a :class:`TmaPipeline` of device functions, the way a kernel uses
+it. The functions below are its parts, also usable on their own::
 
     # producer (one elected thread)                 # consumers
     producer_acquire(bars, STAGES, st)              consumer_wait(bars, st)
@@ -25,11 +27,11 @@ Usage, as in CuTe's ``PipelineTmaAsync``::
 
 Debug builds: ``producer_acquire`` and ``consumer_wait`` take an optional ``site``, a
 :class:`DebugSite` built by ``debug_site(record, tile, k_block)`` (the address of a debug
-record, the tile and the k-block being waited for). With ``site=None`` (the default, and what release kernels pass) a wait spins without
-bound and compiles to exactly what it did before: numba prunes the ``site is None`` branch
-at compile time. With a site the wait gives up after ``DEBUG_TIMEOUT_NS``; the first thread
-in the grid to give up fills the record (fields ``RECORD_FIELDS``, one ``uint32`` each) and
-every thread that gives up traps. ``numba_hopper.debug.DebugRecord`` allocates the record in
+record, the tile and the k-block being waited for). With ``site=None`` (the default, and
+what release kernels pass) a wait spins without bound and compiles to a plain wait: numba
+prunes the ``site is None`` branch at compile time. With a site the wait gives up after
+``DEBUG_TIMEOUT_NS``; the first thread in the grid to give up fills the record (fields
+``RECORD_FIELDS``, one ``uint32`` each) and every thread that gives up traps. ``numba_hopper.debug.DebugRecord`` allocates the record in
 host-mapped memory, which the host can still read once the trap has killed the context.
 """
 
@@ -38,7 +40,7 @@ from collections import namedtuple
 import numpy as np
 from numba import cuda
 
-from .intrinsics import (
+from ..intrinsics import (
     atom_cas_global_u32,
     fence_mbarrier_init,
     mbarrier_arrive,
@@ -66,6 +68,8 @@ __all__ = [
     "consumer_wait",
     "consumer_release",
     "consumer_release_in",
+    "TmaPipeline",
+    "make_tma_pipeline",
 ]
 
 PipelineState = namedtuple("PipelineState", ["stage", "phase"])
@@ -169,3 +173,52 @@ def consumer_release_in(bars, stages, state, cta_rank):
     A producer that multicasts into its peers' slots must hear from their consumers too.
     """
     mbarrier_arrive_cluster_rank(bars + 8 * (stages + state.stage), cta_rank)
+
+
+TmaPipeline = namedtuple("TmaPipeline", ["init", "producer_acquire", "consumer_wait", "consumer_release", "advance"])
+
+
+def make_tma_pipeline(stages, consumer_arrivals, tx_bytes, cluster_size=1) -> TmaPipeline:
+    """One TMA ring as a :class:`TmaPipeline` of device functions (CuTe DSL's
+    ``PipelineTmaAsync``), which owns its stage count, its arrivals, the bytes a slot's
+    loads deliver and the signalling between the CTAs of a cluster::
+
+        pipe.init(bars)                                  # one thread, then a barrier
+        full = pipe.producer_acquire(bars, st, site)     # slot free; full armed for tx_bytes
+        ... TMA loads of slot st.stage, completing on full ...
+        pipe.consumer_wait(bars, st, site)               # slot's data landed
+        pipe.consumer_release(bars, st, peers)           # one arrival per consumer warp
+        st = pipe.advance(st)
+
+    ``site``: None, or a :class:`DebugSite` for a bounded wait. ``peers``: the mask of cluster
+    ranks whose producers write into this CTA's slots (multicast); each of them hears this
+    release. Without a cluster the release is local and ``peers`` is unused.
+    """
+
+    @cuda.jit(device=True, forceinline=True)
+    def init(bars):
+        pipeline_init(bars, stages, consumer_arrivals)
+
+    @cuda.jit(device=True, forceinline=True)
+    def acquire(bars, state, site):
+        producer_acquire(bars, stages, state, site)
+        return producer_commit(bars, state, tx_bytes)
+
+    @cuda.jit(device=True, forceinline=True)
+    def wait(bars, state, site):
+        consumer_wait(bars, state, site)
+
+    @cuda.jit(device=True, forceinline=True)
+    def release(bars, state, peers):
+        if cluster_size == 1:
+            consumer_release(bars, stages, state)
+        else:
+            for rank in range(cluster_size):
+                if (peers >> rank) & 1:
+                    consumer_release_in(bars, stages, state, rank)
+
+    @cuda.jit(device=True, forceinline=True)
+    def advance(state):
+        return pipeline_advance(state, stages)
+
+    return TmaPipeline(init, acquire, wait, release, advance)

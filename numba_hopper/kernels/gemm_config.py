@@ -1,0 +1,294 @@
+"""The GEMM kernel's interface: its compile-time configuration, its shared-memory layout and
+its run-time parameters.
+
+- :class:`GemmConfig`: what a kernel is compiled for. The problem (dtypes, operand majors),
+  the tiling (tile, ring depth, cluster, raster group), the features compiled in (stream-K,
+  a fused epilogue, debug waits), and ``split_k``, the one host strategy: it is not a kernel
+  parameter (``make_gemm_kernel`` drops it).
+- :class:`SharedLayout`: where each buffer sits in the kernel's dynamic shared memory.
+- :class:`GemmParams`: the kernel's run-time arguments, one named record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from .pipeline import pipeline_barrier_bytes
+
+if TYPE_CHECKING:
+    from .epilogue import EpilogueConfig
+
+__all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "gemm_argument_types", "WG_ROWS", "BLOCK_K",
+           "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES"]
+
+WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
+BLOCK_K = 64  # one 128-byte swizzle row of 16-bit elements
+EPI_ROWS = 64
+EPI_BUF_BYTES = EPI_ROWS * 128  # one 128-byte-wide swizzled sub-tile
+ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+BLOCK_MS = (64, 128)
+BLOCK_NS = (32, 64, 128, 160, 192, 256)
+STREAM_K_MAX_BLOCK_N = 192
+SWIZZLE_ALIGN = 1024  # a 128B-swizzled tile starts on a 1024-byte boundary (the swizzle's period)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Compile-time configuration of one GEMM kernel.
+
+    ``a_major``: "K" (A row-major) or "M" (A column-major); ``b_major``: "K" (B
+    column-major) or "N" (B row-major). The output is always row-major (the host swaps
+    operands for a column-major output). ``debug``: bounded mbarrier waits that fill the
+    kernel's debug record and trap on a hang (``numba_hopper.debug``); False compiles none
+    of that code. ``epilogue``: None for a plain ``C = A @ B`` (the kernel has no epilogue
+    code at all), or the fused epilogue to compile in. ``stream_k``: compile in the
+    stream-K fix-up (tiles whose K loop several CTAs share, see ``kernels/scheduler.py``).
+    ``split_k``: the host's K slices, summed by a second kernel (not a kernel parameter).
+    """
+
+    in_dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    a_major: str = "K"
+    b_major: str = "N"
+    block_m: int = 128
+    block_n: int = 256
+    stages: int = 4
+    group_m: int = 8
+    cluster_m: int = 1
+    cluster_n: int = 1
+    debug: bool = False
+    split_k: int = 1
+    stream_k: bool = False
+    epilogue: EpilogueConfig | None = None
+
+    def __post_init__(self):
+        if self.in_dtype not in ("bf16", "f16"):
+            raise ValueError(f"in_dtype must be 'bf16' or 'f16', got {self.in_dtype!r}")
+        if self.out_dtype not in ELEMENT_BYTES:
+            raise ValueError(f"out_dtype must be one of {tuple(ELEMENT_BYTES)}, got {self.out_dtype!r}")
+        if self.a_major not in ("K", "M") or self.b_major not in ("K", "N"):
+            raise ValueError(f"bad operand majors {self.a_major!r}, {self.b_major!r}")
+        if self.block_m not in BLOCK_MS:
+            raise ValueError(f"block_m must be one of {BLOCK_MS} (consumer warpgroups of 64 rows), got {self.block_m}")
+        if self.block_n not in BLOCK_NS:
+            raise ValueError(f"block_n must be one of {BLOCK_NS}, got {self.block_n}")
+        if self.block_n == 32 and self.block_m != 64:
+            raise ValueError("block_n = 32 needs block_m = 64 (the narrow tile of skinny products)")
+        if self.block_n % 64 and (self.epilogue is not None or self.cluster_m > 1):
+            # A 160- or 32-wide tile stores 32-column sub-tiles (64-byte swizzle), which the fused
+            # epilogue's C buffers do not follow, and its B boxes do not split over 2 CTAs.
+            raise ValueError(f"block_n = {self.block_n} runs without a fused epilogue or cluster_m = 2")
+        if self.block_m == 64 and (self.cluster_size > 1 or self.stream_k):
+            raise ValueError("block_m = 64 runs without a cluster or stream_k")
+        if self.stages < 2:
+            raise ValueError(f"stages must be >= 2, got {self.stages}")
+        if self.split_k < 1:
+            raise ValueError(f"split_k must be >= 1, got {self.split_k}")
+        if self.split_k > 1 and self.epilogue is not None:  # slices write partial sums, not outputs
+            raise ValueError("split_k > 1 cannot run a fused epilogue")
+        if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
+            raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}x{self.cluster_n}")
+        if self.stream_k and (self.cluster_size > 1 or self.split_k > 1 or self.epilogue is not None):
+            raise ValueError("stream_k runs without a cluster, split_k or a fused epilogue")
+        if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:
+            # 128 accumulators per thread leave no registers for a partial's loads: ptxas
+            # issues all 32 float4 loads before the adds, and spills (SASS, CPU test).
+            raise ValueError(f"stream_k needs block_n <= {STREAM_K_MAX_BLOCK_N}, got {self.block_n}")
+
+    # --- the CTA ---
+    @property
+    def cluster_size(self):
+        return self.cluster_m * self.cluster_n
+
+    @property
+    def consumers(self):
+        """Consumer warpgroups: one per 64 rows of the tile."""
+        return self.block_m // WG_ROWS
+
+    @property
+    def threads(self):
+        return 128 * (1 + self.consumers)
+
+    @property
+    def tensormaps(self):
+        """Tensor maps the kernel publishes per CTA: A, B, the output D and, with a residual, C."""
+        return 4 if self.has_c else 3
+
+    @property
+    def has_c(self):
+        return self.epilogue is not None and self.epilogue.c_dtype is not None
+
+    @property
+    def partial_bytes(self):
+        """One consumer's stream-K partial tile: 64 x ``block_n`` f32 in fragment order."""
+        return WG_ROWS * self.block_n * 4
+
+    # --- TMA boxes (numpy order, batch outermost) ---
+    @property
+    def a_box(self):
+        """Box of A's tensor map: the part of an A tile one CTA of the cluster loads.
+
+        CTAs of a cluster that share a tile row (same A tile) each load 1/cluster_n of it
+        and multicast it to all of them.
+        """
+        if self.a_major == "K":
+            return (1, self.block_m // self.cluster_n, BLOCK_K)
+        return (1, BLOCK_K, 64)
+
+    @property
+    def b_box(self):
+        if self.b_major == "K":
+            return (1, self.block_n // self.cluster_m, BLOCK_K)
+        return (1, BLOCK_K, min(self.block_n, 64))
+
+    @property
+    def b_swizzle(self):
+        """B's swizzle span in bytes (its tensor map's and wgmma's): 128, or 64 for the
+        32-wide boxes of an N-major B in 32-wide tiles."""
+        return 64 if self.b_major == "N" and self.block_n == 32 else 128
+
+    @property
+    def c_box(self):
+        """Box of the output's tensor map: one epilogue sub-tile."""
+        return (1, EPI_ROWS, self.epi_cols)
+
+    @property
+    def epi_cols(self):
+        """Columns of one epilogue sub-tile: 128 bytes of output elements (64 bytes, 32 16-bit
+        columns, when 64 does not divide ``block_n``)."""
+        return min(128 // ELEMENT_BYTES[self.out_dtype], 32 if self.block_n % 64 else 64)
+
+    @property
+    def epi_swizzle(self):
+        """Bytes of one sub-tile row, which is also the output tensor map's swizzle span."""
+        return self.epi_cols * ELEMENT_BYTES[self.out_dtype]
+
+    # --- shared memory ---
+    @property
+    def a_tile_bytes(self):
+        return self.block_m * BLOCK_K * 2
+
+    @property
+    def b_tile_bytes(self):
+        """K-major: ``block_n`` rows of 64 k; N-major: whole 64-wide boxes (160 loads 192)."""
+        if self.b_major == "K" or self.block_n < 64:
+            return self.block_n * BLOCK_K * 2
+        return -(-self.block_n // 64) * 64 * BLOCK_K * 2
+
+    @property
+    def c_buf_bytes(self):
+        """One residual-C sub-tile (64 x ``epi_cols`` of C's dtype); 0 without C."""
+        return EPI_ROWS * self.epi_cols * ELEMENT_BYTES[self.epilogue.c_dtype] if self.has_c else 0
+
+    @property
+    def layout(self) -> "SharedLayout":
+        return SharedLayout.of(self)
+
+    @property
+    def shared_bytes(self):
+        return self.layout.total
+
+
+@dataclass(frozen=True)
+class SharedLayout:
+    """Byte offsets in the kernel's dynamic shared memory (from its 1024-aligned base).
+
+    In order: the ring's A tiles, its B tiles, two output sub-tile buffers per consumer,
+    two residual-C sub-tile buffers per consumer, each consumer's staged column vectors,
+    the ring's barriers and the C buffers' barriers.
+    """
+
+    a: int
+    b: int
+    epi: int
+    c: int
+    vec: int
+    vec_bytes: int
+    barriers: int
+    c_barriers: int
+    total: int
+
+    @staticmethod
+    def of(cfg: GemmConfig) -> "SharedLayout":
+        b = cfg.stages * cfg.a_tile_bytes
+        epi = b + cfg.stages * cfg.b_tile_bytes
+        c = epi + 2 * cfg.consumers * EPI_BUF_BYTES
+        vec = c + 2 * cfg.consumers * cfg.c_buf_bytes
+        vec_bytes = cfg.epilogue.column_bytes(cfg.block_n) if cfg.epilogue else 0
+        barriers = vec + cfg.consumers * vec_bytes
+        c_barriers = barriers + pipeline_barrier_bytes(cfg.stages)
+        total = c_barriers + (2 * cfg.consumers * 8 if cfg.has_c else 0)
+        # Swizzled tiles keep the swizzle's period; mbarriers are 8-byte aligned.
+        assert cfg.a_tile_bytes % SWIZZLE_ALIGN == 0 and cfg.b_tile_bytes % SWIZZLE_ALIGN == 0, cfg
+        assert b % SWIZZLE_ALIGN == 0 and epi % SWIZZLE_ALIGN == 0 and c % SWIZZLE_ALIGN == 0, cfg
+        assert barriers % 8 == 0, cfg
+        return SharedLayout(0, b, epi, c, vec, vec_bytes, barriers, c_barriers, total)
+
+
+class GemmParams(NamedTuple):
+    """The GEMM kernel's run-time arguments (one record; numba passes each field as its own
+    kernel parameter).
+
+    ``maps``: the 16 words of a 3-D TMA descriptor template
+    (:func:`numba_hopper.tensormap.encode_template`, batch outermost) for each of A, B, the
+    output D and, with a residual, C; ``addresses``: their global addresses. The kernel
+    patches them in and publishes the maps to ``slots`` (``cfg.tensormaps`` 128-byte slots
+    per CTA, :mod:`.descriptors`). A and B have 128-byte swizzle and the boxes of
+    ``cfg.a_box`` / ``cfg.b_box``; D the box ``cfg.c_box`` and ``cfg.epi_swizzle`` bytes of
+    swizzle; C (row-major like D) the box ``(1, 64, c_box_cols(cfg))`` and that many
+    elements' bytes of swizzle.
+
+    The grid computes ``batches`` units: batch items (``a_batched``/``b_batched`` are 1, or 0
+    for an operand broadcast over the batch) or, with ``k_split`` > 0, slices of ``k_split``
+    k-blocks of one product whose partial sums go to batch ``b`` of D. ``dp_tiles``: tiles
+    below it are data-parallel, the others stream-K (only with ``cfg.stream_k``, which also
+    needs ``workspace``: the device address of ``gridDim.x * 2 * cfg.partial_bytes`` bytes
+    of partials followed by ``gridDim.x * 2`` u32 flags, zero before the launch and left
+    zero after it). ``debug_record``: the device address of a
+    ``numba_hopper.debug.DebugRecord`` (read only if ``cfg.debug``).
+    """
+
+    maps: tuple
+    addresses: tuple
+    slots: int
+    M: int
+    N: int
+    K: int
+    batches: int
+    a_batched: int
+    b_batched: int
+    k_split: int
+    dp_tiles: int
+    workspace: int
+    debug_record: int
+
+
+class Consumer(NamedTuple):
+    """A consumer thread's place in the CTA: warpgroup ``cw`` (0 or 1) of the consumers,
+    thread ``t`` (0-127) in it, its ``lane``, the first of the two fragment rows it holds
+    in its warpgroup's 64 (``row_in_wg``, and 8 below), and whether it is the warpgroup's
+    ``leader`` (thread 0, which issues its TMA stores and C loads)."""
+
+    cw: int
+    t: int
+    lane: int
+    row_in_wg: int
+    leader: bool
+
+
+def gemm_argument_types(cfg: GemmConfig, epilogue_types=None) -> tuple:
+    """The numba types of ``make_gemm_kernel(cfg)``'s arguments ``(params, epilogue)`` as
+    ``gemm`` passes them. ``epilogue_types``: the types of the fused epilogue's arguments in
+    ``cfg.epilogue.arg_names`` order (None: a plain kernel, whose second argument is ``()``)."""
+    from numba.cuda import types
+
+    from .epilogue import epilogue_argument_type
+
+    maps = cfg.tensormaps
+    fields = (types.UniTuple(types.UniTuple(types.uint64, 16), maps), types.UniTuple(types.uint64, maps),
+              types.uint64) + (types.int64,) * 10
+    params = types.NamedTuple(fields, GemmParams)
+    if epilogue_types is None:
+        return params, types.Tuple(())
+    return params, epilogue_argument_type(cfg.epilogue, epilogue_types)

@@ -1,0 +1,164 @@
+"""The GEMM's mainloop: TMA loads of A and B tiles into the ring, wgmma on them.
+
+The producer's ``load`` walks a work item's k-blocks: it acquires a ring slot and loads one
+k-block of the A tile (BM x 64) and of the B tile (64 x BN) into it. The consumers'
+``mma`` waits for each slot, issues ``wgmma.m64nBNk16`` on its 64 rows of A, and releases
+the slot one k-block late, once ``wgmma.wait_group 1`` says the wgmmas that read it are
+done, so the tensor cores always have the next k-block queued (PTX ISA, "Asynchronous
+warpgroup level matrix multiply-accumulate operation", wgmma.wait_group).
+
+Layouts: a K-major operand (A row-major, B column-major) is loaded as one box of 64
+k-elements (128 bytes, the 128B swizzle span) by BM or BN rows. An MN-major operand (A
+column-major, B row-major) is loaded as 64 x 64 boxes stacked along M/N and read by wgmma
+with the transpose bit (a 32-wide B tile: one 64 x 32 box with 64-byte swizzle). Partial
+tiles need no code: TMA zero-fills loads outside the tensor.
+
+Clusters: CTA ``(rm, rn)`` of a ``cluster_m x cluster_n`` cluster loads part ``rn`` of its
+A tile and part ``rm`` of its B tile and multicasts each to the CTAs that share that tile
+(``cp.async.bulk.tensor`` with ``.multicast::cluster``); a slot is then released to every
+producer that writes into it.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import cuda
+
+from .. import intrinsics as nh
+from .gemm_config import BLOCK_K, WG_ROWS, GemmConfig
+from .pipeline import TmaPipeline, debug_site
+
+__all__ = ["Mainloop", "ClusterCta", "make_mainloop"]
+
+Mainloop = namedtuple("Mainloop", ["cluster_cta", "load", "mma"])
+ClusterCta = namedtuple("ClusterCta", ["rm", "rn", "a_mask", "b_mask", "peers"])
+
+MN_BOX_BYTES = 64 * 128  # a 64 x 64 box of an MN-major operand
+
+
+def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
+    """The mainloop of the kernel of ``cfg`` over the ring ``pipe``: a :class:`Mainloop` of
+    device functions.
+
+    - ``cluster_cta() -> ClusterCta``: this CTA's place in its cluster, the ranks that
+      share its A tile (``a_mask``, same ``rm``) and its B tile (``b_mask``, same ``rn``),
+      and ``peers``, the ranks whose producers write into its slots;
+    - ``load(smem, bars, st, tmap_a, tmap_b, params, item, tile, cta) -> st``: (the
+      producer's elected thread) the loads of work ``item``'s k-blocks of output ``tile``;
+    - ``mma(acc, smem, bars, st, params, item, consumer, peers) -> (acc, st)``: (a consumer
+      warpgroup) its 64 rows of the tile's product over the item's k-blocks.
+    """
+    BM, BN, S = cfg.block_m, cfg.block_n, cfg.stages
+    IN_T = cfg.in_dtype
+    A_K_MAJOR, B_K_MAJOR = cfg.a_major == "K", cfg.b_major == "K"
+    CM, CN, CLUSTER = cfg.cluster_m, cfg.cluster_n, cfg.cluster_size
+    A_TILE, B_TILE, B_OFF = cfg.a_tile_bytes, cfg.b_tile_bytes, cfg.layout.b
+    B_BOXES = -(-BN // 64)
+    B_SWIZZLE = cfg.b_swizzle
+    A_PARTS = CN if A_K_MAJOR else cfg.consumers  # M-major A is 64-wide boxes
+    A_PART_BYTES = A_TILE // CN  # K-major: BM/CN rows of 128 B; M-major: CN=2 -> one box
+    B_PART_BYTES = B_TILE // CM
+    # wgmma descriptors (128B swizzle). K-major: 8-row groups 1024 B apart (SBO), a k16 step
+    # is 32 B along the swizzled row. MN-major: 64-element MN atoms one box apart (LBO),
+    # 8-k groups 1024 B apart (SBO), a k16 step is 16 rows of 128 B; with 64B swizzle (one
+    # 32-element atom) rows are 64 B: SBO 512, a k16 step 1024 B.
+    A_LBO, A_KSTEP = (16, 32) if A_K_MAJOR else (MN_BOX_BYTES, 2048)
+    B_LBO, B_KSTEP = (16, 32) if B_K_MAJOR else (MN_BOX_BYTES, 16 * B_SWIZZLE)
+    B_SBO = 8 * B_SWIZZLE
+    TNSP_A, TNSP_B = int(not A_K_MAJOR), int(not B_K_MAJOR)
+    A_WG_OFF = WG_ROWS * 128  # consumer 1's 64 rows: 64 K-major rows, or the second M box
+    DEBUG = cfg.debug
+
+    @cuda.jit(device=True, forceinline=True)
+    def cluster_cta():
+        """Ranks run along M first: rank = rm + CM * rn."""
+        rank = nh.cluster_ctarank() if CLUSTER > 1 else 0
+        rm, rn = rank % CM, rank // CM
+        a_mask = 0
+        b_mask = 0
+        for j in range(CN):
+            a_mask |= 1 << (rm + CM * j)
+        for i in range(CM):
+            b_mask |= 1 << (i + CM * rn)
+        return ClusterCta(rm, rn, a_mask, b_mask, a_mask | b_mask)
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0, ba, bb, cta):
+        """This CTA's TMA loads of one k-block: all of both tiles, or its shares in a cluster."""
+        a_dst = smem + st.stage * A_TILE
+        b_dst = smem + B_OFF + st.stage * B_TILE
+        if CN == 1:
+            if A_K_MAJOR:
+                nh.tma_load_3d(a_dst, tmap_a, k0, m0, ba, full)
+            else:
+                for i in range(A_PARTS):
+                    nh.tma_load_3d(a_dst + i * MN_BOX_BYTES, tmap_a, m0 + 64 * i, k0, ba, full)
+        elif A_K_MAJOR:
+            rows = BM // CN
+            nh.tma_load_multicast_3d(a_dst + cta.rn * A_PART_BYTES, tmap_a, k0, m0 + cta.rn * rows, ba, full,
+                                     cta.a_mask)
+        else:
+            nh.tma_load_multicast_3d(a_dst + cta.rn * MN_BOX_BYTES, tmap_a, m0 + 64 * cta.rn, k0, ba, full,
+                                     cta.a_mask)
+        if CM == 1:
+            if B_K_MAJOR:
+                nh.tma_load_3d(b_dst, tmap_b, k0, n0, bb, full)
+            else:
+                for i in range(B_BOXES):
+                    nh.tma_load_3d(b_dst + i * MN_BOX_BYTES, tmap_b, n0 + 64 * i, k0, bb, full)
+        elif B_K_MAJOR:
+            rows = BN // CM
+            nh.tma_load_multicast_3d(b_dst + cta.rm * B_PART_BYTES, tmap_b, k0, n0 + cta.rm * rows, bb, full,
+                                     cta.b_mask)
+        else:
+            for i in range(B_BOXES // CM):
+                box = cta.rm * (B_BOXES // CM) + i
+                nh.tma_load_multicast_3d(b_dst + box * MN_BOX_BYTES, tmap_b, n0 + 64 * box, k0, bb, full, cta.b_mask)
+
+    @cuda.jit(device=True, forceinline=True)
+    def load(smem, bars, st, tmap_a, tmap_b, p, item, tile, cta):
+        b = tile.batch
+        k_first = b * p.k_split  # a K slice's first k-block (0 unless the units are K slices)
+        for kb in range(item.k_begin, item.k_end):
+            # Debug builds bound the wait; release builds pass None (compiled out).
+            full = pipe.producer_acquire(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
+            load_stage(smem, st, full, tmap_a, tmap_b, tile.m0, tile.n0, (k_first + kb) * BLOCK_K,
+                       b * p.a_batched, b * p.b_batched, cta)
+            st = pipe.advance(st)
+        return st
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_stage(acc, smem, st, cw, first):
+        a_desc = nh.matrix_descriptor(smem + st.stage * A_TILE + cw * A_WG_OFF, A_LBO, 1024, 128, 0)
+        b_desc = nh.matrix_descriptor(smem + B_OFF + st.stage * B_TILE, B_LBO, B_SBO, B_SWIZZLE, 0)
+        nh.wgmma_fence()
+        for kk in range(BLOCK_K // 16):
+            scale_d = 0 if first and kk == 0 else 1
+            acc = nh.wgmma_mma_async(
+                acc,
+                a_desc + np.uint64(kk * A_KSTEP // 16),
+                b_desc + np.uint64(kk * B_KSTEP // 16),
+                scale_d, IN_T, IN_T, 1, 1, TNSP_A, TNSP_B,
+            )
+        nh.wgmma_commit_group()
+        return acc
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma(acc, smem, bars, st, p, item, c, peers):
+        prev = st
+        for kb in range(item.k_begin, item.k_end):
+            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
+            acc = mma_stage(acc, smem, st, c.cw, kb == item.k_begin)
+            nh.wgmma_wait_group(1)  # k-block kb-1 is done reading its slot
+            if kb > item.k_begin and c.lane == 0:
+                pipe.consumer_release(bars, prev, peers)
+            prev = st
+            st = pipe.advance(st)
+        nh.wgmma_wait_group(0)
+        if item.k_end > item.k_begin and c.lane == 0:
+            pipe.consumer_release(bars, prev, peers)
+        return acc, st
+
+    return Mainloop(cluster_cta, load, mma)
