@@ -1,6 +1,6 @@
 """TMA tile copy: global -> shared memory (completion on an mbarrier) -> global.
 
-Seed 000, sections 3-4. Each CTA moves one 32 x 32 float32 tile of a 100 x 200 matrix:
+Each CTA moves one 32 x 32 float32 tile of a 100 x 200 matrix:
 
 1. thread 0 initializes an mbarrier that expects ONE arrival;
 2. it arrives with ``expect_tx`` (the box's byte count) and issues the TMA load, which
@@ -11,13 +11,19 @@ Seed 000, sections 3-4. Each CTA moves one 32 x 32 float32 tile of a 100 x 200 m
 
 Edge tiles need no code: TMA zero-fills loads past the matrix and drops stores past it.
 
-    python examples/01_tma_copy.py
+References: PTX ISA 9.2, sections 9.7.13.15 (mbarrier; expect-tx and complete-tx in
+9.7.13.15.5), 9.7.9.25.5.2 (cp.async.bulk.tensor) and 9.7.9.25.2 (the async proxy); CUDA
+Programming Guide, "Using the Tensor Memory Accelerator (TMA)".
+
+    python examples/01_tma_copy.py             # on a Hopper GPU
+    python examples/01_tma_copy.py --inspect   # anywhere: compile for sm_90a, print the SASS summary
 """
 
 import numpy as np
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
+from numba_hopper.cli import run_example
 from numba_hopper.launch import launch
 from numba_hopper.tensormap import TensorMap
 
@@ -64,5 +70,7 @@ def main():
     assert ok
 
 
+KERNELS = [(tma_copy, "void(int64, int64, int64)")]  # what --inspect compiles: (kernel, argument types)
+
 if __name__ == "__main__":
-    main()
+    run_example(main, KERNELS, __doc__)

@@ -1,8 +1,8 @@
 """One warpgroup, one wgmma tile: C (64 x 128, f32) = A (64 x 64, f16) @ B (64 x 128, f16).
 
-Seed 000, section 5. Both operands reach shared memory by TMA with 128-byte swizzle, K-major
-(A as stored, row-major (M, K); B as its transpose, (N, K)), and wgmma reads them there
-(SS mode) through matrix descriptors:
+Both operands reach shared memory by TMA with 128-byte swizzle, K-major (A as stored,
+row-major (M, K); B as its transpose, (N, K)), and wgmma reads them there (SS mode) through
+matrix descriptors:
 
 - start address; leading byte offset 16 (unused by swizzled K-major layouts); stride byte
   offset 1024 (8 rows of 128 bytes: one swizzle atom); swizzle mode 128 bytes;
@@ -12,13 +12,20 @@ Seed 000, section 5. Both operands reach shared memory by TMA with 128-byte swiz
 The 128 threads hold C in registers: thread t (warp w, lane l) holds in register 4i + 2j + c
 the element at row 16w + l//4 + 8j, column 8i + 2(l%4) + c.
 
-    python examples/02_wgmma_tile.py
+References: PTX ISA 9.2, sections 9.7.15 (wgmma), 9.7.15.5.1.2.2 (Matrix Descriptor Format),
+9.7.15.5.1.1.1 (Matrix Fragments for wgmma.mma_async.m64nNk16: the accumulator layout above)
+and 9.7.9.25.5.2 (cp.async.bulk.tensor); CUDA Programming Guide, "Using the Tensor Memory
+Accelerator (TMA)" (swizzle modes).
+
+    python examples/02_wgmma_tile.py             # on a Hopper GPU
+    python examples/02_wgmma_tile.py --inspect   # anywhere: compile for sm_90a, print the SASS summary
 """
 
 import numpy as np
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
+from numba_hopper.cli import run_example
 from numba_hopper.launch import launch
 from numba_hopper.tensormap import TensorMap
 
@@ -77,5 +84,7 @@ def main():
     assert err < 1e-5
 
 
+KERNELS = [(wgmma_tile, "void(int64, int64, float32[:, ::1])")]  # what --inspect compiles
+
 if __name__ == "__main__":
-    main()
+    run_example(main, KERNELS, __doc__)

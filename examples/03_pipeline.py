@@ -1,8 +1,8 @@
-"""A producer/consumer ring buffer with numba_hopper.pipeline: row sums of a 32 x 4096 matrix.
+"""A producer/consumer ring buffer with numba_hopper.kernels.pipeline: row sums of a 32 x 4096 matrix.
 
-Seed 000, sections 3.4 and 7. Warp 0 is the producer: one elected thread streams the matrix
-through a 4-slot ring in 32 x 32 float32 chunks with TMA. Warp 1 is the consumer: lane r
-adds up row r of each chunk. Each slot has two mbarriers (``pipeline_init``):
+Warp 0 is the producer: one elected thread streams the matrix through a 4-slot ring in
+32 x 32 float32 chunks with TMA. Warp 1 is the consumer: lane r adds up row r of each chunk.
+Each slot has two mbarriers (``pipeline_init``):
 
 - ``full``: the producer arms it for the chunk's bytes (``producer_commit``) and the TMA
   load completes it; the consumer waits on it (``consumer_wait``);
@@ -12,15 +12,22 @@ adds up row r of each chunk. Each slot has two mbarriers (``pipeline_init``):
 128 chunks pass through 4 slots, so every slot is reused 32 times: the phase bit in
 ``PipelineState`` flips each time the ring wraps, which is what the waits check.
 
-    python examples/03_pipeline.py
+References: PTX ISA 9.2, sections 9.7.13.15 (mbarrier; its phases in 9.7.13.15.4),
+9.7.9.25.5.2 (cp.async.bulk.tensor) and 9.7.9.25.2 (the async proxy: why the consumer
+fences before it frees a slot); CUDA Programming Guide, "Producer-Consumer Pattern Using
+Barriers" (in "Asynchronous Barriers").
+
+    python examples/03_pipeline.py             # on a Hopper GPU
+    python examples/03_pipeline.py --inspect   # anywhere: compile for sm_90a, print the SASS summary
 """
 
 import numpy as np
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
+from numba_hopper.cli import run_example
 from numba_hopper.launch import launch
-from numba_hopper.pipeline import (
+from numba_hopper.kernels.pipeline import (
     PipelineState, consumer_release, consumer_wait, pipeline_advance, pipeline_init,
     producer_acquire, producer_commit,
 )
@@ -82,5 +89,7 @@ def main():
     assert err < 1e-5
 
 
+KERNELS = [(row_sums, "void(int64, int64, float32[::1])")]  # what --inspect compiles
+
 if __name__ == "__main__":
-    main()
+    run_example(main, KERNELS, __doc__)

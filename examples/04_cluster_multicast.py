@@ -1,21 +1,27 @@
 """A 2-CTA cluster sharing loads with TMA multicast.
 
-Seed 000, sections 4.9 and 6. Each cluster of two CTAs needs the same 64 x 32 float32 tile
-in both CTAs' shared memory. Instead of both loading all of it, CTA rank r loads rows
-[32r, 32r + 32) once and multicasts them to both CTAs (``cta_mask = 0b11``): the data lands
-at the same shared-memory offset in each CTA and each CTA's mbarrier (at the same offset)
-receives the bytes. So every CTA's barrier expects the WHOLE tile, though it issued half.
+Each cluster of two CTAs needs the same 64 x 32 float32 tile in both CTAs' shared memory.
+Instead of both loading all of it, CTA rank r loads rows [32r, 32r + 32) once and
+multicasts them to both CTAs (``cta_mask = 0b11``): the data lands at the same
+shared-memory offset in each CTA and each CTA's mbarrier (at the same offset) receives the
+bytes. So every CTA's barrier expects the WHOLE tile, though it issued half.
 
 Before anyone multicasts, every barrier of the cluster must be initialized: a cluster-wide
 barrier (``cluster_sync``), not ``syncthreads``, orders that.
 
-    python examples/04_cluster_multicast.py
+References: PTX ISA 9.2, sections 9.7.9.25.5.2 (cp.async.bulk.tensor, ``.multicast::cluster``
+and its ``ctaMask``), 9.7.13.3 (barrier.cluster) and 9.7.13.15 (mbarrier); CUDA Programming
+Guide, "Thread Block Clusters".
+
+    python examples/04_cluster_multicast.py             # on a Hopper GPU
+    python examples/04_cluster_multicast.py --inspect   # anywhere: compile for sm_90a, print the SASS summary
 """
 
 import numpy as np
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
+from numba_hopper.cli import run_example
 from numba_hopper.launch import launch
 from numba_hopper.tensormap import TensorMap
 
@@ -65,5 +71,7 @@ def main():
     assert ok
 
 
+KERNELS = [(multicast_tile, "void(int64, float32[:, :, ::1])")]  # what --inspect compiles
+
 if __name__ == "__main__":
-    main()
+    run_example(main, KERNELS, __doc__)

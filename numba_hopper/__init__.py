@@ -12,7 +12,9 @@ Layers, each importing only the ones above it:
 - ``numba_hopper.matmul``: the public GEMM (``gemm``, ``bmm``), re-exported here with
   :class:`GemmConfig` and the exceptions of ``numba_hopper.errors``.
 
-``numba_hopper.sass`` compiles any kernel for sm_90a without a GPU and reports its SASS.
+``numba_hopper.sass`` compiles any kernel for sm_90a without a GPU and reports its SASS;
+``python -m numba_hopper`` (``numba_hopper.cli``) checks, inspects and times the shipped
+kernels (``--help``).
 """
 
 from .errors import (  # noqa: F401

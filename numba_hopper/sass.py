@@ -26,8 +26,11 @@ from functools import cached_property
 from . import _numba_internals as _internals
 
 HOPPER_CC = (9, 0, "a")
-KEY_OPCODES = ("HGMMA", "UTMALDG", "UTMASTG", "UTMAPF", "UTMAREDG", "UBLKCP", "USETMAXREG",
-               "SYNCS", "ELECT", "STSM", "LDSM", "UCGABAR_ARV", "UCGABAR_WAIT")
+# What summary() counts: the Hopper-specific instructions. WARPGROUP.ARRIVE is wgmma.fence and
+# WARPGROUP.DEPBAR wgmma.wait_group (or a wait ptxas inserted itself: warning C7517).
+KEY_OPCODES = ("HGMMA", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "UTMALDG", "UTMASTG", "UTMAPF",
+               "UTMAREDG", "UBLKCP", "USETMAXREG", "SYNCS", "ELECT", "STSM", "LDSM", "UCGABAR_ARV",
+               "UCGABAR_WAIT")
 
 __all__ = ["inspect_kernel", "KernelReport", "ToolNotFoundError", "find_tool", "HOPPER_CC"]
 

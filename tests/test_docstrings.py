@@ -12,6 +12,7 @@ PUBLIC_MODULES = [
     "numba_hopper.tensormap",
     "numba_hopper.kernels.pipeline",
     "numba_hopper.sass",
+    "numba_hopper.cli",
     "numba_hopper.kernels.gemm_sm90",
     "numba_hopper.kernels.gemm_config",
     "numba_hopper.kernels.mainloop",

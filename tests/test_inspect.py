@@ -21,6 +21,7 @@ def test_sm90a_only_instruction_reaches_sass():
     assert ".target sm_90a" in r.ptx
     assert "wgmma.fence.sync.aligned" in r.ptx
     assert r.count("WARPGROUP.ARRIVE") == 1  # SASS spelling of wgmma.fence
+    assert "key SASS: WARPGROUP.ARRIVE x1" in r.summary()  # the README's snippet prints it
     assert r.spill_bytes == 0 and r.stack_frame == 0
     assert 0 < r.registers <= 255
     assert r.cubin[:4] == b"\x7fELF"

@@ -1,0 +1,271 @@
+"""The command line: ``python -m numba_hopper [check | inspect | bench]``, and the flags every
+script in ``examples/`` shares (:func:`run_example`).
+
+- ``check`` (also what a bare ``python -m numba_hopper`` does): on a Hopper GPU, run the
+  GEMM on random data, check it against float64 and time it (``numba_hopper.selfcheck``),
+  then report what the shipped kernels compiled to; with no Hopper GPU, only the report.
+- ``inspect [KERNEL ...]``: compile the shipped kernels (all, or those chosen by number or
+  by a piece of their label; ``--list`` shows both) for sm_90a and print registers, spills
+  and key SASS instructions. No GPU needed.
+- ``bench``: a quick ``gemm`` against cuBLAS (``torch.matmul``) on the GPU.
+
+Nothing is compiled and no CUDA context is created before a command runs: ``--help`` is
+instant. A command that needs a Hopper GPU and finds none says so in one line and exits
+with status :data:`NO_GPU`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import pathlib
+import sys
+
+from ._device import hopper_device_reason
+
+__all__ = ["main", "run_example", "report_compiled", "NO_GPU"]
+
+NO_GPU = 1  # exit status of a command that needs a Hopper GPU when there is none
+BENCH_SHAPES = ("4096x4096x4096", "8192x8192x8192")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _no_gpu_line(what: str, reason: str, hint: str) -> str:
+    reason = " ".join(reason.split())  # one line, whatever the driver's message was
+    return f"{what} needs a Hopper GPU (compute capability 9.x): {reason}. {hint}"
+
+
+def report_compiled(items) -> int:
+    """Compile each ``(label, kernel, signature)`` of ``items`` for sm_90a and print its
+    summary (registers, spills, key SASS, ptxas warnings) under ``[label]`` (none if the
+    label is None); 1 if any kernel spills, else 0."""
+    from .sass import inspect_kernel
+
+    worst = 0
+    for label, kernel, signature in items:
+        report = inspect_kernel(kernel, signature)
+        print(report.summary() if label is None else f"[{label}]\n{report.summary()}", flush=True)
+        worst = max(worst, report.spill_bytes)
+    return 1 if worst else 0
+
+
+def _shipped():
+    from .kernels import shipped_kernels
+
+    return shipped_kernels()
+
+
+# -- python -m numba_hopper check --------------------------------------------------------------
+
+def _check(args) -> int:
+    reason = hopper_device_reason()
+    if reason is None:
+        from .selfcheck import run_selfcheck
+
+        status = run_selfcheck()
+        print("\ncompiled kernels (sm_90a):")
+        return report_compiled(_shipped()) or status
+    print(f"No Hopper GPU was found ({reason}): compiling the shipped kernels for sm_90a "
+          f"and reporting what they became; nothing is run.\n", flush=True)
+    return report_compiled(_shipped())
+
+
+# -- python -m numba_hopper inspect ------------------------------------------------------------
+
+def _select(kernels, words):
+    """The kernels that ``words`` choose: numbers (1-based, as ``--list`` shows them), or else
+    the words joined by spaces, found in the label (case-insensitive). No words: all."""
+    if not words:
+        return kernels
+    if all(w.isdigit() for w in words):
+        numbers = [int(w) for w in words]
+        if not all(1 <= i <= len(kernels) for i in numbers):
+            return []
+        return [kernels[i - 1] for i in numbers]
+    query = " ".join(words).lower()
+    return [k for k in kernels if query in k[0].lower()]
+
+
+def _listing(kernels) -> str:
+    return "\n".join(f"{i:3d}  {label}" for i, (label, _, _) in enumerate(kernels, 1))
+
+
+def _inspect(args) -> int:
+    kernels = _shipped()
+    if args.list:
+        print(_listing(kernels))
+        return 0
+    chosen = _select(kernels, args.kernel)
+    if not chosen:
+        print(f"no shipped kernel matches {' '.join(args.kernel)!r}; they are:\n{_listing(kernels)}",
+              file=sys.stderr)
+        return 2
+    return report_compiled(chosen)
+
+
+# -- python -m numba_hopper bench --------------------------------------------------------------
+
+def _parse_shape(text: str):
+    try:
+        m, n, k = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MxNxK (e.g. 4096x4096x4096)") from None
+    if min(m, n, k) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every extent must be positive")
+    return m, n, k
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _load_bench_gemm():
+    """benchmarks/bench_gemm.py of this checkout (it needs PyTorch), or None."""
+    path = ROOT / "benchmarks" / "bench_gemm.py"
+    if not path.is_file():  # an installed wheel has no benchmarks/
+        return None
+    spec = importlib.util.spec_from_file_location("_numba_hopper_bench_gemm", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError:  # no PyTorch
+        return None
+    return module
+
+
+def _bench_builtin(M, N, K, rounds):
+    """(ours, cuBLAS or None) TFLOP/s: bf16 in and out, the median of ``rounds`` timings of
+    20 calls each with CUDA events; cuBLAS through torch.matmul when PyTorch is installed."""
+    import statistics
+
+    import numpy as np
+    from numba import cuda
+
+    from .matmul import gemm
+    from .selfcheck import _bf16, _time_ms
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    rng = np.random.default_rng(0)
+    a = cuda.to_device(_bf16(rng.standard_normal((M, K), dtype=np.float32)))
+    b = cuda.to_device(_bf16(rng.standard_normal((K, N), dtype=np.float32)))
+    out = cuda.device_array((M, N), dtype=np.uint16)
+    flops = 2.0 * M * N * K
+    ours = [flops / _time_ms(lambda: gemm(a, b, out, dtype="bf16", out_dtype="bf16")) / 1e9
+            for _ in range(rounds)]
+    if torch is None:
+        return statistics.median(ours), None
+    ta = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    tb = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    tc = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    theirs = [flops / _time_ms(lambda: torch.matmul(ta, tb, out=tc)) / 1e9 for _ in range(rounds)]
+    return statistics.median(ours), statistics.median(theirs)
+
+
+def _bench(args) -> int:
+    reason = hopper_device_reason()
+    if reason is not None:
+        print(_no_gpu_line("`python -m numba_hopper bench`", reason,
+                           "`python -m numba_hopper inspect` compiles the kernels without one."),
+              file=sys.stderr)
+        return NO_GPU
+    shapes = args.shape or [_parse_shape(s) for s in BENCH_SHAPES]
+    bench_gemm = _load_bench_gemm()
+    if bench_gemm is not None:
+        import torch
+
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+        print("bf16, row-major; benchmarks/bench_gemm.py's method (rotating inputs, interleaved rounds)")
+        for M, N, K in shapes:
+            r = bench_gemm.bench_shape(M, N, K, "bf16", "RR", args.rounds, l2)["default"]
+            print(f"{M}x{N}x{K}: numba_hopper {r['ours_tflops']:.1f} TFLOP/s, cuBLAS {r['cublas_tflops']:.1f} "
+                  f"TFLOP/s, ratio {r['ratio']:.3f} (out=: {r['out_ratio']:.3f})", flush=True)
+        return 0
+    print("bf16, row-major; quick timing (CUDA events, no input rotation): "
+          "benchmarks/bench_gemm.py measures properly")
+    for M, N, K in shapes:
+        ours, theirs = _bench_builtin(M, N, K, args.rounds)
+        vs = f", cuBLAS {theirs:.1f} TFLOP/s, ratio {ours / theirs:.3f}" if theirs else " (no PyTorch: no cuBLAS)"
+        print(f"{M}x{N}x{K}: numba_hopper {ours:.1f} TFLOP/s{vs}", flush=True)
+    return 0
+
+
+# -- the parser ----------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m numba_hopper",
+        description="Hopper (sm_90a) GEMM and intrinsics for numba-cuda: check, inspect and time the "
+                    "shipped kernels. Without a command: check.",
+        epilog="NUMBA_HOPPER_DUMP=ptx,sass also prints the PTX and SASS of every kernel compiled.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    check = commands.add_parser(
+        "check", help="run and check the GEMM on a Hopper GPU, then report the compiled kernels "
+                      "(no GPU: only the report)",
+        description="On a Hopper GPU: run the GEMM on random data, check it against float64, time it, "
+                    "then compile the shipped kernels for sm_90a and report them. Without one: only "
+                    "the report. Exit status 1 if a check fails or a kernel spills.")
+    check.set_defaults(run=_check)
+    inspect_cmd = commands.add_parser(
+        "inspect", help="compile the shipped kernels for sm_90a and print their SASS summary (no GPU needed)",
+        description="Compile the shipped kernels (all, or those chosen) for sm_90a and print registers, "
+                    "spills, key SASS instructions and ptxas warnings. No GPU needed. Exit status 1 if "
+                    "a kernel spills.")
+    inspect_cmd.add_argument("kernel", nargs="*", metavar="KERNEL",
+                             help="numbers as --list shows them, or a piece of a label (e.g. stream-K, "
+                                  "'cluster 1x2'); default: all")
+    inspect_cmd.add_argument("--list", action="store_true", help="list the shipped kernels; compile nothing")
+    inspect_cmd.set_defaults(run=_inspect)
+    bench = commands.add_parser(
+        "bench", help="time gemm against cuBLAS (torch.matmul) on a Hopper GPU",
+        description="Time gemm (bf16) against cuBLAS through torch.matmul on a Hopper GPU, with "
+                    "benchmarks/bench_gemm.py's method when PyTorch and that file are there, else a "
+                    "quick CUDA-event timing. Needs a Hopper GPU.")
+    bench.add_argument("--shape", action="append", type=_parse_shape, metavar="MxNxK",
+                       help=f"a product to time (repeatable; default {' and '.join(BENCH_SHAPES)})")
+    bench.add_argument("--rounds", type=_positive_int, default=5, help="timed rounds per shape (default 5)")
+    bench.set_defaults(run=_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    """``python -m numba_hopper``: parse ``argv`` (default ``sys.argv[1:]``), run the command
+    (``check`` when none is given) and return its exit status."""
+    args = build_parser().parse_args(argv)
+    run = getattr(args, "run", _check)
+    return run(args)
+
+
+# -- examples/*.py -------------------------------------------------------------------------------
+
+def run_example(run, kernels, doc=None, argv=None) -> None:
+    """The command line of a script in ``examples/``: ``run_example(main, KERNELS, __doc__)``.
+
+    ``python examples/NN_name.py`` calls ``run()`` on a Hopper GPU; with none it prints one
+    line saying so and exits with status :data:`NO_GPU`. ``--inspect`` compiles ``kernels``
+    (``(kernel, signature)`` pairs, as :func:`numba_hopper.sass.inspect_kernel` takes them)
+    for sm_90a and prints their summaries instead, with or without a GPU. ``doc`` (the
+    example's docstring) is the ``--help`` text; ``argv`` defaults to ``sys.argv[1:]``.
+    """
+    script = sys.argv[0]
+    prog = os.path.basename(script)
+    parser = argparse.ArgumentParser(prog=prog, description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--inspect", action="store_true",
+                        help="compile the kernel for sm_90a and print registers, spills and key SASS "
+                             "instructions instead of running it (no GPU needed)")
+    args = parser.parse_args(argv)
+    if args.inspect:
+        sys.exit(report_compiled([(None, kernel, signature) for kernel, signature in kernels]))
+    reason = hopper_device_reason()
+    if reason is not None:
+        print(_no_gpu_line(prog, reason, f"`python {script} --inspect` compiles it for sm_90a "
+                                         f"and prints its SASS summary without one."), file=sys.stderr)
+        sys.exit(NO_GPU)
+    run()
