@@ -10,10 +10,19 @@ Modules: ``mbarrier`` (async transaction barriers), ``wgmma`` (warpgroup MMA), `
 shared memory, matrix descriptors), ``matrix`` (ldmatrix/stmatrix), ``tma`` (bulk tensor
 copies), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers), ``gmem`` (raw global
 addresses: atomics, release/acquire flags, vector stores and loads), ``arith`` (inline
-32-bit division), ``convert`` (bf16/f16 conversions, hardware tanh).
+32-bit division), ``convert`` (bf16/f16 conversions, hardware tanh), ``registers``
+(accumulator tuples as thread-local arrays).
+
+Each intrinsic is a ``def`` in its module, with its PTX in the ``@ptx_asm(...)`` above it
+and its operands in its signature (``inspect.signature`` shows them); its docstring cites
+the PTX ISA section. Section numbers are those of the PTX ISA 8.x manual
+(https://docs.nvidia.com/cuda/parallel-thread-execution/); they shift between releases, the
+instruction names do not. A new instruction is one more ``@ptx_asm`` def (see ``_ptx``)
+and its name in the module's ``__all__``.
 """
 
-from ._ptx import Choice, Const, ptx_intrinsic  # noqa: F401
+from . import arith, cluster, convert, gmem, matrix, mbarrier, registers, smem, sync, tma, wgmma
+from ._ptx import Choice, Const, in_range, ptx_asm, ptx_intrinsic
 from .arith import *  # noqa: F401,F403
 from .cluster import *  # noqa: F401,F403
 from .convert import *  # noqa: F401,F403
@@ -25,3 +34,23 @@ from .smem import *  # noqa: F401,F403
 from .sync import *  # noqa: F401,F403
 from .tma import *  # noqa: F401,F403
 from .wgmma import *  # noqa: F401,F403
+
+# Every intrinsic (and helper) of the submodules, then what writing a new intrinsic needs.
+__all__ = [
+    *arith.__all__,
+    *cluster.__all__,
+    *convert.__all__,
+    *gmem.__all__,
+    *matrix.__all__,
+    *mbarrier.__all__,
+    *registers.__all__,
+    *smem.__all__,
+    *sync.__all__,
+    *tma.__all__,
+    *wgmma.__all__,
+    "ptx_asm",
+    "ptx_intrinsic",
+    "Const",
+    "Choice",
+    "in_range",
+]

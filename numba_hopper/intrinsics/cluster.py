@@ -13,11 +13,23 @@ The cluster barrier instructions are ``.aligned``: every thread of a warp execut
 one (no divergent calls), and every thread of every CTA in the cluster must arrive.
 """
 
-from ._ptx import ptx_intrinsic
+from ._ptx import f32, ptx_asm, u32
 
 __all__ = [
     "cluster_ctarank",
     "cluster_nctarank",
+    "cluster_id_x",
+    "cluster_id_y",
+    "cluster_id_z",
+    "cluster_nclusterid_x",
+    "cluster_nclusterid_y",
+    "cluster_nclusterid_z",
+    "cluster_ctaid_x",
+    "cluster_ctaid_y",
+    "cluster_ctaid_z",
+    "cluster_nctaid_x",
+    "cluster_nctaid_y",
+    "cluster_nctaid_z",
     "mapa",
     "getctarank",
     "cluster_arrive",
@@ -30,121 +42,137 @@ __all__ = [
     "st_shared_cluster_f32",
 ]
 
-_SREG = "PTX ISA 10 Special Registers"
 
-cluster_ctarank = ptx_intrinsic(
-    "cluster_ctarank",
-    "mov.u32 {out}, %cluster_ctarank;",
-    result="u32",
-    pure=True,
-    doc=f"{_SREG}: %cluster_ctarank, this CTA's rank in its cluster (0..cluster_nctarank()-1).",
-)
+# --- special registers: where this CTA is in its cluster, and the cluster in the grid ------
+@ptx_asm("mov.u32 {out}, %cluster_ctarank;", pure=True)
+def cluster_ctarank() -> u32:
+    """PTX ISA 10 Special Registers: %cluster_ctarank, this CTA's rank in its cluster
+    (0..cluster_nctarank()-1).
+    """
 
-cluster_nctarank = ptx_intrinsic(
-    "cluster_nctarank",
-    "mov.u32 {out}, %cluster_nctarank;",
-    result="u32",
-    pure=True,
-    doc=f"{_SREG}: %cluster_nctarank, the number of CTAs in the cluster.",
-)
 
-# %clusterid (cluster index in the grid), %nclusterid (clusters in the grid),
-# %cluster_ctaid (CTA index in the cluster), %cluster_nctaid (cluster shape), per axis.
-_AXES_DOC = {
-    "cluster_id": ("clusterid", "this cluster's index in the grid"),
-    "cluster_nclusterid": ("nclusterid", "the number of clusters in the grid"),
-    "cluster_ctaid": ("cluster_ctaid", "this CTA's index in its cluster"),
-    "cluster_nctaid": ("cluster_nctaid", "the cluster's shape in CTAs"),
-}
-for _name, (_reg, _what) in _AXES_DOC.items():
-    for _axis in "xyz":
-        globals()[f"{_name}_{_axis}"] = ptx_intrinsic(
-            f"{_name}_{_axis}",
-            f"mov.u32 {{out}}, %{_reg}.{_axis};",
-            result="u32",
-            pure=True,
-            doc=f"{_SREG}: %{_reg}.{_axis}, {_what} along {_axis}.",
-        )
-        __all__.append(f"{_name}_{_axis}")
+@ptx_asm("mov.u32 {out}, %cluster_nctarank;", pure=True)
+def cluster_nctarank() -> u32:
+    """PTX ISA 10 Special Registers: %cluster_nctarank, the number of CTAs in the cluster."""
 
-mapa = ptx_intrinsic(
-    "mapa",
-    "mapa.shared::cluster.u32 {out}, {addr}, {rank};",
-    result="u32",
-    pure=True,
-    doc="PTX ISA 9.7.9.23 mapa: the shared::cluster address of shared address `addr` in the "
-    "CTA of cluster rank `rank`.",
-    addr="u32",
-    rank="u32",
-)
 
-getctarank = ptx_intrinsic(
-    "getctarank",
-    "getctarank.shared::cluster.u32 {out}, {addr};",
-    result="u32",
-    pure=True,
-    doc="PTX ISA 9.7.9.24 getctarank: the cluster rank of the CTA owning shared::cluster "
-    "address `addr`.",
-    addr="u32",
-)
+@ptx_asm("mov.u32 {out}, %clusterid.x;", pure=True)
+def cluster_id_x() -> u32:
+    """PTX ISA 10 Special Registers: %clusterid.x, this cluster's index in the grid along x."""
 
-cluster_arrive = ptx_intrinsic(
-    "cluster_arrive",
-    "barrier.cluster.arrive.release.aligned;",
-    doc="PTX ISA 9.7.13.3 barrier.cluster: arrive (release) at the cluster barrier.",
-)
 
-cluster_arrive_relaxed = ptx_intrinsic(
-    "cluster_arrive_relaxed",
-    "barrier.cluster.arrive.relaxed.aligned;",
-    doc="PTX ISA 9.7.13.3 barrier.cluster: arrive without memory ordering (e.g. only to say "
-    "'this CTA has started').",
-)
+@ptx_asm("mov.u32 {out}, %clusterid.y;", pure=True)
+def cluster_id_y() -> u32:
+    """PTX ISA 10 Special Registers: %clusterid.y, this cluster's index in the grid along y."""
 
-cluster_wait = ptx_intrinsic(
-    "cluster_wait",
-    "barrier.cluster.wait.acquire.aligned;",
-    doc="PTX ISA 9.7.13.3 barrier.cluster: wait (acquire) until every thread of the cluster "
-    "has arrived.",
-)
 
-cluster_sync = ptx_intrinsic(
-    "cluster_sync",
-    "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;",
-    doc="PTX ISA 9.7.13.3 barrier.cluster: arrive (release) then wait (acquire): a cluster-wide "
-    "__syncthreads.",
-)
+@ptx_asm("mov.u32 {out}, %clusterid.z;", pure=True)
+def cluster_id_z() -> u32:
+    """PTX ISA 10 Special Registers: %clusterid.z, this cluster's index in the grid along z."""
 
-ld_shared_cluster_u32 = ptx_intrinsic(
-    "ld_shared_cluster_u32",
-    "ld.shared::cluster.u32 {out}, [{addr}];",
-    result="u32",
-    doc="PTX ISA 9.7.9.8 ld: load a u32 from shared::cluster address `addr` (see mapa).",
-    addr="u32",
-)
 
-ld_shared_cluster_f32 = ptx_intrinsic(
-    "ld_shared_cluster_f32",
-    "ld.shared::cluster.f32 {out}, [{addr}];",
-    result="f32",
-    doc="PTX ISA 9.7.9.8 ld: load an f32 from shared::cluster address `addr` (see mapa).",
-    addr="u32",
-)
+@ptx_asm("mov.u32 {out}, %nclusterid.x;", pure=True)
+def cluster_nclusterid_x() -> u32:
+    """PTX ISA 10 Special Registers: %nclusterid.x, the number of clusters in the grid along x."""
 
-st_shared_cluster_u32 = ptx_intrinsic(
-    "st_shared_cluster_u32",
-    "st.shared::cluster.u32 [{addr}], {value};",
-    doc="PTX ISA 9.7.9.10 st: store a u32 to shared::cluster address `addr` (see mapa).",
-    addr="u32",
-    value="u32",
-)
 
-st_shared_cluster_f32 = ptx_intrinsic(
-    "st_shared_cluster_f32",
-    "st.shared::cluster.f32 [{addr}], {value};",
-    doc="PTX ISA 9.7.9.10 st: store an f32 to shared::cluster address `addr` (see mapa).",
-    addr="u32",
-    value="f32",
-)
+@ptx_asm("mov.u32 {out}, %nclusterid.y;", pure=True)
+def cluster_nclusterid_y() -> u32:
+    """PTX ISA 10 Special Registers: %nclusterid.y, the number of clusters in the grid along y."""
 
-del _name, _reg, _what, _axis
+
+@ptx_asm("mov.u32 {out}, %nclusterid.z;", pure=True)
+def cluster_nclusterid_z() -> u32:
+    """PTX ISA 10 Special Registers: %nclusterid.z, the number of clusters in the grid along z."""
+
+
+@ptx_asm("mov.u32 {out}, %cluster_ctaid.x;", pure=True)
+def cluster_ctaid_x() -> u32:
+    """PTX ISA 10 Special Registers: %cluster_ctaid.x, this CTA's index in its cluster along x."""
+
+
+@ptx_asm("mov.u32 {out}, %cluster_ctaid.y;", pure=True)
+def cluster_ctaid_y() -> u32:
+    """PTX ISA 10 Special Registers: %cluster_ctaid.y, this CTA's index in its cluster along y."""
+
+
+@ptx_asm("mov.u32 {out}, %cluster_ctaid.z;", pure=True)
+def cluster_ctaid_z() -> u32:
+    """PTX ISA 10 Special Registers: %cluster_ctaid.z, this CTA's index in its cluster along z."""
+
+
+@ptx_asm("mov.u32 {out}, %cluster_nctaid.x;", pure=True)
+def cluster_nctaid_x() -> u32:
+    """PTX ISA 10 Special Registers: %cluster_nctaid.x, the cluster's shape in CTAs along x."""
+
+
+@ptx_asm("mov.u32 {out}, %cluster_nctaid.y;", pure=True)
+def cluster_nctaid_y() -> u32:
+    """PTX ISA 10 Special Registers: %cluster_nctaid.y, the cluster's shape in CTAs along y."""
+
+
+@ptx_asm("mov.u32 {out}, %cluster_nctaid.z;", pure=True)
+def cluster_nctaid_z() -> u32:
+    """PTX ISA 10 Special Registers: %cluster_nctaid.z, the cluster's shape in CTAs along z."""
+
+
+# --- distributed shared memory ------------------------------------------------------------
+@ptx_asm("mapa.shared::cluster.u32 {out}, {addr}, {rank};", pure=True)
+def mapa(addr: u32, rank: u32) -> u32:
+    """PTX ISA 9.7.9.23 mapa: the shared::cluster address of shared address ``addr`` in the CTA
+    of cluster rank ``rank``.
+    """
+
+
+@ptx_asm("getctarank.shared::cluster.u32 {out}, {addr};", pure=True)
+def getctarank(addr: u32) -> u32:
+    """PTX ISA 9.7.9.24 getctarank: the cluster rank of the CTA owning shared::cluster address
+    ``addr``.
+    """
+
+
+@ptx_asm("ld.shared::cluster.u32 {out}, [{addr}];")
+def ld_shared_cluster_u32(addr: u32) -> u32:
+    """PTX ISA 9.7.9.8 ld: load a u32 from shared::cluster address ``addr`` (see mapa)."""
+
+
+@ptx_asm("ld.shared::cluster.f32 {out}, [{addr}];")
+def ld_shared_cluster_f32(addr: u32) -> f32:
+    """PTX ISA 9.7.9.8 ld: load an f32 from shared::cluster address ``addr`` (see mapa)."""
+
+
+@ptx_asm("st.shared::cluster.u32 [{addr}], {value};")
+def st_shared_cluster_u32(addr: u32, value: u32):
+    """PTX ISA 9.7.9.10 st: store a u32 to shared::cluster address ``addr`` (see mapa)."""
+
+
+@ptx_asm("st.shared::cluster.f32 [{addr}], {value};")
+def st_shared_cluster_f32(addr: u32, value: f32):
+    """PTX ISA 9.7.9.10 st: store an f32 to shared::cluster address ``addr`` (see mapa)."""
+
+
+# --- cluster barrier ----------------------------------------------------------------------
+@ptx_asm("barrier.cluster.arrive.release.aligned;")
+def cluster_arrive():
+    """PTX ISA 9.7.13.3 barrier.cluster: arrive (release) at the cluster barrier."""
+
+
+@ptx_asm("barrier.cluster.arrive.relaxed.aligned;")
+def cluster_arrive_relaxed():
+    """PTX ISA 9.7.13.3 barrier.cluster: arrive without memory ordering (e.g. only to say 'this
+    CTA has started').
+    """
+
+
+@ptx_asm("barrier.cluster.wait.acquire.aligned;")
+def cluster_wait():
+    """PTX ISA 9.7.13.3 barrier.cluster: wait (acquire) until every thread of the cluster has
+    arrived.
+    """
+
+
+@ptx_asm("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;")
+def cluster_sync():
+    """PTX ISA 9.7.13.3 barrier.cluster: arrive (release) then wait (acquire): a cluster-wide
+    __syncthreads.
+    """

@@ -5,7 +5,7 @@ or as two packed in a ``uint32`` (the low half is the element with the lower add
 as ``pack_bf16x2`` writes it). Conversions round to nearest even.
 """
 
-from ._ptx import ptx_intrinsic
+from ._ptx import b32, f32, ptx_asm, u16
 
 __all__ = [
     "bf16_to_f32",
@@ -18,37 +18,46 @@ __all__ = [
 ]
 
 
-def _to_f32(name, ty):
-    return ptx_intrinsic(
-        name, f"cvt.f32.{ty} {{out}}, {{x}};", result="f32", pure=True, x="u16",
-        doc=f"PTX ISA 9.7.9.21 cvt: the {ty} bits ``x`` as a float32 (exact).",
-    )
+@ptx_asm("cvt.f32.bf16 {out}, {x};", pure=True)
+def bf16_to_f32(x: u16) -> f32:
+    """PTX ISA 9.7.9.21 cvt: the bf16 bits ``x`` as a float32 (exact)."""
 
 
-def _from_f32(name, ty):
-    return ptx_intrinsic(
-        name, f"cvt.rn.{ty}.f32 {{out}}, {{x}};", result="u16", pure=True, x="f32",
-        doc=f"PTX ISA 9.7.9.21 cvt: a float32 to {ty} bits (round to nearest even).",
-    )
+@ptx_asm("cvt.f32.f16 {out}, {x};", pure=True)
+def f16_to_f32(x: u16) -> f32:
+    """PTX ISA 9.7.9.21 cvt: the f16 bits ``x`` as a float32 (exact)."""
 
 
-def _unpack(name, ty):
-    return ptx_intrinsic(
-        name,
-        f"{{ .reg .b16 lo, hi; mov.b32 {{lo, hi}}, {{x}}; cvt.f32.{ty} {{out0}}, lo; cvt.f32.{ty} {{out1}}, hi; }}",
-        result=("f32", 2), pure=True, x="b32",
-        doc=f"PTX ISA 9.7.9.21 cvt: a packed {ty}x2 to (low, high) float32.",
-    )
+@ptx_asm("cvt.rn.bf16.f32 {out}, {x};", pure=True)
+def f32_to_bf16(x: f32) -> u16:
+    """PTX ISA 9.7.9.21 cvt: a float32 to bf16 bits (round to nearest even)."""
 
 
-bf16_to_f32 = _to_f32("bf16_to_f32", "bf16")
-f16_to_f32 = _to_f32("f16_to_f32", "f16")
-f32_to_bf16 = _from_f32("f32_to_bf16", "bf16")
-f32_to_f16 = _from_f32("f32_to_f16", "f16")
-unpack_bf16x2 = _unpack("unpack_bf16x2", "bf16")
-unpack_f16x2 = _unpack("unpack_f16x2", "f16")
+@ptx_asm("cvt.rn.f16.f32 {out}, {x};", pure=True)
+def f32_to_f16(x: f32) -> u16:
+    """PTX ISA 9.7.9.21 cvt: a float32 to f16 bits (round to nearest even)."""
 
-tanh_approx = ptx_intrinsic(
-    "tanh_approx", "tanh.approx.f32 {out}, {x};", result="f32", pure=True, x="f32",
-    doc="PTX ISA tanh.approx.f32 (floating-point instructions): one MUFU.TANH; max relative error about 2^-11.",
+
+@ptx_asm(
+    "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, {x}; "
+    "cvt.f32.bf16 {out0}, lo; cvt.f32.bf16 {out1}, hi; }",
+    pure=True,
 )
+def unpack_bf16x2(x: b32) -> tuple[f32, f32]:
+    """PTX ISA 9.7.9.21 cvt: a packed bf16x2 to (low, high) float32."""
+
+
+@ptx_asm(
+    "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, {x}; "
+    "cvt.f32.f16 {out0}, lo; cvt.f32.f16 {out1}, hi; }",
+    pure=True,
+)
+def unpack_f16x2(x: b32) -> tuple[f32, f32]:
+    """PTX ISA 9.7.9.21 cvt: a packed f16x2 to (low, high) float32."""
+
+
+@ptx_asm("tanh.approx.f32 {out}, {x};", pure=True)
+def tanh_approx(x: f32) -> f32:
+    """PTX ISA 9.7.3 Floating-Point Instructions: tanh (tanh.approx.f32): one MUFU.TANH; maximum
+    relative error about 2^-11.
+    """

@@ -6,7 +6,7 @@ and their flags are others: a CTA stores its partial sums, then releases a flag 
 scope; the CTA that finishes the tile acquires the flag and reads the partials from L2.
 """
 
-from ._ptx import ptx_intrinsic
+from ._ptx import f32, ptx_asm, u32, u64
 
 __all__ = [
     "atom_cas_global_u32",
@@ -17,59 +17,40 @@ __all__ = [
     "ld_global_cg_v4_f32",
 ]
 
-atom_cas_global_u32 = ptx_intrinsic(
-    "atom_cas_global_u32",
-    "atom.global.cas.b32 {out}, [{addr}], {compare}, {value};",
-    result="u32",
-    addr="u64",
-    compare="u32",
-    value="u32",
-    doc="PTX ISA 9.7.12.5 atom.cas: store ``value`` at ``addr`` if it holds ``compare``; return "
-    "the old value (GPU scope).",
-)
 
-st_global_u32 = ptx_intrinsic(
-    "st_global_u32",
-    "st.volatile.global.u32 [{addr}], {value};",
-    addr="u64",
-    value="u32",
-    doc="PTX ISA 9.7.9.10 st.volatile.global: store ``value`` at ``addr`` (not cached away).",
-)
+@ptx_asm("atom.global.cas.b32 {out}, [{addr}], {compare}, {value};")
+def atom_cas_global_u32(addr: u64, compare: u32, value: u32) -> u32:
+    """PTX ISA 9.7.12.5 atom.cas: store ``value`` at ``addr`` if it holds ``compare``; return the
+    old value (GPU scope).
+    """
 
-st_release_gpu_u32 = ptx_intrinsic(
-    "st_release_gpu_u32",
-    "st.release.gpu.global.u32 [{addr}], {value};",
-    addr="u64",
-    value="u32",
-    doc="PTX ISA 9.7.9.10 st.release.gpu: store ``value`` at ``addr`` after every earlier memory "
-    "access of this thread (and those ordered before it by a barrier) is visible GPU-wide.",
-)
 
-ld_acquire_gpu_u32 = ptx_intrinsic(
-    "ld_acquire_gpu_u32",
-    "ld.acquire.gpu.global.u32 {out}, [{addr}];",
-    result="u32",
-    addr="u64",
-    doc="PTX ISA 9.7.9.8 ld.acquire.gpu: load the u32 at ``addr``; later accesses see what the "
-    "releasing thread's did.",
-)
+@ptx_asm("st.volatile.global.u32 [{addr}], {value};")
+def st_global_u32(addr: u64, value: u32):
+    """PTX ISA 9.7.9.10 st.volatile.global: store ``value`` at ``addr`` (not cached away)."""
 
-st_global_v4_f32 = ptx_intrinsic(
-    "st_global_v4_f32",
-    "st.global.v4.f32 [{addr}], {{x}, {y}, {z}, {w}};",
-    addr="u64",
-    x="f32",
-    y="f32",
-    z="f32",
-    w="f32",
-    doc="PTX ISA 9.7.9.10 st: four float32 to a 16-byte-aligned global address.",
-)
 
-ld_global_cg_v4_f32 = ptx_intrinsic(
-    "ld_global_cg_v4_f32",
-    "ld.global.cg.v4.f32 {{out0}, {out1}, {out2}, {out3}}, [{addr}];",
-    result=("f32", 4),
-    addr="u64",
-    doc="PTX ISA 9.7.9.8 ld.cg: four float32 from a 16-byte-aligned global address, cached in L2 "
-    "only (never a stale L1 line).",
-)
+@ptx_asm("st.release.gpu.global.u32 [{addr}], {value};")
+def st_release_gpu_u32(addr: u64, value: u32):
+    """PTX ISA 9.7.9.10 st.release.gpu: store ``value`` at ``addr`` after every earlier memory
+    access of this thread (and those ordered before it by a barrier) is visible GPU-wide.
+    """
+
+
+@ptx_asm("ld.acquire.gpu.global.u32 {out}, [{addr}];")
+def ld_acquire_gpu_u32(addr: u64) -> u32:
+    """PTX ISA 9.7.9.8 ld.acquire.gpu: load the u32 at ``addr``; later accesses see what the
+    releasing thread's did.
+    """
+
+
+@ptx_asm("st.global.v4.f32 [{addr}], {{x}, {y}, {z}, {w}};")
+def st_global_v4_f32(addr: u64, x: f32, y: f32, z: f32, w: f32):
+    """PTX ISA 9.7.9.10 st: four float32 to a 16-byte-aligned global address."""
+
+
+@ptx_asm("ld.global.cg.v4.f32 {{out0}, {out1}, {out2}, {out3}}, [{addr}];")
+def ld_global_cg_v4_f32(addr: u64) -> tuple[f32, f32, f32, f32]:
+    """PTX ISA 9.7.9.8 ld.cg: four float32 from a 16-byte-aligned global address, cached in L2
+    only (never a stale L1 line).
+    """

@@ -8,7 +8,7 @@ Register ``i`` of lane ``l`` holds the two 16-bit elements ``(l // 4, 2 * (l % 4
 of matrix ``i`` (low half first); ``_trans`` variants hold the transposed matrix instead.
 """
 
-from ._ptx import ptx_intrinsic
+from ._ptx import b32, f32, ptx_asm, u32
 
 __all__ = [
     "ldmatrix_x1",
@@ -28,66 +28,82 @@ __all__ = [
 ]
 
 
-def _ldmatrix(num, trans):
-    t = ".trans" if trans else ""
-    regs = ", ".join("{out%d}" % i for i in range(num))
-    return ptx_intrinsic(
-        f"ldmatrix_x{num}{'_trans' if trans else ''}",
-        f"ldmatrix.sync.aligned.m8n8.x{num}{t}.shared::cta.b16 {{{regs}}}, [{{addr}}];",
-        result=("u32", num),
-        addr="u32",
-        doc=f"PTX ISA 9.7.14.5.15 ldmatrix: load {num} 8x8 b16 matrices{' transposed' if trans else ''}; "
-        f"returns a UniTuple of {num} uint32.",
-    )
+@ptx_asm("ldmatrix.sync.aligned.m8n8.x1.shared::cta.b16 {{out0}}, [{addr}];")
+def ldmatrix_x1(addr: u32) -> tuple[u32]:
+    """PTX ISA 9.7.14.5.15 ldmatrix: load one 8x8 b16 matrix; returns a UniTuple of one uint32."""
 
 
-def _stmatrix(num, trans):
-    t = ".trans" if trans else ""
-    names = [f"r{i}" for i in range(num)]
-    regs = ", ".join("{%s}" % n for n in names)
-    return ptx_intrinsic(
-        f"stmatrix_x{num}{'_trans' if trans else ''}",
-        f"stmatrix.sync.aligned.m8n8.x{num}{t}.shared::cta.b16 [{{addr}}], {{{regs}}};",
-        addr="u32",
-        doc=f"PTX ISA 9.7.14.5.16 stmatrix: store {num} 8x8 b16 matrices{' transposed' if trans else ''} "
-        f"from {num} uint32 per lane.",
-        **{n: "b32" for n in names},
-    )
+@ptx_asm("ldmatrix.sync.aligned.m8n8.x2.shared::cta.b16 {{out0}, {out1}}, [{addr}];")
+def ldmatrix_x2(addr: u32) -> tuple[u32, u32]:
+    """PTX ISA 9.7.14.5.15 ldmatrix: load two 8x8 b16 matrices; returns a UniTuple of two uint32."""
 
 
-ldmatrix_x1 = _ldmatrix(1, False)
-ldmatrix_x2 = _ldmatrix(2, False)
-ldmatrix_x4 = _ldmatrix(4, False)
-ldmatrix_x1_trans = _ldmatrix(1, True)
-ldmatrix_x2_trans = _ldmatrix(2, True)
-ldmatrix_x4_trans = _ldmatrix(4, True)
+@ptx_asm("ldmatrix.sync.aligned.m8n8.x4.shared::cta.b16 {{out0}, {out1}, {out2}, {out3}}, [{addr}];")
+def ldmatrix_x4(addr: u32) -> tuple[u32, u32, u32, u32]:
+    """PTX ISA 9.7.14.5.15 ldmatrix: load four 8x8 b16 matrices; returns a UniTuple of four uint32."""
 
-stmatrix_x1 = _stmatrix(1, False)
-stmatrix_x2 = _stmatrix(2, False)
-stmatrix_x4 = _stmatrix(4, False)
-stmatrix_x1_trans = _stmatrix(1, True)
-stmatrix_x2_trans = _stmatrix(2, True)
-stmatrix_x4_trans = _stmatrix(4, True)
+
+@ptx_asm("ldmatrix.sync.aligned.m8n8.x1.trans.shared::cta.b16 {{out0}}, [{addr}];")
+def ldmatrix_x1_trans(addr: u32) -> tuple[u32]:
+    """PTX ISA 9.7.14.5.15 ldmatrix: load one 8x8 b16 matrix transposed; returns a UniTuple of one
+    uint32.
+    """
+
+
+@ptx_asm("ldmatrix.sync.aligned.m8n8.x2.trans.shared::cta.b16 {{out0}, {out1}}, [{addr}];")
+def ldmatrix_x2_trans(addr: u32) -> tuple[u32, u32]:
+    """PTX ISA 9.7.14.5.15 ldmatrix: load two 8x8 b16 matrices transposed; returns a UniTuple of two
+    uint32.
+    """
+
+
+@ptx_asm("ldmatrix.sync.aligned.m8n8.x4.trans.shared::cta.b16 {{out0}, {out1}, {out2}, {out3}}, [{addr}];")
+def ldmatrix_x4_trans(addr: u32) -> tuple[u32, u32, u32, u32]:
+    """PTX ISA 9.7.14.5.15 ldmatrix: load four 8x8 b16 matrices transposed; returns a UniTuple of four
+    uint32.
+    """
+
+
+@ptx_asm("stmatrix.sync.aligned.m8n8.x1.shared::cta.b16 [{addr}], {{r0}};")
+def stmatrix_x1(addr: u32, r0: b32):
+    """PTX ISA 9.7.14.5.16 stmatrix: store one 8x8 b16 matrix from one uint32 per lane."""
+
+
+@ptx_asm("stmatrix.sync.aligned.m8n8.x2.shared::cta.b16 [{addr}], {{r0}, {r1}};")
+def stmatrix_x2(addr: u32, r0: b32, r1: b32):
+    """PTX ISA 9.7.14.5.16 stmatrix: store two 8x8 b16 matrices from two uint32 per lane."""
+
+
+@ptx_asm("stmatrix.sync.aligned.m8n8.x4.shared::cta.b16 [{addr}], {{r0}, {r1}, {r2}, {r3}};")
+def stmatrix_x4(addr: u32, r0: b32, r1: b32, r2: b32, r3: b32):
+    """PTX ISA 9.7.14.5.16 stmatrix: store four 8x8 b16 matrices from four uint32 per lane."""
+
+
+@ptx_asm("stmatrix.sync.aligned.m8n8.x1.trans.shared::cta.b16 [{addr}], {{r0}};")
+def stmatrix_x1_trans(addr: u32, r0: b32):
+    """PTX ISA 9.7.14.5.16 stmatrix: store one 8x8 b16 matrix transposed from one uint32 per lane."""
+
+
+@ptx_asm("stmatrix.sync.aligned.m8n8.x2.trans.shared::cta.b16 [{addr}], {{r0}, {r1}};")
+def stmatrix_x2_trans(addr: u32, r0: b32, r1: b32):
+    """PTX ISA 9.7.14.5.16 stmatrix: store two 8x8 b16 matrices transposed from two uint32 per lane."""
+
+
+@ptx_asm("stmatrix.sync.aligned.m8n8.x4.trans.shared::cta.b16 [{addr}], {{r0}, {r1}, {r2}, {r3}};")
+def stmatrix_x4_trans(addr: u32, r0: b32, r1: b32, r2: b32, r3: b32):
+    """PTX ISA 9.7.14.5.16 stmatrix: store four 8x8 b16 matrices transposed from four uint32 per lane."""
+
 
 # cvt.rn.{bf16x2,f16x2}.f32 d, a, b puts a (the FIRST source) in the UPPER half of d.
-pack_bf16x2 = ptx_intrinsic(
-    "pack_bf16x2",
-    "cvt.rn.bf16x2.f32 {out}, {hi}, {lo};",
-    result="u32",
-    pure=True,
-    lo="f32",
-    hi="f32",
-    doc="PTX ISA 9.7.9.21 cvt: two float32 to a packed bf16x2 (round to nearest even); ``lo`` in bits "
-    "0-15, ``hi`` in bits 16-31.",
-)
+@ptx_asm("cvt.rn.bf16x2.f32 {out}, {hi}, {lo};", pure=True)
+def pack_bf16x2(lo: f32, hi: f32) -> u32:
+    """PTX ISA 9.7.9.21 cvt: two float32 to a packed bf16x2 (round to nearest even); ``lo`` in bits
+    0-15, ``hi`` in bits 16-31.
+    """
 
-pack_f16x2 = ptx_intrinsic(
-    "pack_f16x2",
-    "cvt.rn.f16x2.f32 {out}, {hi}, {lo};",
-    result="u32",
-    pure=True,
-    lo="f32",
-    hi="f32",
-    doc="PTX ISA 9.7.9.21 cvt: two float32 to a packed f16x2 (round to nearest even); ``lo`` in bits "
-    "0-15, ``hi`` in bits 16-31.",
-)
+
+@ptx_asm("cvt.rn.f16x2.f32 {out}, {hi}, {lo};", pure=True)
+def pack_f16x2(lo: f32, hi: f32) -> u32:
+    """PTX ISA 9.7.9.21 cvt: two float32 to a packed f16x2 (round to nearest even); ``lo`` in bits
+    0-15, ``hi`` in bits 16-31.
+    """

@@ -11,7 +11,8 @@ survives unrolling would put it in local memory, which the inspection report sho
 
 from llvmlite import ir
 from numba.cuda import types
-from numba.cuda.extending import intrinsic
+
+from ._ptx import intrinsic
 
 __all__ = ["tuple_as_array"]
 

@@ -19,10 +19,8 @@ import numpy as np
 from llvmlite import ir
 from numba import cuda
 from numba.cuda import types
-from numba.cuda.extending import intrinsic
 
-from .._numba_internals import literal_intrinsic
-from ._ptx import ptx_intrinsic
+from ._ptx import f32, intrinsic, literal_intrinsic, ptx_asm, u32, u64
 
 __all__ = [
     "shared_address",
@@ -156,47 +154,29 @@ def shared_array(typingctx, byte_offset, shape, dtype):
     return arrty(types.unliteral(byte_offset), shape, dtype), codegen
 
 
-ld_shared_u32 = ptx_intrinsic(
-    "ld_shared_u32",
-    "ld.shared::cta.u32 {out}, [{addr}];",
-    result="u32",
-    addr="u32",
-    doc="PTX ISA 9.7.9.8 ld: 32-bit load from a .shared::cta address",
-)
+@ptx_asm("ld.shared::cta.u32 {out}, [{addr}];")
+def ld_shared_u32(addr: u32) -> u32:
+    """PTX ISA 9.7.9.8 ld: 32-bit load from a .shared::cta address."""
 
-ld_shared_v2_f32 = ptx_intrinsic(
-    "ld_shared_v2_f32",
-    "ld.shared::cta.v2.f32 {{out0}, {out1}}, [{addr}];",
-    result=("f32", 2),
-    addr="u32",
-    doc="PTX ISA 9.7.9.8 ld: two float32 from an 8-byte-aligned .shared::cta address",
-)
 
-st_shared_u32 = ptx_intrinsic(
-    "st_shared_u32",
-    "st.shared::cta.u32 [{addr}], {value};",
-    addr="u32",
-    value="u32",
-    doc="PTX ISA 9.7.9.10 st: 32-bit store to a .shared::cta address",
-)
+@ptx_asm("ld.shared::cta.v2.f32 {{out0}, {out1}}, [{addr}];")
+def ld_shared_v2_f32(addr: u32) -> tuple[f32, f32]:
+    """PTX ISA 9.7.9.8 ld: two float32 from an 8-byte-aligned .shared::cta address."""
 
-st_shared_v2_u64 = ptx_intrinsic(
-    "st_shared_v2_u64",
-    "st.shared::cta.v2.u64 [{addr}], {{x}, {y}};",
-    addr="u32",
-    x="u64",
-    y="u64",
-    doc="PTX ISA 9.7.9.10 st: two uint64 to a 16-byte-aligned .shared::cta address",
-)
 
-st_shared_v2_f32 = ptx_intrinsic(
-    "st_shared_v2_f32",
-    "st.shared::cta.v2.f32 [{addr}], {{x}, {y}};",
-    addr="u32",
-    x="f32",
-    y="f32",
-    doc="PTX ISA 9.7.9.10 st: two float32 to an 8-byte-aligned .shared::cta address",
-)
+@ptx_asm("st.shared::cta.u32 [{addr}], {value};")
+def st_shared_u32(addr: u32, value: u32):
+    """PTX ISA 9.7.9.10 st: 32-bit store to a .shared::cta address."""
+
+
+@ptx_asm("st.shared::cta.v2.u64 [{addr}], {{x}, {y}};")
+def st_shared_v2_u64(addr: u32, x: u64, y: u64):
+    """PTX ISA 9.7.9.10 st: two uint64 to a 16-byte-aligned .shared::cta address."""
+
+
+@ptx_asm("st.shared::cta.v2.f32 [{addr}], {{x}, {y}};")
+def st_shared_v2_f32(addr: u32, x: f32, y: f32):
+    """PTX ISA 9.7.9.10 st: two float32 to an 8-byte-aligned .shared::cta address."""
 
 
 # --- wgmma matrix descriptor (PTX ISA 9.7.15.5.1.2.2 "Matrix Descriptor Format") ---------

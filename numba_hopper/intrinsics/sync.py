@@ -5,7 +5,7 @@ at entry: declare it with ``@cuda.jit(launch_bounds=(threads, 1))``; otherwise p
 them (see ``KernelReport.setmaxnreg_ignored``).
 """
 
-from ._ptx import Const, ptx_intrinsic
+from ._ptx import Const, ptx_asm, u32
 
 __all__ = [
     "setmaxnreg_inc",
@@ -26,68 +26,58 @@ def _check_maxnreg(v):
     return None
 
 
-setmaxnreg_inc = ptx_intrinsic(
-    "setmaxnreg_inc",
-    "setmaxnreg.inc.sync.aligned.u32 {n};",
-    n=Const(_check_maxnreg),
-    doc="PTX ISA setmaxnreg (miscellaneous instructions).inc: raise this warp's register count to ``n`` (warpgroup-"
-    "collective; needs launch_bounds=(threads, 1)).",
-)
+@ptx_asm("setmaxnreg.inc.sync.aligned.u32 {n};")
+def setmaxnreg_inc(n: Const(_check_maxnreg)):
+    """PTX ISA 9.7.19 Miscellaneous Instructions: setmaxnreg.inc: raise this warp's register
+    count to ``n`` (warpgroup-collective; needs launch_bounds=(threads, 1)).
+    """
 
-setmaxnreg_dec = ptx_intrinsic(
-    "setmaxnreg_dec",
-    "setmaxnreg.dec.sync.aligned.u32 {n};",
-    n=Const(_check_maxnreg),
-    doc="PTX ISA setmaxnreg (miscellaneous instructions).dec: release registers down to ``n`` per thread (warpgroup-"
-    "collective; needs launch_bounds=(threads, 1)).",
-)
 
-fence_proxy_async = ptx_intrinsic(
-    "fence_proxy_async",
-    "fence.proxy.async.shared::cta;",
-    doc="PTX ISA 9.7.13.4 fence.proxy.async: order generic-proxy shared::cta accesses (st.shared, "
-    "stmatrix) with async-proxy ones (wgmma, TMA).",
-)
+@ptx_asm("setmaxnreg.dec.sync.aligned.u32 {n};")
+def setmaxnreg_dec(n: Const(_check_maxnreg)):
+    """PTX ISA 9.7.19 Miscellaneous Instructions: setmaxnreg.dec: release registers down to ``n``
+    per thread (warpgroup-collective; needs launch_bounds=(threads, 1)).
+    """
 
-fence_proxy_async_shared_cluster = ptx_intrinsic(
-    "fence_proxy_async_shared_cluster",
-    "fence.proxy.async.shared::cluster;",
-    doc="PTX ISA 9.7.13.4 fence.proxy.async for the shared::cluster state space.",
-)
 
-fence_proxy_async_global = ptx_intrinsic(
-    "fence_proxy_async_global",
-    "fence.proxy.async.global;",
-    doc="PTX ISA 9.7.13.4 fence.proxy.async for the global state space.",
-)
+@ptx_asm("fence.proxy.async.shared::cta;")
+def fence_proxy_async():
+    """PTX ISA 9.7.13.4 fence.proxy.async: order generic-proxy shared::cta accesses (st.shared,
+    stmatrix) with async-proxy ones (wgmma, TMA).
+    """
 
-elect_sync = ptx_intrinsic(
-    "elect_sync",
-    "{ .reg .pred p; elect.sync _|p, 0xffffffff; selp.u32 {out}, 1, 0, p; }",
-    result="bool",
-    doc="PTX ISA 9.7.13.14 elect.sync: True in exactly one active lane of the (fully active) warp.",
-)
 
-named_barrier_sync = ptx_intrinsic(
-    "named_barrier_sync",
-    "bar.sync {barrier_id}, {nthreads};",
-    barrier_id="u32",
-    nthreads="u32",
-    doc="PTX ISA 9.7.13.1 bar.sync: arrive at barrier ``barrier_id`` (0..15; 0 is syncthreads') and "
-    "wait until ``nthreads`` threads (a multiple of 32) have arrived.",
-)
+@ptx_asm("fence.proxy.async.shared::cluster;")
+def fence_proxy_async_shared_cluster():
+    """PTX ISA 9.7.13.4 fence.proxy.async for the shared::cluster state space."""
 
-named_barrier_arrive = ptx_intrinsic(
-    "named_barrier_arrive",
-    "bar.arrive {barrier_id}, {nthreads};",
-    barrier_id="u32",
-    nthreads="u32",
-    doc="PTX ISA 9.7.13.1 bar.arrive: arrive at barrier ``barrier_id`` without waiting (producer side).",
-)
 
-trap = ptx_intrinsic(
-    "trap",
-    "trap;",
-    doc="PTX ISA 9.7.19.3 trap: abort the kernel with an error the host sees at its next "
-    "synchronization (the CUDA context is unusable afterwards).",
-)
+@ptx_asm("fence.proxy.async.global;")
+def fence_proxy_async_global():
+    """PTX ISA 9.7.13.4 fence.proxy.async for the global state space."""
+
+
+@ptx_asm("{ .reg .pred p; elect.sync _|p, 0xffffffff; selp.u32 {out}, 1, 0, p; }")
+def elect_sync() -> bool:
+    """PTX ISA 9.7.13.14 elect.sync: True in exactly one active lane of the (fully active) warp."""
+
+
+@ptx_asm("bar.sync {barrier_id}, {nthreads};")
+def named_barrier_sync(barrier_id: u32, nthreads: u32):
+    """PTX ISA 9.7.13.1 bar.sync: arrive at barrier ``barrier_id`` (0..15; 0 is syncthreads') and
+    wait until ``nthreads`` threads (a multiple of 32) have arrived.
+    """
+
+
+@ptx_asm("bar.arrive {barrier_id}, {nthreads};")
+def named_barrier_arrive(barrier_id: u32, nthreads: u32):
+    """PTX ISA 9.7.13.1 bar.arrive: arrive at barrier ``barrier_id`` without waiting (producer
+    side).
+    """
+
+
+@ptx_asm("trap;")
+def trap():
+    """PTX ISA 9.7.19.3 trap: abort the kernel with an error the host sees at its next
+    synchronization (the CUDA context is unusable afterwards).
+    """

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 from numba.cuda import types
 
-from .._numba_internals import literal_intrinsic
-from ._ptx import Const, const_value, emit_asm, in_range, ptx_intrinsic
+from ._ptx import Const, const_value, emit_asm, in_range, literal_intrinsic, ptx_asm
 
 __all__ = [
     "wgmma_fence",
@@ -47,24 +46,21 @@ __all__ = [
     "wgmma_asm",
 ]
 
-wgmma_fence = ptx_intrinsic(
-    "wgmma_fence",
-    "wgmma.fence.sync.aligned;",
-    doc="PTX ISA 9.7.15 wgmma.fence: order prior register accesses before the next wgmma.mma_async.",
-)
+@ptx_asm("wgmma.fence.sync.aligned;")
+def wgmma_fence():
+    """PTX ISA 9.7.15 wgmma.fence: order prior register accesses before the next
+    wgmma.mma_async.
+    """
 
-wgmma_commit_group = ptx_intrinsic(
-    "wgmma_commit_group",
-    "wgmma.commit_group.sync.aligned;",
-    doc="PTX ISA 9.7.15 wgmma.commit_group: close the current group of wgmma.mma_async.",
-)
 
-wgmma_wait_group = ptx_intrinsic(
-    "wgmma_wait_group",
-    "wgmma.wait_group.sync.aligned {n};",
-    n=Const(in_range(0, 7)),
-    doc="PTX ISA 9.7.15 wgmma.wait_group: wait until at most ``n`` (0..7) groups are pending.",
-)
+@ptx_asm("wgmma.commit_group.sync.aligned;")
+def wgmma_commit_group():
+    """PTX ISA 9.7.15 wgmma.commit_group: close the current group of wgmma.mma_async."""
+
+
+@ptx_asm("wgmma.wait_group.sync.aligned {n};")
+def wgmma_wait_group(n: Const(in_range(0, 7))):
+    """PTX ISA 9.7.15 wgmma.wait_group: wait until at most ``n`` (0..7) groups are pending."""
 
 
 # --- the variant table (PTX ISA 9.7.15.5.2 wgmma.mma_async) ---------------------------
