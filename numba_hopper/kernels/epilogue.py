@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 from collections import namedtuple
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
@@ -109,17 +108,10 @@ class EpilogueConfig:
         return 4 * block_n * (self.col_scale + (self.bias == "col"))
 
 
-class EpilogueArgs(NamedTuple):
-    """The fused epilogue's run-time arguments (see :attr:`EpilogueConfig.arg_names`). A field
-    the config does not use is 0 (``()`` for ``user_args``): one parameter, never read."""
-
-    beta: object = 0
-    alpha: object = 0
-    row_scale: object = 0
-    col_scale: object = 0
-    bias: object = 0
-    aux: object = 0
-    user_args: tuple = ()
+EpilogueArgs = namedtuple("EpilogueArgs", ["beta", "alpha", "row_scale", "col_scale", "bias", "aux", "user_args"],
+                          defaults=(0, 0, 0, 0, 0, 0, ()))
+EpilogueArgs.__doc__ = """The fused epilogue's run-time arguments (the fields of
+:attr:`EpilogueConfig.arg_names`; an unused field is 0, or ``()`` for ``user_args``)."""
 
 
 def epilogue_argument_type(ecfg: EpilogueConfig, arg_types):

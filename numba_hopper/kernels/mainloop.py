@@ -50,16 +50,14 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     - ``mma(acc, smem, bars, st, params, item, consumer, peers) -> (acc, st)``: (a consumer
       warpgroup) its 64 rows of the tile's product over the item's k-blocks.
     """
-    BM, BN, S = cfg.block_m, cfg.block_n, cfg.stages
+    BM, BN = cfg.block_m, cfg.block_n
     IN_T = cfg.in_dtype
     A_K_MAJOR, B_K_MAJOR = cfg.a_major == "K", cfg.b_major == "K"
     CM, CN, CLUSTER = cfg.cluster_m, cfg.cluster_n, cfg.cluster_size
     A_TILE, B_TILE, B_OFF = cfg.a_tile_bytes, cfg.b_tile_bytes, cfg.layout.b
-    B_BOXES = -(-BN // 64)
     B_SWIZZLE = cfg.b_swizzle
-    A_PARTS = CN if A_K_MAJOR else cfg.consumers  # M-major A is 64-wide boxes
-    A_PART_BYTES = A_TILE // CN  # K-major: BM/CN rows of 128 B; M-major: CN=2 -> one box
-    B_PART_BYTES = B_TILE // CM
+    # CTAs of a tile row share its A tile, CTAs of a tile column its B tile.
+    load_a, load_b = _operand_loader(A_K_MAJOR, BM, CN), _operand_loader(B_K_MAJOR, BN, CM)
     # wgmma descriptors (128B swizzle). K-major: 8-row groups 1024 B apart (SBO), a k16 step
     # is 32 B along the swizzled row. MN-major: 64-element MN atoms one box apart (LBO),
     # 8-k groups 1024 B apart (SBO), a k16 step is 16 rows of 128 B; with 64B swizzle (one
@@ -85,47 +83,15 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return ClusterCta(rm, rn, a_mask, b_mask, a_mask | b_mask)
 
     @cuda.jit(device=True, forceinline=True)
-    def load_stage(smem, st, full, tmap_a, tmap_b, m0, n0, k0, ba, bb, cta):
-        """This CTA's TMA loads of one k-block: all of both tiles, or its shares in a cluster."""
-        a_dst = smem + st.stage * A_TILE
-        b_dst = smem + B_OFF + st.stage * B_TILE
-        if CN == 1:
-            if A_K_MAJOR:
-                nh.tma_load_3d(a_dst, tmap_a, k0, m0, ba, full)
-            else:
-                for i in range(A_PARTS):
-                    nh.tma_load_3d(a_dst + i * MN_BOX_BYTES, tmap_a, m0 + 64 * i, k0, ba, full)
-        elif A_K_MAJOR:
-            rows = BM // CN
-            nh.tma_load_multicast_3d(a_dst + cta.rn * A_PART_BYTES, tmap_a, k0, m0 + cta.rn * rows, ba, full,
-                                     cta.a_mask)
-        else:
-            nh.tma_load_multicast_3d(a_dst + cta.rn * MN_BOX_BYTES, tmap_a, m0 + 64 * cta.rn, k0, ba, full,
-                                     cta.a_mask)
-        if CM == 1:
-            if B_K_MAJOR:
-                nh.tma_load_3d(b_dst, tmap_b, k0, n0, bb, full)
-            else:
-                for i in range(B_BOXES):
-                    nh.tma_load_3d(b_dst + i * MN_BOX_BYTES, tmap_b, n0 + 64 * i, k0, bb, full)
-        elif B_K_MAJOR:
-            rows = BN // CM
-            nh.tma_load_multicast_3d(b_dst + cta.rm * B_PART_BYTES, tmap_b, k0, n0 + cta.rm * rows, bb, full,
-                                     cta.b_mask)
-        else:
-            for i in range(B_BOXES // CM):
-                box = cta.rm * (B_BOXES // CM) + i
-                nh.tma_load_multicast_3d(b_dst + box * MN_BOX_BYTES, tmap_b, n0 + 64 * box, k0, bb, full, cta.b_mask)
-
-    @cuda.jit(device=True, forceinline=True)
     def load(smem, bars, st, tmap_a, tmap_b, p, item, tile, cta):
         b = tile.batch
         k_first = b * p.k_split  # a K slice's first k-block (0 unless the units are K slices)
         for kb in range(item.k_begin, item.k_end):
             # Debug builds bound the wait; release builds pass None (compiled out).
             full = pipe.producer_acquire(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
-            load_stage(smem, st, full, tmap_a, tmap_b, tile.m0, tile.n0, (k_first + kb) * BLOCK_K,
-                       b * p.a_batched, b * p.b_batched, cta)
+            k0 = (k_first + kb) * BLOCK_K
+            load_a(smem + st.stage * A_TILE, tmap_a, tile.m0, k0, b * p.a_batched, full, cta.rn, cta.a_mask)
+            load_b(smem + B_OFF + st.stage * B_TILE, tmap_b, tile.n0, k0, b * p.b_batched, full, cta.rm, cta.b_mask)
             st = pipe.advance(st)
         return st
 
@@ -162,3 +128,33 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return acc, st
 
     return Mainloop(cluster_cta, load, mma)
+
+
+def _operand_loader(k_major, rows, sharers):
+    """``load(dst, tmap, mn0, k0, batch, full, part, mask)``: the TMA loads of one k-block of
+    an operand tile of ``rows`` M (or N) rows, into ``dst``, completing on ``full``.
+
+    K-major: ``rows`` rows of 64 k (128 B each) in one box; MN-major: 64 x 64 boxes stacked
+    along M/N (one 64 x 32 box for a 32-row tile). Shared by ``sharers`` CTAs of a cluster, the CTA loads only its
+    ``part`` (a slice of rows, or of boxes) and multicasts it to the ranks in ``mask``.
+    """
+    boxes = -(-rows // 64)
+    part_rows, part_boxes = rows // sharers, boxes // sharers
+
+    @cuda.jit(device=True, forceinline=True)
+    def load(dst, tmap, mn0, k0, batch, full, part, mask):
+        if sharers == 1:
+            if k_major:
+                nh.tma_load_3d(dst, tmap, k0, mn0, batch, full)
+            else:
+                for i in range(boxes):
+                    nh.tma_load_3d(dst + i * MN_BOX_BYTES, tmap, mn0 + 64 * i, k0, batch, full)
+        elif k_major:
+            nh.tma_load_multicast_3d(dst + part * part_rows * 128, tmap, k0, mn0 + part * part_rows, batch, full,
+                                     mask)
+        else:
+            for i in range(part_boxes):
+                box = part * part_boxes + i
+                nh.tma_load_multicast_3d(dst + box * MN_BOX_BYTES, tmap, mn0 + 64 * box, k0, batch, full, mask)
+
+    return load
