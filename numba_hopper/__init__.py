@@ -5,11 +5,13 @@
 
 Layers, each importing only the ones above it:
 
-- ``numba_hopper.intrinsics``: one numba intrinsic per PTX instruction (device side);
-- ``numba_hopper.tensormap`` / ``numba_hopper.launch``: TMA descriptors and cluster launch;
-- ``numba_hopper.kernels.pipeline``: the mbarrier ring buffer (producer/consumer state);
-- ``numba_hopper.kernels``: kernels built from those pieces;
-- ``numba_hopper.matmul``: the public GEMM (``gemm``, ``bmm``), re-exported here with
+- ``numba_hopper.intrinsics`` (device): one numba intrinsic per PTX instruction;
+- ``numba_hopper.kernels`` (device): the GEMM kernel and its components (the TMA ring,
+  mainloop, tile scheduler, epilogue);
+- ``numba_hopper.tensormap`` / ``numba_hopper.launch`` (host): TMA descriptors and cluster
+  launch;
+- ``numba_hopper.matmul`` (host): the public GEMM (``gemm``, ``bmm``) over the host layers
+  (``_checks``, ``_heuristics``, ``_plan``, ...), re-exported here with
   :class:`GemmConfig` and the exceptions of ``numba_hopper.errors``.
 
 ``numba_hopper.sass`` compiles any kernel for sm_90a without a GPU and reports its SASS;
