@@ -10,6 +10,8 @@ path (LTO-IR through nvJitLink, the same bytes a launch would load), the SASS fr
     print(report.summary())
 
 Set ``NUMBA_HOPPER_DUMP=ptx,sass`` to print those for every kernel inspected.
+Set ``NUMBA_HOPPER_SASS_CACHE_DIR`` to keep the reports on disk: a later process reads
+them back instead of compiling again (``numba_hopper._sass_cache``; the tests use it).
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import subprocess
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from dataclasses import fields as fields_of
 from functools import cached_property
 
 from . import _numba_internals as _internals
+from . import _sass_cache
 
 HOPPER_CC = (9, 0, "a")
 # What summary() counts: the Hopper-specific instructions. WARPGROUP.ARRIVE is wgmma.fence and
@@ -148,14 +152,49 @@ def inspect_kernel(kernel, signature, cc=HOPPER_CC) -> KernelReport:
 
     ``signature`` is anything ``cuda.jit`` accepts: a string such as
     ``"void(float32[::1])"`` or a tuple of numba types.
+
+    With ``NUMBA_HOPPER_SASS_CACHE_DIR`` set, reports are kept in that directory and a call
+    for a kernel, signature and ``cc`` reported before, under the same package sources,
+    toolchain and kernel identity, reads the report back (``numba_hopper._sass_cache``).
     """
+    report = _cached_report(kernel, signature, cc)
+    dump = os.environ.get("NUMBA_HOPPER_DUMP", "")
+    for what in ("ptx", "sass"):
+        if what in dump:
+            print(f"==== {what.upper()} {report.name} ====\n{getattr(report, what)}")
+    return report
+
+
+def _cached_report(kernel, signature, cc) -> KernelReport:
+    directory = _sass_cache.cache_dir()
+    if directory is None:
+        return _compile_report(kernel, signature, cc)
+    try:
+        key = _sass_cache.entry_key(kernel, signature, cc)
+    except _sass_cache.Unkeyable:
+        return _compile_report(kernel, signature, cc)
+    with _sass_cache.locked(directory, key):
+        fields = _sass_cache.load(directory, key)
+        if fields is not None:
+            try:
+                return KernelReport(**dict(fields, name=kernel.py_func.__name__))
+            except TypeError:  # written by another KernelReport: compile and overwrite
+                pass
+        report = _compile_report(kernel, signature, cc)
+        _sass_cache.store(directory, key, {f.name: getattr(report, f.name) for f in fields_of(report)})
+        return report
+
+
+def _compile_report(kernel, signature, cc) -> KernelReport:
+    """PTX from NVVM, the cubin of numba's own (LTO) link, ptxas' report of the same link
+    with ``-v``, and the SASS of that cubin from nvdisasm."""
     lib, entry = _internals.compile_kernel_library(kernel, signature, cc)
     cubin = lib.get_cubin(cc=cc).code
     log = _internals.relink_verbose(lib, cc)
     sass = _disassemble(cubin)
     opcodes = Counter(m.group(1) for m in _SASS_LINE.finditer(sass))
     frame = _PTXAS_FRAME.search(log)
-    report = KernelReport(
+    return KernelReport(
         name=kernel.py_func.__name__,
         cc=cc,
         ptx=lib.get_asm_str(cc=cc),
@@ -169,8 +208,3 @@ def inspect_kernel(kernel, signature, cc=HOPPER_CC) -> KernelReport:
         static_shared=_first_int(_PTXAS_SMEM, log),
         opcodes=opcodes,
     )
-    dump = os.environ.get("NUMBA_HOPPER_DUMP", "")
-    for what in ("ptx", "sass"):
-        if what in dump:
-            print(f"==== {what.upper()} {report.name} ====\n{getattr(report, what)}")
-    return report
