@@ -216,3 +216,84 @@ def test_packed_parameters_become_ctypes_values():
     assert _as_ctypes(kept) is kept
     with pytest.raises(TypeError, match="kernel parameter"):
         _as_ctypes("x")
+
+
+# --- the gemm's small kernels: launched by prepare_launch, not by numba's launch ----------
+#
+# numba warns "Grid size N will likely result in GPU under-utilization" (NumbaPerformanceWarning)
+# when a launch is configured through the dispatcher, ``kernel[grid, block]``
+# (numba.cuda.dispatcher._LaunchConfiguration, for fewer than 128 blocks). A gemm's copy and
+# split-K reduce launches are small; they must go through prepare_launch (cuLaunchKernelEx),
+# which never configures a numba launch, so a gemm call prints nothing.
+
+
+@pytest.fixture
+def no_driver(monkeypatch):
+    """prepare_launch with the driver faked: an H100's limits, kernels compiled for sm_90a
+    without a GPU, and cuLaunchKernelEx recording (grid, block) instead of launching."""
+    import contextlib
+
+    from cuda.bindings import driver
+    from numba import cuda
+    from numba.cuda import api
+    from numba.cuda.cudadrv import devices
+    from numba.cuda.dispatcher import CUDADispatcher
+
+    from numba_hopper import _numba_internals as internals
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a numba launch configuration: numba's launch path, and its warning")
+
+    launched = []
+
+    def launch_ex(cfg, func, params, extra):
+        launched.append(((cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ), (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ)))
+        return (driver.CUresult.CUDA_SUCCESS,)
+
+    monkeypatch.setattr(devices._runtime, "ensure_context", contextlib.nullcontext)  # device arrays of fake pointers
+    monkeypatch.setattr(api, "current_context", lambda: None)
+    monkeypatch.setattr(cuda, "get_current_device", lambda: type("Device", (), {"id": 0})())
+    monkeypatch.setattr(L, "device_limits", lambda device=0: H100)
+    monkeypatch.setattr(internals, "kernel_for_args",
+                        lambda d, args: internals.compile_kernel(d, internals.arg_types(d, args), (9, 0, "a")))
+    monkeypatch.setattr(internals, "cu_kernel", lambda kernel: type("CoreKernel", (), {"handle": 0})())
+    monkeypatch.setattr(internals, "static_shared_bytes", lambda kernel: 0)
+    monkeypatch.setattr(driver, "cuLaunchKernelEx", launch_ex)
+    monkeypatch.setattr(CUDADispatcher, "configure", refuse)
+    return launched
+
+
+def _view(shape, strides, dtype, itemsize, ptr=1 << 30):
+    from numba_hopper._arrays import DeviceView
+
+    return DeviceView(ptr, shape, strides, dtype, itemsize, 0, "numba")
+
+
+def test_numba_warns_on_its_own_launch_of_a_small_grid():
+    """What the gemm's launches avoid (numba needs no GPU to configure a launch)."""
+    import warnings
+
+    from numba.cuda.core.errors import NumbaPerformanceWarning
+
+    from numba_hopper._copy import _copy_2d
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _copy_2d[(1, 1), (8, 32)]
+    assert any(issubclass(w.category, NumbaPerformanceWarning) and "Grid size 1 " in str(w.message) for w in caught)
+
+
+def test_copy_and_split_k_reduce_launch_without_numbas_launch_or_its_warning(no_driver):
+    import warnings
+
+    from numba_hopper._copy import prepare_copy
+    from numba_hopper.kernels.splitk import prepare_reduce
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning, NumbaPerformanceWarning included, fails the test
+        copy = prepare_copy(_view((5, 7), (7, 1), "bf16", 2), _view((5, 7), (8, 1), "bf16", 2, ptr=1 << 31))
+        copy(0)
+        reduce = prepare_reduce(_view((2, 5, 8), (40, 8, 1), "f32", 4), _view((5, 7), (8, 1), "bf16", 2, ptr=1 << 31))
+        reduce(0)
+    assert isinstance(copy, L.PreparedLaunch) and isinstance(reduce, L.PreparedLaunch)
+    assert no_driver == [((1, 1, 1), (8, 32, 1)), ((1, 1, 1), (32, 8, 1))]  # one block each: numba would warn
