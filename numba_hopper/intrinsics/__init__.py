@@ -8,10 +8,11 @@ TMA destinations, wgmma tiles) are 32-bit shared-state-space addresses (``uint32
 Modules: ``mbarrier`` (async transaction barriers), ``wgmma`` (warpgroup MMA), ``sync``
 (fences, elect.sync, named barriers, setmaxnreg), ``smem`` (shared addresses, dynamic
 shared memory, matrix descriptors), ``matrix`` (ldmatrix/stmatrix), ``tma`` (bulk tensor
-copies), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers), ``gmem`` (raw global
-addresses: atomics, release/acquire flags, vector stores and loads), ``arith`` (inline
-32-bit division), ``convert`` (bf16/f16 conversions, hardware tanh), ``registers``
-(accumulator tuples as thread-local arrays).
+copies), ``tma_reduce`` (tensor reductions, L2 prefetch), ``bulk`` (non-tensor bulk
+copies, tensor-map operations), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers),
+``gmem`` (raw global addresses: atomics, release/acquire flags, vector stores and loads),
+``arith`` (inline 32-bit division), ``convert`` (bf16/f16 conversions, hardware tanh),
+``registers`` (accumulator tuples as thread-local arrays).
 
 Each intrinsic is a ``def`` in its module, with its PTX in the ``@ptx_asm(...)`` above it
 and its operands in its signature (``inspect.signature`` shows them); its docstring cites
@@ -21,9 +22,10 @@ instruction names do not. A new instruction is one more ``@ptx_asm`` def (see ``
 and its name in the module's ``__all__``.
 """
 
-from . import arith, cluster, convert, gmem, matrix, mbarrier, registers, smem, sync, tma, wgmma
+from . import arith, bulk, cluster, convert, gmem, matrix, mbarrier, registers, smem, sync, tma, tma_reduce, wgmma
 from ._ptx import Choice, Const, in_range, ptx_asm, ptx_intrinsic
 from .arith import *  # noqa: F401,F403
+from .bulk import *  # noqa: F401,F403
 from .cluster import *  # noqa: F401,F403
 from .convert import *  # noqa: F401,F403
 from .gmem import *  # noqa: F401,F403
@@ -33,11 +35,13 @@ from .registers import *  # noqa: F401,F403
 from .smem import *  # noqa: F401,F403
 from .sync import *  # noqa: F401,F403
 from .tma import *  # noqa: F401,F403
+from .tma_reduce import *  # noqa: F401,F403
 from .wgmma import *  # noqa: F401,F403
 
 # Every intrinsic (and helper) of the submodules, then what writing a new intrinsic needs.
 __all__ = [
     *arith.__all__,
+    *bulk.__all__,
     *cluster.__all__,
     *convert.__all__,
     *gmem.__all__,
@@ -47,6 +51,7 @@ __all__ = [
     *smem.__all__,
     *sync.__all__,
     *tma.__all__,
+    *tma_reduce.__all__,
     *wgmma.__all__,
     "ptx_asm",
     "ptx_intrinsic",

@@ -303,43 +303,12 @@ def make_epilogue(cfg) -> Epilogue:
     layout = cfg.layout
     EPI_OFF, VEC_OFF, VEC_BYTES = layout.epi, layout.vec, layout.vec_bytes
     C_OFF, C_BAR_OFF, C_BUF = layout.c, layout.c_barriers, cfg.c_buf_bytes
-    C_ITEM = ELEMENT_BYTES[EPI.c_dtype] if HAS_C else 2
     C_BOX_COLS = c_box_cols(cfg) if HAS_C else EPI_COLS
-    C_BOX_ROW = C_BOX_COLS * C_ITEM  # bytes: the box row is also its swizzle span
-    C_BOX_BYTES = EPI_ROWS * C_BOX_ROW
+    C_BOX_BYTES = EPI_ROWS * C_BOX_COLS * (ELEMENT_BYTES[EPI.c_dtype] if HAS_C else 2)
     C_BOXES = EPI_COLS // C_BOX_COLS
-    C_SWIZZLE_MASK = C_BOX_ROW // 16 - 1
-    C_LIKE_OUT = C_ITEM == ELEMENT_BYTES[OUT_T]  # C's buffer is laid out as the output's
+    c_f32_pair, c_quad = _residual_reader(cfg) if HAS_C else (None, None)
     tile_terms, stage_columns, column_terms, apply = epilogue_math(EPI, BN) if FUSED else (None,) * 4
-    unpack = nh.unpack_bf16x2 if HAS_C and EPI.c_dtype == "bf16" else nh.unpack_f16x2
     pack = nh.pack_bf16x2 if OUT_T == "bf16" else nh.pack_f16x2
-
-    @cuda.jit(device=True, forceinline=True)
-    def c_pair(cbuf, r, col):
-        """C at (row ``r``, columns ``col``, ``col`` + 1) of the sub-tile in ``cbuf``, as f32."""
-        byte = col * C_ITEM
-        off = (byte // C_BOX_ROW) * C_BOX_BYTES + r * C_BOX_ROW + byte % C_BOX_ROW
-        addr = cbuf + (off ^ (((off >> 7) & C_SWIZZLE_MASK) << 4))  # the TMA swizzle
-        if C_ITEM == 4:
-            return nh.ld_shared_v2_f32(addr)
-        return unpack(nh.ld_shared_u32(addr))
-
-    @cuda.jit(device=True, forceinline=True)
-    def c_f32_pair(buf, addr, r, col, at):
-        """C's pair at sub-tile (``r``, ``col``) for an f32 output pair stored at ``addr``."""
-        if C_LIKE_OUT:  # the same offset in C's buffer
-            return nh.ld_shared_v2_f32(addr + at.c_offset)
-        return c_pair(buf + at.c_offset, r, col)
-
-    @cuda.jit(device=True, forceinline=True)
-    def c_quad(buf, addr, r, col, at):
-        """C's four pairs of one stmatrix.x4 (pair x = 2h + j at (r + 8j, col + 8h))."""
-        if C_LIKE_OUT:  # ldmatrix.x4 at stmatrix's addresses returns its registers
-            regs = nh.ldmatrix_x4(addr + at.c_offset)
-            return unpack(regs[0]), unpack(regs[1]), unpack(regs[2]), unpack(regs[3])
-        cbuf = buf + at.c_offset
-        return (c_pair(cbuf, r, col), c_pair(cbuf, r + 8, col),
-                c_pair(cbuf, r, col + 8), c_pair(cbuf, r + 8, col + 8))
 
     @cuda.jit(device=True, forceinline=True)
     def pair(frag, k, row_in_wg, j, col, c, ct, at):
@@ -482,6 +451,49 @@ def make_epilogue(cfg) -> Epilogue:
             nh.bulk_wait_group(0)
 
     return Epilogue(init, begin_tile, store_tile, drain)
+
+
+def _residual_reader(cfg):
+    """``(c_f32_pair, c_quad)``: the residual C's values as the store needs them, read from
+    a C sub-tile buffer at ``at.c_offset`` from the output sub-tile buffer ``buf``."""
+    C_ITEM = ELEMENT_BYTES[cfg.epilogue.c_dtype]
+    C_BOX_ROW = c_box_cols(cfg) * C_ITEM  # bytes: the box row is also its swizzle span
+    C_BOX_BYTES = EPI_ROWS * C_BOX_ROW
+    C_SWIZZLE_MASK = C_BOX_ROW // 16 - 1
+    C_LIKE_OUT = C_ITEM == ELEMENT_BYTES[cfg.out_dtype]  # C's buffer is laid out as the output's
+    unpack = nh.unpack_bf16x2 if cfg.epilogue.c_dtype == "bf16" else nh.unpack_f16x2
+
+    @cuda.jit(device=True, forceinline=True)
+    def c_pair(cbuf, r, col):
+        """C at (row ``r``, columns ``col``, ``col`` + 1) of the sub-tile in ``cbuf``, as f32."""
+        byte = col * C_ITEM
+        off = (byte // C_BOX_ROW) * C_BOX_BYTES + r * C_BOX_ROW + byte % C_BOX_ROW
+        addr = cbuf + (off ^ (((off >> 7) & C_SWIZZLE_MASK) << 4))  # the TMA swizzle
+        if C_ITEM == 4:
+            return nh.ld_shared_v2_f32(addr)
+        return unpack(nh.ld_shared_u32(addr))
+
+
+    @cuda.jit(device=True, forceinline=True)
+    def c_f32_pair(buf, addr, r, col, at):
+        """C's pair at sub-tile (``r``, ``col``) for an f32 output pair stored at ``addr``."""
+        if C_LIKE_OUT:  # the same offset in C's buffer
+            return nh.ld_shared_v2_f32(addr + at.c_offset)
+        return c_pair(buf + at.c_offset, r, col)
+
+
+    @cuda.jit(device=True, forceinline=True)
+    def c_quad(buf, addr, r, col, at):
+        """C's four pairs of one stmatrix.x4 (pair x = 2h + j at (r + 8j, col + 8h))."""
+        if C_LIKE_OUT:  # ldmatrix.x4 at stmatrix's addresses returns its registers
+            regs = nh.ldmatrix_x4(addr + at.c_offset)
+            return unpack(regs[0]), unpack(regs[1]), unpack(regs[2]), unpack(regs[3])
+        cbuf = buf + at.c_offset
+        return (c_pair(cbuf, r, col), c_pair(cbuf, r + 8, col),
+                c_pair(cbuf, r, col + 8), c_pair(cbuf, r + 8, col + 8))
+
+
+    return c_f32_pair, c_quad
 
 
 def _unrolled(step, n):
