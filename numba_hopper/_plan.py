@@ -23,7 +23,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
-from ._copy import aligned_layout, prepare_copy
+from ._extra_launches import aligned_layout, prepare_copy, prepare_reduce
 from ._fusion import Fusion, is_array, numba_array, user_arg
 from ._heuristics import choose_config, max_stages, split_count, stream_k_schedule
 from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratch
@@ -126,8 +126,6 @@ class _Reduce:
         self.partials, self.out = partials, out
 
     def prepare(self, values):
-        from .kernels.splitk import prepare_reduce
-
         launch = prepare_reduce(self.partials.at(values), self.out.at(values))
         return _launch_step(launch, (self.partials.src, None, self.out.src))
 

@@ -11,7 +11,7 @@ The fallback that copies: TMA needs 16-byte-aligned base addresses and leading d
 that are multiples of 16 bytes. An operand that breaks that (say a row-major bf16 matrix
 with 1001 columns, or a slice starting at an odd element) is first copied into an aligned
 row-major scratch region, and an ``out`` that breaks it (any odd N in bf16) receives the
-result through one (``numba_hopper._copy``): one more kernel per copy, and its bytes moved
+result through one (``numba_hopper._extra_launches``): one more kernel per copy, and its bytes moved
 twice. Layouts that TMA can read cost no copy.
 
 Arrays: PyTorch tensors (bf16 included), CuPy arrays, numba device arrays and anything with

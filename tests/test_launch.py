@@ -275,19 +275,18 @@ def test_numba_warns_on_its_own_launch_of_a_small_grid():
 
     from numba.cuda.core.errors import NumbaPerformanceWarning
 
-    from numba_hopper._copy import _copy_2d
+    from numba_hopper.kernels.elementwise import copy_2d
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _copy_2d[(1, 1), (8, 32)]
+        copy_2d[(1, 1), (8, 32)]
     assert any(issubclass(w.category, NumbaPerformanceWarning) and "Grid size 1 " in str(w.message) for w in caught)
 
 
 def test_copy_and_split_k_reduce_launch_without_numbas_launch_or_its_warning(no_driver):
     import warnings
 
-    from numba_hopper._copy import prepare_copy
-    from numba_hopper.kernels.splitk import prepare_reduce
+    from numba_hopper._extra_launches import prepare_copy, prepare_reduce
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning, NumbaPerformanceWarning included, fails the test

@@ -2,7 +2,7 @@
 
 ``gemm_config`` (the kernel's interface), ``pipeline``, ``mainloop``, ``scheduler`` and
 ``epilogue`` (its components), ``gemm_sm90`` (the kernel), ``descriptors`` (tensor maps
-built on the device), ``splitk`` and ``copy`` (the small kernels a call may add). Host code
+built on the device), ``elementwise`` (the small kernels a call may add). Host code
 lives in the package's top-level modules.
 """
 

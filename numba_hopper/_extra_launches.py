@@ -1,4 +1,5 @@
-"""The copies ``gemm`` makes when TMA cannot address an array directly.
+"""The launches a GEMM call may add beside the GEMM kernel: aligned copies and split-K's
+reduce (their kernels: ``numba_hopper.kernels.elementwise``), each prepared once per plan.
 
 TMA needs a 16-byte-aligned base and row strides that are multiples of 16 bytes. An
 operand that breaks that (a 1001-column bf16 matrix, a slice at an odd offset, an
@@ -13,18 +14,12 @@ import numpy as np
 from numba import cuda
 
 from ._arrays import DeviceView
+from .kernels.elementwise import copy_2d, reduce_kernel
 from .launch import prepare_launch
 
-__all__ = ["as_numba", "aligned_layout", "prepare_copy"]
+__all__ = ["as_numba", "aligned_layout", "prepare_copy", "prepare_reduce"]
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-@cuda.jit
-def _copy_2d(src, dst):
-    r, c = cuda.grid(2)
-    if r < src.shape[0] and c < src.shape[1]:
-        dst[r, c] = src[r, c]
 
 
 def as_numba(v, dtype=None):
@@ -55,4 +50,14 @@ def prepare_copy(src: DeviceView, dst: DeviceView):
     arguments are ``(src, dst)``."""
     rows, cols = src.shape
     grid = (-(-rows // 8), -(-cols // 32))
-    return prepare_launch(_copy_2d, grid, (8, 32), (as_numba(src), as_numba(dst)))
+    return prepare_launch(copy_2d, grid, (8, 32), (as_numba(src), as_numba(dst)))
+
+
+def prepare_reduce(partials, out_view):
+    """The prepared launch of ``out = sum(partials[:, :, :N])`` for the 3-D f32 view ``partials``
+    (slices x M x padded N) and the 2-D (M x N) view ``out_view``; its arguments are
+    ``(partials, N, out)``."""
+    rows, n = out_view.shape
+    out = as_numba(out_view, np.float32 if out_view.dtype == "f32" else None)
+    grid = (-(-n // 32), -(-rows // 8))
+    return prepare_launch(reduce_kernel(out_view.dtype), grid, (32, 8), (as_numba(partials, np.float32), n, out))

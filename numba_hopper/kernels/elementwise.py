@@ -1,0 +1,55 @@
+"""The small element-wise kernels a GEMM call may add beside the GEMM kernel.
+
+- ``copy_2d``: ``dst[...] = src`` for two 2-D arrays of one shape; it moves raw element
+  bits, so it serves any dtype of the same item size (the aligned copies of operands TMA
+  cannot address, ``numba_hopper._extra_launches``).
+- ``reduce_kernel(out_dtype)``: split-K's second kernel. The GEMM kernel writes slice ``s``
+  of the product to ``workspace[s]`` (fp32, row-major); this kernel adds the slices in the
+  order 0, 1, ... and converts once to the output dtype, so a split-K result is
+  deterministic (bitwise the same on every run), unlike an atomic or TMA reduce-add across
+  slices.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda
+
+from .. import intrinsics as nh
+
+__all__ = ["copy_2d", "reduce_kernel"]
+
+
+@cuda.jit
+def copy_2d(src, dst):
+    """``dst[r, c] = src[r, c]``: x along rows, y along columns."""
+    r, c = cuda.grid(2)
+    if r < src.shape[0] and c < src.shape[1]:
+        dst[r, c] = src[r, c]
+
+
+@functools.lru_cache(maxsize=None)
+def reduce_kernel(out_dtype):
+    """``reduce(ws, n, out)``: ``out = sum(ws[:, :, :n])`` (x along columns: coalesced), in
+    ``out_dtype`` ("f32", or "bf16"/"f16" stored as their ``uint16`` bits)."""
+    if out_dtype == "f32":
+        convert = cuda.jit(device=True, inline="always")(lambda x: x)
+    else:  # 16-bit outputs are stored as their bit patterns, rounded to nearest even
+        pack = nh.pack_bf16x2 if out_dtype == "bf16" else nh.pack_f16x2
+
+        @cuda.jit(device=True, inline="always")
+        def convert(x):
+            return np.uint16(pack(x, np.float32(0)) & 0xFFFF)
+
+    @cuda.jit
+    def reduce(ws, n, out):
+        c, r = cuda.grid(2)
+        if r < out.shape[0] and c < n:
+            acc = np.float32(0)
+            for s in range(ws.shape[0]):
+                acc += ws[s, r, c]
+            out[r, c] = convert(acc)
+
+    return reduce
