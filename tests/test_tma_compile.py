@@ -2,7 +2,7 @@
 
 SASS spellings checked here (ptxas 13.x, sm_90a):
   tma_load_Nd               UTMALDG.ND            tma_load_multicast_Nd  UTMALDG.ND.MULTICAST
-  tma_store_Nd              UTMASTG.ND            tma_reduce_add_Nd      UTMAREDG.ND.ADD
+  tma_store_Nd              UTMASTG.ND            tma_reduce_Nd("add")   UTMAREDG.ND.ADD
   tma_prefetch_Nd           UTMAPF.L2.ND          prefetch_tensormap     UTMACCTL.PF
   fence_proxy_tensormap_acquire UTMACCTL.IV       bulk_wait_group(n)     DEPBAR.LE SB0, n
   bulk_copy_g2s/s2g         UBLKCP.S.G / UBLKCP.G.S
@@ -61,10 +61,10 @@ def _stores(tmap, smem, x, y):
     I.tma_store_3d(tmap, smem, x, y, 0)
     I.tma_store_4d(tmap, smem, x, y, 0, 1)
     I.tma_store_5d(tmap, smem, x, y, 0, 1, 2)
-    I.tma_reduce_add_2d(tmap, smem, x, y)
-    I.tma_reduce_add_5d(tmap, smem, x, y, 0, 1, 2)
-    I.tma_reduce_min_2d(tmap, smem, x, y)
-    I.tma_reduce_max_3d(tmap, smem, x, y, 1)
+    I.tma_reduce_2d("add", tmap, smem, x, y)
+    I.tma_reduce_5d("add", tmap, smem, x, y, 0, 1, 2)
+    I.tma_reduce_2d("min", tmap, smem, x, y)
+    I.tma_reduce_3d("max", tmap, smem, x, y, 1)
     I.bulk_commit_group()
     I.bulk_wait_group_read(1)
     I.bulk_wait_group(0)
@@ -183,8 +183,7 @@ def test_typing_errors_name_the_intrinsic(kernel, sig, message):
 def test_every_rank_and_variant_is_exported():
     for n in range(1, 6):
         for name in ("tma_load_{}d", "tma_load_{}d_cache_hint", "tma_load_multicast_{}d",
-                     "tma_load_multicast_{}d_cache_hint", "tma_store_{}d", "tma_reduce_add_{}d",
-                     "tma_reduce_min_{}d", "tma_reduce_max_{}d", "tma_prefetch_{}d"):
+                     "tma_load_multicast_{}d_cache_hint", "tma_store_{}d", "tma_reduce_{}d", "tma_prefetch_{}d"):
             assert hasattr(I, name.format(n)), name.format(n)
     for name in ("cluster_ctaid_x", "cluster_nctaid_y", "cluster_id_z", "cluster_nclusterid_x"):
         assert hasattr(I, name)

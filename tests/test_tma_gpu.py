@@ -246,7 +246,7 @@ def reduce_add_2d_kernel(tmap, coords, tiles):
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
         I.fence_proxy_tensormap_acquire(tmap)
-        I.tma_reduce_add_2d(tmap, I.shared_address(tile), coords[b, 0], coords[b, 1])
+        I.tma_reduce_2d("add", tmap, I.shared_address(tile), coords[b, 0], coords[b, 1])
         I.bulk_commit_group()
         I.bulk_wait_group_read(0)
         I.bulk_wait_group(0)

@@ -2,29 +2,19 @@
 ``cp.async.bulk.prefetch.tensor``).
 
 Operands as in :mod:`.tma`. A reduction combines a shared-memory box with the global tensor
-element-wise (add, min or max) and is a bulk async-group operation: commit it with
+element-wise (``op``: add, min or max) and is a bulk async-group operation: commit it with
 ``bulk_commit_group()`` and wait with ``bulk_wait_group(n)``. A prefetch brings a box into
 L2 and completes on nothing.
 """
 
-from ._ptx import ptx_asm, s32, u32, u64
+from ._ptx import Choice, ptx_asm, s32, u32, u64
 
 __all__ = [
-    "tma_reduce_add_1d",
-    "tma_reduce_add_2d",
-    "tma_reduce_add_3d",
-    "tma_reduce_add_4d",
-    "tma_reduce_add_5d",
-    "tma_reduce_min_1d",
-    "tma_reduce_min_2d",
-    "tma_reduce_min_3d",
-    "tma_reduce_min_4d",
-    "tma_reduce_min_5d",
-    "tma_reduce_max_1d",
-    "tma_reduce_max_2d",
-    "tma_reduce_max_3d",
-    "tma_reduce_max_4d",
-    "tma_reduce_max_5d",
+    "tma_reduce_1d",
+    "tma_reduce_2d",
+    "tma_reduce_3d",
+    "tma_reduce_4d",
+    "tma_reduce_5d",
     "tma_prefetch_1d",
     "tma_prefetch_2d",
     "tma_prefetch_3d",
@@ -33,171 +23,62 @@ __all__ = [
 ]
 
 
-# --- reductions into global memory: global[box] = add(global[box], shared) -----------------
+# --- reductions into global memory: global[box] = op(global[box], shared) ------------------
+_REDUCE_OP = Choice("add", "min", "max")
+
+
 @ptx_asm(
-    "cp.reduce.async.bulk.tensor.1d.global.shared::cta.add.tile.bulk_group"
+    "cp.reduce.async.bulk.tensor.1d.global.shared::cta.{op}.tile.bulk_group"
     " [{tmap}, {{c0}}], [{src}];"
 )
-def tma_reduce_add_1d(tmap: u64, src: u32, c0: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = add(global[box], shared
-    ``src``) for the 1D box at c0, element type from the tensor map; a bulk async-group
-    operation.
+def tma_reduce_1d(op: _REDUCE_OP, tmap: u64, src: u32, c0: s32):
+    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = ``op``(global[box], shared
+    ``src``) for the 1D box at c0; ``op``: 'add', 'min' or 'max' (a literal), the element
+    type from the tensor map; a bulk async-group operation.
     """
 
 
 @ptx_asm(
-    "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group"
+    "cp.reduce.async.bulk.tensor.2d.global.shared::cta.{op}.tile.bulk_group"
     " [{tmap}, {{c0}, {c1}}], [{src}];"
 )
-def tma_reduce_add_2d(tmap: u64, src: u32, c0: s32, c1: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = add(global[box], shared
-    ``src``) for the 2D box at (c0, c1), element type from the tensor map; a bulk async-group
-    operation.
+def tma_reduce_2d(op: _REDUCE_OP, tmap: u64, src: u32, c0: s32, c1: s32):
+    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = ``op``(global[box], shared
+    ``src``) for the 2D box at (c0, c1); ``op``: 'add', 'min' or 'max' (a literal), the
+    element type from the tensor map; a bulk async-group operation.
     """
 
 
 @ptx_asm(
-    "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+    "cp.reduce.async.bulk.tensor.3d.global.shared::cta.{op}.tile.bulk_group"
     " [{tmap}, {{c0}, {c1}, {c2}}], [{src}];"
 )
-def tma_reduce_add_3d(tmap: u64, src: u32, c0: s32, c1: s32, c2: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = add(global[box], shared
-    ``src``) for the 3D box at (c0, c1, c2), element type from the tensor map; a bulk
-    async-group operation.
+def tma_reduce_3d(op: _REDUCE_OP, tmap: u64, src: u32, c0: s32, c1: s32, c2: s32):
+    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = ``op``(global[box], shared
+    ``src``) for the 3D box at (c0, c1, c2); ``op``: 'add', 'min' or 'max' (a literal), the
+    element type from the tensor map; a bulk async-group operation.
     """
 
 
 @ptx_asm(
-    "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+    "cp.reduce.async.bulk.tensor.4d.global.shared::cta.{op}.tile.bulk_group"
     " [{tmap}, {{c0}, {c1}, {c2}, {c3}}], [{src}];"
 )
-def tma_reduce_add_4d(tmap: u64, src: u32, c0: s32, c1: s32, c2: s32, c3: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = add(global[box], shared
-    ``src``) for the 4D box at (c0, c1, c2, c3), element type from the tensor map; a bulk
-    async-group operation.
+def tma_reduce_4d(op: _REDUCE_OP, tmap: u64, src: u32, c0: s32, c1: s32, c2: s32, c3: s32):
+    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = ``op``(global[box], shared
+    ``src``) for the 4D box at (c0, c1, c2, c3); ``op``: 'add', 'min' or 'max' (a literal), the
+    element type from the tensor map; a bulk async-group operation.
     """
 
 
 @ptx_asm(
-    "cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group"
+    "cp.reduce.async.bulk.tensor.5d.global.shared::cta.{op}.tile.bulk_group"
     " [{tmap}, {{c0}, {c1}, {c2}, {c3}, {c4}}], [{src}];"
 )
-def tma_reduce_add_5d(tmap: u64, src: u32, c0: s32, c1: s32, c2: s32, c3: s32, c4: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = add(global[box], shared
-    ``src``) for the 5D box at (c0, c1, c2, c3, c4), element type from the tensor map; a bulk
-    async-group operation.
-    """
-
-
-# --- reductions into global memory: global[box] = min(global[box], shared) -----------------
-@ptx_asm(
-    "cp.reduce.async.bulk.tensor.1d.global.shared::cta.min.tile.bulk_group"
-    " [{tmap}, {{c0}}], [{src}];"
-)
-def tma_reduce_min_1d(tmap: u64, src: u32, c0: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = min(global[box], shared
-    ``src``) for the 1D box at c0, element type from the tensor map; a bulk async-group
-    operation.
-    """
-
-
-@ptx_asm(
-    "cp.reduce.async.bulk.tensor.2d.global.shared::cta.min.tile.bulk_group"
-    " [{tmap}, {{c0}, {c1}}], [{src}];"
-)
-def tma_reduce_min_2d(tmap: u64, src: u32, c0: s32, c1: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = min(global[box], shared
-    ``src``) for the 2D box at (c0, c1), element type from the tensor map; a bulk async-group
-    operation.
-    """
-
-
-@ptx_asm(
-    "cp.reduce.async.bulk.tensor.3d.global.shared::cta.min.tile.bulk_group"
-    " [{tmap}, {{c0}, {c1}, {c2}}], [{src}];"
-)
-def tma_reduce_min_3d(tmap: u64, src: u32, c0: s32, c1: s32, c2: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = min(global[box], shared
-    ``src``) for the 3D box at (c0, c1, c2), element type from the tensor map; a bulk
-    async-group operation.
-    """
-
-
-@ptx_asm(
-    "cp.reduce.async.bulk.tensor.4d.global.shared::cta.min.tile.bulk_group"
-    " [{tmap}, {{c0}, {c1}, {c2}, {c3}}], [{src}];"
-)
-def tma_reduce_min_4d(tmap: u64, src: u32, c0: s32, c1: s32, c2: s32, c3: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = min(global[box], shared
-    ``src``) for the 4D box at (c0, c1, c2, c3), element type from the tensor map; a bulk
-    async-group operation.
-    """
-
-
-@ptx_asm(
-    "cp.reduce.async.bulk.tensor.5d.global.shared::cta.min.tile.bulk_group"
-    " [{tmap}, {{c0}, {c1}, {c2}, {c3}, {c4}}], [{src}];"
-)
-def tma_reduce_min_5d(tmap: u64, src: u32, c0: s32, c1: s32, c2: s32, c3: s32, c4: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = min(global[box], shared
-    ``src``) for the 5D box at (c0, c1, c2, c3, c4), element type from the tensor map; a bulk
-    async-group operation.
-    """
-
-
-# --- reductions into global memory: global[box] = max(global[box], shared) -----------------
-@ptx_asm(
-    "cp.reduce.async.bulk.tensor.1d.global.shared::cta.max.tile.bulk_group"
-    " [{tmap}, {{c0}}], [{src}];"
-)
-def tma_reduce_max_1d(tmap: u64, src: u32, c0: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = max(global[box], shared
-    ``src``) for the 1D box at c0, element type from the tensor map; a bulk async-group
-    operation.
-    """
-
-
-@ptx_asm(
-    "cp.reduce.async.bulk.tensor.2d.global.shared::cta.max.tile.bulk_group"
-    " [{tmap}, {{c0}, {c1}}], [{src}];"
-)
-def tma_reduce_max_2d(tmap: u64, src: u32, c0: s32, c1: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = max(global[box], shared
-    ``src``) for the 2D box at (c0, c1), element type from the tensor map; a bulk async-group
-    operation.
-    """
-
-
-@ptx_asm(
-    "cp.reduce.async.bulk.tensor.3d.global.shared::cta.max.tile.bulk_group"
-    " [{tmap}, {{c0}, {c1}, {c2}}], [{src}];"
-)
-def tma_reduce_max_3d(tmap: u64, src: u32, c0: s32, c1: s32, c2: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = max(global[box], shared
-    ``src``) for the 3D box at (c0, c1, c2), element type from the tensor map; a bulk
-    async-group operation.
-    """
-
-
-@ptx_asm(
-    "cp.reduce.async.bulk.tensor.4d.global.shared::cta.max.tile.bulk_group"
-    " [{tmap}, {{c0}, {c1}, {c2}, {c3}}], [{src}];"
-)
-def tma_reduce_max_4d(tmap: u64, src: u32, c0: s32, c1: s32, c2: s32, c3: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = max(global[box], shared
-    ``src``) for the 4D box at (c0, c1, c2, c3), element type from the tensor map; a bulk
-    async-group operation.
-    """
-
-
-@ptx_asm(
-    "cp.reduce.async.bulk.tensor.5d.global.shared::cta.max.tile.bulk_group"
-    " [{tmap}, {{c0}, {c1}, {c2}, {c3}, {c4}}], [{src}];"
-)
-def tma_reduce_max_5d(tmap: u64, src: u32, c0: s32, c1: s32, c2: s32, c3: s32, c4: s32):
-    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = max(global[box], shared
-    ``src``) for the 5D box at (c0, c1, c2, c3, c4), element type from the tensor map; a bulk
-    async-group operation.
+def tma_reduce_5d(op: _REDUCE_OP, tmap: u64, src: u32, c0: s32, c1: s32, c2: s32, c3: s32, c4: s32):
+    """PTX ISA 9.7.9.25.5.3 cp.reduce.async.bulk.tensor: global[box] = ``op``(global[box], shared
+    ``src``) for the 5D box at (c0, c1, c2, c3, c4); ``op``: 'add', 'min' or 'max' (a literal), the
+    element type from the tensor map; a bulk async-group operation.
     """
 
 
