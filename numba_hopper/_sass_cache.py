@@ -37,6 +37,7 @@ import pathlib
 import pickle
 import re
 import sys
+import sysconfig
 import types as pytypes
 import zlib
 
@@ -79,6 +80,21 @@ def _module_identity(name: str) -> tuple:
     except OSError:
         return ("module", name, path)
     return ("module", name, _file_digest(path, st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple:
+    paths = sysconfig.get_paths()
+    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+def _is_user_module(module) -> bool:
+    """Neither this package (its digest covers it) nor an installed library or the standard
+    library (their versions do)."""
+    if module.__name__.split(".")[0] in ("numba_hopper", *sys.stdlib_module_names):
+        return False
+    path = getattr(module, "__file__", None)
+    return not (path and os.path.realpath(path).startswith(_library_dirs()))
 
 
 def _code_names(code) -> set:
@@ -166,9 +182,17 @@ class _Identity:
                 cells.append(self(cell.cell_contents))
             except ValueError:  # an empty cell
                 cells.append(("empty",))
-        named = sorted(n for n in _code_names(fn.__code__) if n in fn.__globals__)
+        names = _code_names(fn.__code__)
+        named = []
+        for n in sorted(names & fn.__globals__.keys()):
+            value = fn.__globals__[n]
+            named.append((n, self(value)))
+            if isinstance(value, pytypes.ModuleType) and _is_user_module(value):
+                # what the code reads of a module of the user's, e.g. ``helpers.scale(x)``:
+                # that module's file digest does not cover the modules it imports
+                named.append((n, tuple((a, self(getattr(value, a))) for a in sorted(names) if hasattr(value, a))))
         return ("function", fn.__module__, fn.__qualname__, self(fn.__code__), self(fn.__defaults__),
-                self(fn.__kwdefaults__), tuple(cells), tuple((n, self(fn.__globals__[n])) for n in named))
+                self(fn.__kwdefaults__), tuple(cells), tuple(named))
 
 
 def kernel_identity(kernel):

@@ -2,6 +2,7 @@
 report a compile gave."""
 
 import dataclasses
+import types
 
 import pytest
 from numba import cuda
@@ -106,6 +107,22 @@ def test_the_key_follows_what_the_kernel_calls():
     assert _key(_with_helper("return v * SCALE")) == key
     assert _key(_with_helper("return v + SCALE")) != key  # the device function's code
     assert _key(_with_helper("return v * SCALE", scale=3.0)) != key  # a global it reads
+
+
+def _through_a_module(helper_body):
+    """A kernel calling ``helpers.helper``: a module of the user's, read through an attribute."""
+    helpers = types.ModuleType("user_helpers")  # no file: only what the kernel reads of it identifies it
+    exec(f"def helper(v):\n    {helper_body}\n", helpers.__dict__)
+    helpers.helper = cuda.jit(device=True)(helpers.helper)
+    namespace = {"helpers": helpers}
+    exec("def k(x):\n    x[0] = helpers.helper(x[0])\n", namespace)
+    return cuda.jit(namespace["k"])
+
+
+def test_the_key_follows_what_the_kernel_reads_of_a_user_module():
+    key = _key(_through_a_module("return v * 2"))
+    assert _key(_through_a_module("return v * 2")) == key
+    assert _key(_through_a_module("return v * 3")) != key
 
 
 def test_a_kernel_without_a_stable_identity_is_compiled_every_time(cache, monkeypatch):
