@@ -16,6 +16,15 @@ def pytest_configure(config):
         os.environ[SASS_CACHE_ENV] = str(cache.mkdir("numba_hopper_sass"))
 
 
+def pytest_xdist_auto_num_workers(config):
+    # With a Hopper GPU, `-n auto` is one process: GPU tests time the device and order work on
+    # streams, and worker processes beside them change that (on the H100, 3 of the 7 stream-
+    # ordering tests of test_gemm_streams_gpu.py failed under 8 workers and passed alone).
+    if hopper_device_reason() is None:
+        return 0
+    return None  # xdist's own count: one worker per core
+
+
 def pytest_collection_modifyitems(config, items):
     reason = hopper_device_reason()
     if reason is None:
