@@ -286,9 +286,9 @@ def gemm_argument_types(cfg: GemmConfig, epilogue_types=None) -> tuple:
     from .epilogue import epilogue_argument_type
 
     maps = cfg.tensormaps
-    fields = (types.UniTuple(types.UniTuple(types.uint64, 16), maps), types.UniTuple(types.uint64, maps),
-              types.uint64) + (types.int64,) * 10
-    params = types.NamedTuple(fields, GemmParams)
+    not_int64 = {"maps": types.UniTuple(types.UniTuple(types.uint64, 16), maps),
+                 "addresses": types.UniTuple(types.uint64, maps), "slots": types.uint64}
+    params = types.NamedTuple(tuple(not_int64.get(f, types.int64) for f in GemmParams._fields), GemmParams)
     if epilogue_types is None:
         return params, types.Tuple(())
     return params, epilogue_argument_type(cfg.epilogue, epilogue_types)
