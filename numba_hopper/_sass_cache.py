@@ -12,7 +12,8 @@ keyed on everything the report is a function of, all of it known before compilin
   its bytecode, constants and line table, its compile options, and recursively every value it
   can reach: closure cells, default arguments and the module globals its code names
   (functions, ``@cuda.jit`` dispatchers and intrinsics by their own identity, modules and
-  classes by name and source file digest, dataclasses by their fields, plain values by repr).
+  classes by name and source file digest, what the code reads of a user's module by the
+  identity of those attributes, dataclasses by their fields, plain values by repr).
 
 A kernel that reaches a value with no stable identity (an object whose repr is an address,
 an array on a device, ...) is not cached: it is compiled every time.
