@@ -3,14 +3,28 @@
 
 from __future__ import annotations
 
-from ._arrays import DeviceView
+from ._arrays import DeviceView, is_row_major, tma_addressable, transpose
 from .errors import DeviceMismatchError, DtypeError, LayoutError, OverlapError, ShapeError
 
-__all__ = ["INPUT_DTYPES", "OUTPUT_DTYPES", "check_dtype", "check_strides", "check_inputs", "check_out",
+__all__ = ["INPUT_DTYPES", "OUTPUT_DTYPES", "FP8_DTYPES", "default_out_dtype", "check_out_dtype", "check_dtype", "check_fp8_operands", "check_strides", "check_inputs", "check_out",
            "overlap_pairs", "check_overlaps"]
 
-INPUT_DTYPES = ("bf16", "f16")
+FP8_DTYPES = ("e4m3", "e5m2")
+INPUT_DTYPES = ("bf16", "f16", *FP8_DTYPES)
 OUTPUT_DTYPES = ("bf16", "f16", "f32")
+
+
+def default_out_dtype(in_dtype):
+    """The output dtype of a call that names none: the input's, bf16 for fp8 inputs (as
+    ``torch._scaled_mm``)."""
+    return "bf16" if in_dtype in FP8_DTYPES else in_dtype
+
+
+def check_out_dtype(what, dt):
+    if dt in FP8_DTYPES:
+        raise DtypeError(f"{what} {dt!r}: fp8 outputs (with an output scale and amax) are not supported yet; "
+                         f"use one of {OUTPUT_DTYPES}")
+    check_dtype(what, dt, OUTPUT_DTYPES)
 
 
 def check_dtype(what, dt, allowed):
@@ -32,17 +46,35 @@ def check_inputs(va: DeviceView, vb: DeviceView):
         check_dtype(f"{name}.dtype", v.dtype, INPUT_DTYPES)
         check_strides(name, v)
     if va.dtype != vb.dtype:
-        raise DtypeError(f"a and b must have the same dtype; got {va.dtype} and {vb.dtype}")
+        mixed = " (mixed e4m3 x e5m2 is not supported yet)" if {va.dtype, vb.dtype} == set(FP8_DTYPES) else ""
+        raise DtypeError(f"a and b must have the same dtype{mixed}; got {va.dtype} and {vb.dtype}")
     if va.shape[1] != vb.shape[0]:
         raise ShapeError(f"shape mismatch: a is {va.shape}, b is {vb.shape} (a.shape[1] must equal b.shape[0])")
     if va.device != vb.device:
         raise DeviceMismatchError(f"a is on device {va.device} and b on device {vb.device}")
 
 
+def check_fp8_operands(va: DeviceView, vb: DeviceView):
+    """fp8 wgmma reads K-major operands only (it has no transpose): A row-major (M, K), B
+    column-major (K, N) ("TN"), each TMA-addressable (16-byte-aligned base, K bytes a
+    multiple of 16), since fp8 operands get no transposed or aligned copies."""
+    if not is_row_major(va):
+        raise LayoutError(f"fp8 operands must be K-major: a (strides {va.strides}) must be row-major (M, K); "
+                          "pass a.contiguous()")
+    if not is_row_major(transpose(vb)):
+        raise LayoutError(f"fp8 operands must be K-major: b (strides {vb.strides}) must be column-major (K, N); "
+                          "pass b as w.t() of a row-major (N, K) tensor w, or b.t().contiguous().t()")
+    for name, v, row_major in (("a", va, True), ("b", vb, False)):
+        if not tma_addressable(v, row_major):
+            raise LayoutError(f"fp8 {name}: TMA needs a 16-byte-aligned base address and rows of a multiple of "
+                              f"16 bytes along K (K = {va.shape[1]}, strides {v.strides}, address {v.ptr:#x}); "
+                              "fp8 operands are not copied to an aligned layout")
+
+
 def check_out(vo: DeviceView, shape, device, out_dtype):
     if tuple(vo.shape) != shape:
         raise ShapeError(f"out has shape {tuple(vo.shape)}, expected {shape}")
-    check_dtype("out.dtype", vo.dtype, OUTPUT_DTYPES)
+    check_out_dtype("out.dtype", vo.dtype)
     if out_dtype is not None and out_dtype != vo.dtype:
         raise DtypeError(f"out has dtype {vo.dtype} but out_dtype={out_dtype!r}")
     if vo.device != device:

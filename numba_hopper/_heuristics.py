@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from ._arrays import tma_addressable
-from .kernels.gemm_config import GemmConfig
+from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
 __all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "stream_k_schedule", "cluster_pays", "choose_config",
@@ -39,7 +39,7 @@ def _ceil(a, b):
     return -(-a // b)
 
 
-def tile_shape(M, N, K, units, sms, fused=False):
+def tile_shape(M, N, K, units, sms, fused=False, block_k=64):
     """``(block_m, block_n)``: the tile with the shortest estimated run.
 
     M <= SMALL_M: 64-row tiles (the width :func:`small_m_tiling` picks); at M = 128 two of
@@ -48,10 +48,12 @@ def tile_shape(M, N, K, units, sms, fused=False):
     waves x width x tile cost: wave quantization decides. 1792x1280 takes 112 tiles of
     128x160 (one wave on 132 SMs) rather than 70 of 128x256 (one wave of slower tiles);
     8192^3 takes 128x192 (21 waves) over 128x256 (16 waves, fuller). Ties go to the wider
-    tile. A fused epilogue has no 160-wide kernel.
+    tile. A fused epilogue has no 160-wide kernel. ``block_k``: elements per k-block (64, or
+    128 for fp8, whose tiles are those of 16-bit inputs: not yet tuned).
     """
     if M <= SMALL_M:
-        return 64, small_m_tiling(M, N, K, units, sms, can_split=_splits_small_m(M, units, fused))[0]
+        return 64, small_m_tiling(M, N, K, units, sms, can_split=_splits_small_m(M, units, fused),
+                                  block_k=block_k)[0]
 
     def estimate(bn):
         waves = _ceil(units * _ceil(M, 128) * _ceil(N, bn), sms)
@@ -66,7 +68,7 @@ def _splits_small_m(M, units, fused):
     return M <= 64 and units == 1 and not fused
 
 
-def small_m_tiling(M, N, K, units, sms, can_split):
+def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
     """``(block_n, K slices)`` of 64-row tiles with the shortest estimated streaming time.
 
     Each wave of work units (tiles x slices) streams its share of B at its SMs' rate, capped
@@ -75,9 +77,9 @@ def small_m_tiling(M, N, K, units, sms, can_split):
     ``SM_STREAM_GBPS`` and fewer slices win: 1x4096x14336 takes 64x128 tiles in two slices
     (0.91x cuBLAS; unsplit 64x64: 0.72x), 1x3584x3584 takes 64x64 tiles (56 busy SMs stream
     faster than 28 of 64x128), 128x10240x8192 64x256 (80 tiles, where 160 of 64x128 leave a
-    wave of 28: 0.94x vs 0.77x).
+    wave of 28: 0.94x vs 0.77x). ``block_k``: elements per k-block (128 bytes of K).
     """
-    k_blocks = _ceil(K, 64)
+    k_blocks = _ceil(K, block_k)
     best, best_time = None, float("inf")
     for bn, per_sm in SM_STREAM_GBPS.items():
         tiles = units * _ceil(M, 64) * _ceil(N, bn)
@@ -135,12 +137,15 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     :func:`cluster_pays`. ``limits``: the device's
     :class:`~numba_hopper.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
     """
-    a_major = "K" if tma_addressable(va, row_major=True) else "M"
-    b_major = "N" if tma_addressable(vb, row_major=True) else "K"
+    # fp8 operands are K-major (the caller checked): a (1, K) or (K, 1) view would pass both tests.
+    fp8 = va.dtype in FP8_DTYPES
+    a_major = "K" if fp8 or tma_addressable(va, row_major=True) else "M"
+    b_major = "N" if not fp8 and tma_addressable(vb, row_major=True) else "K"
     limits = limits or device_limits(vo.device)
     if config is None:
         M, N = vo.shape
-        block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None)
+        block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
+                                      block_k=KBLOCK_BYTES // va.itemsize)
         base = GemmConfig(block_m=block_m, block_n=block_n)
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
         if block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
@@ -169,10 +174,11 @@ def split_count(cfg, M, N, K, sms):
     a quarter of the SMs busy, >= 128 k-blocks, >= 32 per slice.
     """
     if cfg.block_m == 64 and M <= SMALL_M:
-        block_n, slices = small_m_tiling(M, N, K, 1, sms, can_split=_splits_small_m(M, 1, False))
+        block_n, slices = small_m_tiling(M, N, K, 1, sms, can_split=_splits_small_m(M, 1, False),
+                                         block_k=cfg.block_k)
         return slices if block_n == cfg.block_n else 1
     tiles = _ceil(M, cfg.block_m) * _ceil(N, cfg.block_n)
-    k_blocks = _ceil(K, 64)
+    k_blocks = _ceil(K, cfg.block_k)
     if 4 * tiles > sms or k_blocks < 128:
         return 1
     return max(1, min(sms // tiles, k_blocks // 32, 16))

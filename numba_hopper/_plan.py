@@ -351,7 +351,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
     if splits > 1:
         cfg = split_k_config(cfg, device_limits(vo.device).max_shared_per_block_optin)
         ld = -(-N // 4) * 4
-        k_split = -(-(-(-K // 64)) // splits)  # k-blocks per slice: ceil(ceil(K / 64) / splits)
+        k_split = -(-(-(-K // cfg.block_k)) // splits)  # k-blocks per slice: ceil(ceil(K / block_k) / splits)
         place = scratch.take(splits * M * ld * 4)
         slice_view = DeviceView(0, (M, N), (ld, 1), "f32", 4, vo.device, "numba")
         gemm = _Gemm(cfg, a, b, Operand(slice_view, place), _Batch(splits, 0, 0, M * ld, k_split), scratch,
@@ -386,7 +386,7 @@ def _stream_k(cfg, M, N, K, sms):
     if not cfg.stream_k:
         return {}
     tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
-    k_blocks = -(-K // 64)
+    k_blocks = -(-K // cfg.block_k)
     grid, dp_tiles = stream_k_schedule(tiles, k_blocks, sms)
     if (tiles - dp_tiles) * k_blocks * grid >= 2**32:  # the kernel's run bounds are 32-bit
         raise ValueError(f"stream_k: {tiles} tiles of {k_blocks} k-blocks are too many for its 32-bit index math")

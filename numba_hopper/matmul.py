@@ -40,12 +40,14 @@ import numpy as np
 
 from . import debug as _debug
 from ._arrays import ITEMSIZE, DeviceView, byte_span, device_view, tma_addressable
-from ._checks import OUTPUT_DTYPES, check_dtype, check_inputs, check_out, check_overlaps, overlap_pairs
+from ._checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, check_out_dtype, check_overlaps,
+                      default_out_dtype, overlap_pairs)
 from ._device import hopper_device_reason
 from ._fusion import check_fusion, fusion_args, fusion_key_and_values
 from ._operands import current_torch_stream, describe, empty_like
 from ._plan import A, AUX, B, C, OUT, Plan, bmm_plan, gemm_plan, zero_fill_plan
-from .errors import ShapeError, UnsupportedDeviceError
+from ._scales import fold_scales
+from .errors import DtypeError, ShapeError, UnsupportedDeviceError
 from .kernels.gemm_config import GemmConfig
 from .launch import as_stream_handle
 
@@ -54,7 +56,7 @@ __all__ = ["gemm", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
 
 def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None,
          out_dtype=None, aux_out=None, epilogue=None, epilogue_args=(), row_scale=None, col_scale=None,
-         dtype=None, stream=None, config=None, debug=None):
+         scale_a=None, scale_b=None, dtype=None, stream=None, config=None, debug=None):
     """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N), or with a fused
     epilogue ``act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``.
 
@@ -103,6 +105,8 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     ``UnsupportedDeviceError`` (a RuntimeError) when there is no Hopper GPU. Empty outputs
     launch nothing; ``K == 0`` zero-fills ``out``.
     """
+    if scale_a is not None or scale_b is not None:
+        alpha, row_scale, col_scale = fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale)
     if (alpha == 1.0 and beta == 0.0 and c is None and bias is None and bias_dim is None and activation is None
             and aux_out is None and epilogue is None and row_scale is None and col_scale is None
             and not epilogue_args):
@@ -180,10 +184,14 @@ def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, de
     """A call with a new layout: check everything, build its plan, run it, keep it."""
     va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
     check_inputs(va, vb)
+    fp8 = va.dtype in FP8_DTYPES
+    if fp8:
+        check_fp8_operands(va, vb)
     M, K = va.shape
     N = vb.shape[1]
     vo = _checked_out(out, (M, N), va, out_dtype)
-    fusion = f and check_fusion(f, M, N, va.device, dtype)
+    # ``dtype`` reads uint16 epilogue arrays as bf16/f16; an fp8 one names the operands only.
+    fusion = f and check_fusion(f, M, N, va.device, None if fp8 else dtype)
     c, aux = fusion and fusion.c, fusion and fusion.aux
     read = [("a", A, va), ("b", B, vb)] + ([("c", C, c)] if c else [])
     written = ([("out", OUT, vo)] if vo else []) + ([("aux_out", AUX, aux)] if aux else [])
@@ -209,6 +217,8 @@ def _first_bmm(key, a, b, out, out_dtype, dtype, stream, config):
             raise ShapeError(f"{name} must be 2-D or 3-D, got shape {v.shape}")
     (ba, sa, ma), (bb, sb, mb) = _batch_split(va), _batch_split(vb)
     check_inputs(ma, mb)
+    if ma.dtype in FP8_DTYPES:
+        raise DtypeError(f"bmm does not take fp8 operands yet (got {ma.dtype}); gemm does")
     batch = max(ba, bb)
     if {ba, bb} - {1, batch}:
         raise ShapeError(f"batch sizes {ba} and {bb} do not broadcast")
@@ -232,7 +242,7 @@ def _first_bmm(key, a, b, out, out_dtype, dtype, stream, config):
 def _checked_out(out, shape, va, out_dtype):
     """``out``'s checked view, or None when the call makes the output (``out_dtype`` checked)."""
     if out is None:
-        check_dtype("out_dtype", out_dtype or va.dtype, OUTPUT_DTYPES)
+        check_out_dtype("out_dtype", out_dtype or default_out_dtype(va.dtype))
         return None
     vo = device_view(out, dtype=out_dtype)
     check_out(vo, shape, va.device, out_dtype)
@@ -252,7 +262,7 @@ def _first_run(key, plan_for, a, out, vo, shape, out_dtype, va, addresses, fvalu
         raise UnsupportedDeviceError(f"numba_hopper needs a Hopper GPU (compute capability 9.x): {reason}")
     make_out = None
     if out is None:  # the output the calls will make: row-major, of a's kind, on a's device
-        dtype = out_dtype or va.dtype
+        dtype = out_dtype or default_out_dtype(va.dtype)
         make_out = _output_maker(a, va, shape, dtype)
         strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
         vo = DeviceView(0, shape, strides, dtype, ITEMSIZE[dtype], va.device, va.framework)

@@ -32,7 +32,7 @@ from . import _sass_cache
 HOPPER_CC = (9, 0, "a")
 # What summary() counts: the Hopper-specific instructions. WARPGROUP.ARRIVE is wgmma.fence and
 # WARPGROUP.DEPBAR wgmma.wait_group (or a wait ptxas inserted itself: warning C7517).
-KEY_OPCODES = ("HGMMA", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "UTMALDG", "UTMASTG", "UTMAPF",
+KEY_OPCODES = ("HGMMA", "QGMMA", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "UTMALDG", "UTMASTG", "UTMAPF",
                "UTMAREDG", "UBLKCP", "USETMAXREG", "SYNCS", "ELECT", "STSM", "LDSM", "UCGABAR_ARV",
                "UCGABAR_WAIT")
 

@@ -19,14 +19,16 @@ from .pipeline import pipeline_barrier_bytes
 if TYPE_CHECKING:
     from .epilogue import EpilogueConfig
 
-__all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "gemm_argument_types", "WG_ROWS", "BLOCK_K",
-           "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES"]
+__all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "gemm_argument_types", "WG_ROWS", "KBLOCK_BYTES",
+           "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES"]
 
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
-BLOCK_K = 64  # one 128-byte swizzle row of 16-bit elements
+KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements
 EPI_ROWS = 64
 EPI_BUF_BYTES = EPI_ROWS * 128  # one 128-byte-wide swizzled sub-tile
 ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+INPUT_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
+FP8_DTYPES = ("e4m3", "e5m2")
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128, 160, 192, 256)
 STREAM_K_MAX_BLOCK_N = 192
@@ -45,6 +47,8 @@ class GemmConfig:
     code at all), or the fused epilogue to compile in. ``stream_k``: compile in the
     stream-K fix-up (tiles whose K loop several CTAs share, see ``kernels/scheduler.py``).
     ``split_k``: the host's K slices, summed by a second kernel (not a kernel parameter).
+    ``in_dtype`` "e4m3"/"e5m2" (fp8, both operands of that type): k = 32 wgmma, which
+    reads K-major operands only (no transpose bits), so both majors must be "K".
     """
 
     in_dtype: str = "bf16"
@@ -63,8 +67,11 @@ class GemmConfig:
     epilogue: EpilogueConfig | None = None
 
     def __post_init__(self):
-        if self.in_dtype not in ("bf16", "f16"):
-            raise ValueError(f"in_dtype must be 'bf16' or 'f16', got {self.in_dtype!r}")
+        if self.in_dtype not in INPUT_BYTES:
+            raise ValueError(f"in_dtype must be one of {tuple(INPUT_BYTES)}, got {self.in_dtype!r}")
+        if self.in_dtype in FP8_DTYPES and (self.a_major, self.b_major) != ("K", "K"):
+            raise ValueError(f"fp8 wgmma reads K-major operands only: a_major and b_major must be 'K', got "
+                             f"{self.a_major!r}, {self.b_major!r}")
         if self.out_dtype not in ELEMENT_BYTES:
             raise ValueError(f"out_dtype must be one of {tuple(ELEMENT_BYTES)}, got {self.out_dtype!r}")
         if self.a_major not in ("K", "M") or self.b_major not in ("K", "N"):
@@ -124,6 +131,11 @@ class GemmConfig:
         """One consumer's stream-K partial tile: 64 x ``block_n`` f32 in fragment order."""
         return WG_ROWS * self.block_n * 4
 
+    @property
+    def block_k(self):
+        """Elements of one k-block: a 128-byte swizzle row of ``in_dtype`` (64, or 128 for fp8)."""
+        return KBLOCK_BYTES // INPUT_BYTES[self.in_dtype]
+
     # --- TMA boxes (numpy order, batch outermost) ---
     @property
     def a_box(self):
@@ -133,14 +145,14 @@ class GemmConfig:
         and multicast it to all of them.
         """
         if self.a_major == "K":
-            return (1, self.block_m // self.cluster_n, BLOCK_K)
-        return (1, BLOCK_K, 64)
+            return (1, self.block_m // self.cluster_n, self.block_k)
+        return (1, self.block_k, 64)
 
     @property
     def b_box(self):
         if self.b_major == "K":
-            return (1, self.block_n // self.cluster_m, BLOCK_K)
-        return (1, BLOCK_K, min(self.block_n, 64))
+            return (1, self.block_n // self.cluster_m, self.block_k)
+        return (1, self.block_k, min(self.block_n, 64))
 
     @property
     def b_swizzle(self):
@@ -167,14 +179,14 @@ class GemmConfig:
     # --- shared memory ---
     @property
     def a_tile_bytes(self):
-        return self.block_m * BLOCK_K * 2
+        return self.block_m * KBLOCK_BYTES
 
     @property
     def b_tile_bytes(self):
-        """K-major: ``block_n`` rows of 64 k; N-major: whole 64-wide boxes (160 loads 192)."""
+        """K-major: ``block_n`` rows of one k-block; N-major: whole 64-wide boxes (160 loads 192)."""
         if self.b_major == "K" or self.block_n < 64:
-            return self.block_n * BLOCK_K * 2
-        return -(-self.block_n // 64) * 64 * BLOCK_K * 2
+            return self.block_n * KBLOCK_BYTES
+        return -(-self.block_n // 64) * 64 * KBLOCK_BYTES
 
     @property
     def c_buf_bytes(self):

@@ -1,14 +1,15 @@
 """The GEMM's mainloop: TMA loads of A and B tiles into the ring, wgmma on them.
 
-The producer's ``load`` walks a work item's k-blocks: it acquires a ring slot and loads one
-k-block of the A tile (BM x 64) and of the B tile (64 x BN) into it. The consumers'
-``mma`` waits for each slot, issues ``wgmma.m64nBNk16`` on its 64 rows of A, and releases
+The producer's ``load`` walks a work item's k-blocks (128 bytes of K: 64 16-bit or 128 fp8
+elements, ``cfg.block_k``): it acquires a ring slot and loads one k-block of the A tile
+(BM x block_k) and of the B tile (block_k x BN) into it. The consumers' ``mma`` waits for
+each slot, issues ``wgmma.m64nBNk16`` (k32 for fp8) on its 64 rows of A, and releases
 the slot one k-block late, once ``wgmma.wait_group 1`` says the wgmmas that read it are
 done, so the tensor cores always have the next k-block queued (PTX ISA, "Asynchronous
 warpgroup level matrix multiply-accumulate operation", wgmma.wait_group).
 
-Layouts: a K-major operand (A row-major, B column-major) is loaded as one box of 64
-k-elements (128 bytes, the 128B swizzle span) by BM or BN rows. An MN-major operand (A
+Layouts: a K-major operand (A row-major, B column-major) is loaded as one box of one
+k-block (128 bytes, the 128B swizzle span) by BM or BN rows. An MN-major operand (A
 column-major, B row-major) is loaded as 64 x 64 boxes stacked along M/N and read by wgmma
 with the transpose bit (a 32-wide B tile: one 64 x 32 box with 64-byte swizzle). Partial
 tiles need no code: TMA zero-fills loads outside the tensor.
@@ -27,7 +28,7 @@ import numpy as np
 from numba import cuda
 
 from .. import intrinsics as nh
-from .gemm_config import BLOCK_K, WG_ROWS, GemmConfig
+from .gemm_config import FP8_DTYPES, WG_ROWS, GemmConfig
 from .pipeline import TmaPipeline, debug_site
 
 __all__ = ["Mainloop", "ClusterCta", "make_mainloop"]
@@ -52,6 +53,9 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     """
     BM, BN = cfg.block_m, cfg.block_n
     IN_T = cfg.in_dtype
+    BK = cfg.block_k
+    # wgmmas per k-block: k16 (16-bit) or k32 (fp8), 32 bytes of K each, 4 per 128-byte row.
+    K_STEPS = BK // (32 if IN_T in FP8_DTYPES else 16)
     A_K_MAJOR, B_K_MAJOR = cfg.a_major == "K", cfg.b_major == "K"
     CM, CN, CLUSTER = cfg.cluster_m, cfg.cluster_n, cfg.cluster_size
     A_TILE, B_TILE, B_OFF = cfg.a_tile_bytes, cfg.b_tile_bytes, cfg.layout.b
@@ -59,8 +63,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     # CTAs of a tile row share its A tile, CTAs of a tile column its B tile.
     load_a, load_b = _operand_loader(A_K_MAJOR, BM, CN), _operand_loader(B_K_MAJOR, BN, CM)
     # wgmma descriptors (128B swizzle). K-major: 8-row groups 1024 B apart (SBO), a k16 step
-    # is 32 B along the swizzled row. MN-major: 64-element MN atoms one box apart (LBO),
-    # 8-k groups 1024 B apart (SBO), a k16 step is 16 rows of 128 B; with 64B swizzle (one
+    # (k32 for fp8) is 32 B along the swizzled row. MN-major (16-bit only): 64-element MN
+    # atoms one box apart (LBO), 8-k groups 1024 B apart (SBO), a k16 step is 16 rows of 128 B; with 64B swizzle (one
     # 32-element atom) rows are 64 B: SBO 512, a k16 step 1024 B.
     A_LBO, A_KSTEP = (16, 32) if A_K_MAJOR else (MN_BOX_BYTES, 2048)
     B_LBO, B_KSTEP = (16, 32) if B_K_MAJOR else (MN_BOX_BYTES, 16 * B_SWIZZLE)
@@ -89,7 +93,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         for kb in range(item.k_begin, item.k_end):
             # Debug builds bound the wait; release builds pass None (compiled out).
             full = pipe.producer_acquire(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
-            k0 = (k_first + kb) * BLOCK_K
+            k0 = (k_first + kb) * BK
             load_a(smem + st.stage * A_TILE, tmap_a, tile.m0, k0, b * p.a_batched, full, cta.rn, cta.a_mask)
             load_b(smem + B_OFF + st.stage * B_TILE, tmap_b, tile.n0, k0, b * p.b_batched, full, cta.rm, cta.b_mask)
             st = pipe.advance(st)
@@ -100,7 +104,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         a_desc = nh.matrix_descriptor(smem + st.stage * A_TILE + cw * A_WG_OFF, A_LBO, 1024, 128, 0)
         b_desc = nh.matrix_descriptor(smem + B_OFF + st.stage * B_TILE, B_LBO, B_SBO, B_SWIZZLE, 0)
         nh.wgmma_fence()
-        for kk in range(BLOCK_K // 16):
+        for kk in range(K_STEPS):
             scale_d = 0 if first and kk == 0 else 1
             acc = nh.wgmma_mma_async(
                 acc,
@@ -134,7 +138,7 @@ def _operand_loader(k_major, rows, sharers):
     """``load(dst, tmap, mn0, k0, batch, full, part, mask)``: the TMA loads of one k-block of
     an operand tile of ``rows`` M (or N) rows, into ``dst``, completing on ``full``.
 
-    K-major: ``rows`` rows of 64 k (128 B each) in one box; MN-major: 64 x 64 boxes stacked
+    K-major: ``rows`` rows of one k-block (128 B each) in one box; MN-major: 64 x 64 boxes stacked
     along M/N (one 64 x 32 box for a 32-row tile). Shared by ``sharers`` CTAs of a cluster, the CTA loads only its
     ``part`` (a slice of rows, or of boxes) and multicasts it to the ranks in ``mask``.
     """

@@ -18,7 +18,6 @@ from collections import namedtuple
 from numba import cuda
 
 from .. import intrinsics as nh
-from .gemm_config import BLOCK_K
 
 __all__ = ["TileScheduler", "Work", "WorkItem", "OutputTile", "make_tile_scheduler", "grouped_tile",
            "host_grouped_tile", "device_work_walk", "host_work_walk"]
@@ -141,6 +140,7 @@ def make_tile_scheduler(cfg) -> TileScheduler:
     CLUSTER = cfg.cluster_size
     ONE_PRODUCT = cfg.epilogue is not None  # gemm() neither batches nor splits K with an epilogue
     STREAM_K = cfg.stream_k
+    BK = cfg.block_k
     PARTIAL_BYTES = cfg.partial_bytes
     PARTIAL_QUADS = BN // 8  # float4s per thread: 4 * PARTIAL_QUADS = BN / 2 accumulators
     first_item, next_item = device_work_walk(STREAM_K)
@@ -154,7 +154,7 @@ def make_tile_scheduler(cfg) -> TileScheduler:
         ctiles_n = ((p.N + BN - 1) // BN + CN - 1) // CN
         per_batch = ctiles_m * ctiles_n
         num_tiles = p.batches * per_batch
-        k_blocks = p.k_split if p.k_split else (p.K + BLOCK_K - 1) // BLOCK_K
+        k_blocks = p.k_split if p.k_split else (p.K + BK - 1) // BK
         dp_tiles = p.dp_tiles if STREAM_K else num_tiles
         return Work(ctiles_m, ctiles_n, per_batch, num_tiles, k_blocks, cuda.blockIdx.x // CLUSTER,
                     cuda.gridDim.x // CLUSTER, dp_tiles)

@@ -1,0 +1,172 @@
+"""FP8 GEMM on a CPU: what its kernels compile to, its config rules and gemm()'s fp8 checks
+(fake arrays; nothing reaches a GPU)."""
+
+import itertools
+
+import pytest
+from numba.cuda import types
+
+from _fakes import FakeCAI
+import numba_hopper.matmul as g
+from numba_hopper import gemm
+from numba_hopper._heuristics import max_stages
+from numba_hopper.errors import DtypeError, LayoutError, ShapeError
+from numba_hopper.kernels import gemm_argument_types
+from numba_hopper.kernels.epilogue import EpilogueConfig
+from numba_hopper.kernels.gemm_config import GemmConfig
+from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
+from numba_hopper.sass import inspect_kernel
+
+
+def _fp8(in_dtype="e4m3", out_dtype="bf16", block_m=128, block_n=256, epilogue=None):
+    stages = max_stages(in_dtype, out_dtype, block_n, a_major="K", b_major="K", block_m=block_m, epilogue=epilogue)
+    return GemmConfig(in_dtype, out_dtype, "K", "K", block_m=block_m, block_n=block_n, stages=stages,
+                      epilogue=epilogue)
+
+
+@pytest.mark.parametrize("cfg", [_fp8(), _fp8("e5m2", "f32", block_m=64, block_n=128)],
+                         ids=["e4m3-bf16-128x256", "e5m2-f32-64x128"])
+def test_fp8_sass_has_fp8_wgmma_and_no_spills(cfg):
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
+    t = cfg.in_dtype.upper()
+    # nvdisasm names fp8 wgmma QGMMA; 4 k32 steps per 128-byte k-block
+    assert r.count("QGMMA") >= 4, r.summary()
+    assert f"QGMMA.64x{cfg.block_n}x32.F32.{t}.{t} " in r.sass
+    assert r.count("HGMMA") == 0
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert r.count("UTMALDG") > 0 and not r.setmaxnreg_ignored
+
+
+def test_fp8_fused_epilogue_compiles_without_spills():
+    """Per-tensor scales as stride-0 vectors, bias and gelu_tanh on an fp8 product."""
+    ecfg = EpilogueConfig(alpha=True, row_scale=True, col_scale=True, bias="col", bias_dtype="bf16",
+                          activation="gelu_tanh")
+    cfg = _fp8(epilogue=ecfg)
+    vec = types.Array(types.float32, 1, "A")
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.float32, vec, vec,
+                                                                         types.uint16[::1])))
+    assert r.count("QGMMA") >= 4 and "QGMMA.64x256x32.F32.E4M3.E4M3 " in r.sass
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+
+
+def test_fp8_k_blocks_are_128_bytes():
+    cfg = _fp8()
+    assert cfg.block_k == 128 and cfg.a_box == (1, 128, 128) and cfg.b_box == (1, 256, 128)
+    assert cfg.a_tile_bytes == 128 * 128 and cfg.b_tile_bytes == 256 * 128
+    bf16 = GemmConfig()
+    assert bf16.block_k == 64 and bf16.a_tile_bytes == cfg.a_tile_bytes  # the same bytes per stage
+    assert max_stages("e4m3", "bf16", 256, a_major="K", b_major="K") == max_stages("bf16", "bf16", 256)
+
+
+@pytest.mark.parametrize("majors", [("M", "K"), ("K", "N"), ("M", "N")])
+def test_fp8_config_needs_k_major_operands(majors):
+    with pytest.raises(ValueError, match="K-major"):
+        GemmConfig("e4m3", "bf16", *majors)
+
+
+# --- gemm()'s fp8 checks, before any GPU is needed ---------------------------------------------
+
+_addresses = itertools.count(0x7F0000000000, 1 << 24)  # every fake array its own memory
+M, N, K = 4, 6, 32
+
+
+def _a(m=M, k=K, typestr="|u1", strides=None):
+    """Row-major (M, K) bytes."""
+    return FakeCAI((m, k), typestr, ptr=next(_addresses), strides=strides)
+
+
+def _b(k=K, n=N, typestr="|u1"):
+    """Column-major (K, N) bytes: the transpose of a row-major (N, K) weight."""
+    return FakeCAI((k, n), typestr, ptr=next(_addresses), strides=(1, k))
+
+
+def _v(n, typestr="<f4"):
+    return FakeCAI((n,), typestr, ptr=next(_addresses))
+
+
+def _call(a, b, **kw):
+    return gemm(a, b, dtype="e4m3", **kw)
+
+
+def _reaches_gpu_check(monkeypatch, a, b, **kw):
+    monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
+    with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
+        _call(a, b, **kw)
+
+
+def test_tn_operands_reach_the_gpu_check(monkeypatch):
+    _reaches_gpu_check(monkeypatch, _a(), _b())
+    _reaches_gpu_check(monkeypatch, _a(), _b(), scale_a=_v(M), scale_b=_v(N), out_dtype="f32")
+    _reaches_gpu_check(monkeypatch, _a(1, 16), _b(16, 1), scale_a=0.5, scale_b=FakeCAI((), "<f4"))
+
+
+@pytest.mark.parametrize("a,b,msg", [
+    (lambda: FakeCAI((M, K), "|u1", ptr=next(_addresses), strides=(1, M)), _b, "a .* must be row-major"),
+    (_a, lambda: FakeCAI((K, N), "|u1", ptr=next(_addresses)), "pass b as w.t()"),
+    (lambda: _a(k=24), lambda: _b(k=24), "multiple of 16 bytes"),
+    (lambda: FakeCAI((M, K), "|u1", ptr=next(_addresses) + 8), _b, "16-byte-aligned"),
+])
+def test_fp8_layouts_are_refused_before_launch(a, b, msg):
+    with pytest.raises(LayoutError, match=msg):
+        _call(a(), b())
+
+
+def test_mixed_fp8_dtypes_are_refused():
+    from numba_hopper._arrays import device_view
+
+    with pytest.raises(DtypeError, match="mixed e4m3 x e5m2"):
+        gemm(device_view(_a(), dtype="e4m3"), device_view(_b(), dtype="e5m2"))
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(out_dtype="e4m3"), DtypeError, "fp8 outputs"),
+    (dict(out=FakeCAI((M, N), "|u1", ptr=0x7E0000000000), out_dtype="e4m3"), DtypeError, "fp8 outputs"),
+    (dict(scale_a=_v(N)), ShapeError, "scale_a has shape"),
+    (dict(scale_b=_v(M)), ShapeError, "scale_b has shape"),
+    (dict(scale_a=_v(M, "<f2")), DtypeError, "scale_a must be float32"),
+    (dict(scale_b=FakeCAI((N,), "<f8")), DtypeError, "scale_b must be float32"),
+    (dict(scale_a=FakeCAI((M, 2), "<f4")), ValueError, "block-wise scaling is not supported yet"),
+    (dict(scale_b=FakeCAI((1, 2), "<f4")), ValueError, "block-wise scaling is not supported yet"),
+    (dict(scale_a=_v(M), row_scale=_v(M)), ValueError, "pass one of them"),
+    (dict(scale_b=FakeCAI((), "<f4"), col_scale=_v(N)), ValueError, "pass one of them"),
+])
+def test_bad_fp8_options_are_refused(kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        _call(_a(), _b(), **kw)
+
+
+def _folded(monkeypatch, **kw):
+    """What gemm() hands its first-call path: the fused epilogue's keywords."""
+    seen = {}
+
+    def first(key, a, b, out, f, fvalues, *rest):
+        seen.update(f or {})
+        return f
+
+    monkeypatch.setattr(g, "_first_gemm", first)
+    g.clear_plans()
+    f = _call(_a(), _b(), **kw)
+    return f
+
+
+def test_scales_fold_into_the_epilogue(monkeypatch):
+    assert _folded(monkeypatch, scale_a=2.0, scale_b=1.0, alpha=0.5) is None  # 2 * 1 * 0.5 == 1: plain
+    f = _folded(monkeypatch, scale_a=2.0, scale_b=3.0)
+    assert f["alpha"] == 6.0 and f["row_scale"] is None and f["col_scale"] is None
+    sa, sb = _v(M), FakeCAI((1, 1), "<f4", ptr=next(_addresses))
+    f = _folded(monkeypatch, scale_a=sa, scale_b=sb, alpha=2.0)
+    assert f["alpha"] == 2.0
+    assert f["row_scale"].__cuda_array_interface__["strides"] == (4,)
+    col = f["col_scale"].__cuda_array_interface__
+    assert col["shape"] == (N,) and col["strides"] == (0,)  # one element for every column
+    assert col["data"] == sb.__cuda_array_interface__["data"]
+    # torch._scaled_mm's row-wise shapes (M, 1) and (1, N)
+    f = _folded(monkeypatch, scale_a=FakeCAI((M, 1), "<f4", ptr=next(_addresses)),
+                scale_b=FakeCAI((1, N), "<f4", ptr=next(_addresses)))
+    assert f["row_scale"].__cuda_array_interface__["shape"] == (M,)
+    assert f["col_scale"].__cuda_array_interface__["strides"] == (4,)
+
+
+def test_bmm_refuses_fp8():
+    with pytest.raises(DtypeError, match="bmm does not take fp8"):
+        g.bmm(_a(), _b(), dtype="e4m3")
