@@ -1,0 +1,132 @@
+"""numba_hopper.gemm on fp8 (e4m3, TN) vs torch._scaled_mm (cuBLASLt), same process, same inputs.
+
+Both calls take ``a`` (M, K) row-major and ``b = w.t()`` of a row-major (N, K) ``w``, the
+same float32 scales, and return a new bf16 output: ``gemm(a, b, scale_a=, scale_b=)`` against
+``torch._scaled_mm(a, b, scale_a=, scale_b=, out_dtype=torch.bfloat16)``. Scalings: "tensor"
+(one-element scale tensors) and "rowwise" (M and N values; ``_scaled_mm`` takes them shaped
+(M, 1) and (1, N)). "blockwise" (DeepSeek-V3's 1 x 128 / 128 x 128) is not implemented yet.
+
+Method: bench_gemm.py's (benchmarks/NOTES.md), with its helpers: input sets rotated to
+exceed twice the L2, CUDA events over ``reps`` calls, rounds interleaved and reversed every
+other round, the median over rounds, a warm-up first. Each shape and scaling is checked
+against a float64 reference of the dequantized operands before it is timed.
+
+    python benchmarks/bench_fp8.py            # the suite
+    python benchmarks/bench_fp8.py --quick    # 4096^3 and 128x7168x16384 only
+    python benchmarks/bench_fp8.py --json out.json --rounds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+
+import torch
+
+from bench_gemm import _time, print_table, save_results  # also puts the checkout on sys.path
+from numba_hopper import gemm
+
+# (name, M, N, K): the issue's anchors, then DeepSeek-V3's projections at M = 128 and 4096.
+SUITE = [("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192), ("4096x7168x16384", 4096, 7168, 16384),
+         ("128x7168x16384", 128, 7168, 16384)]
+SUITE += [(f"dsv3 {M}x{N}x{K}", M, N, K) for M in (128, 4096)
+          for N, K in ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168), (7168, 2048))]
+QUICK = ("4096^3", "128x7168x16384")
+SCALINGS = ("tensor", "rowwise")
+# bf16 output rounding (about 1.1e-3 RMS relative) plus fp8 wgmma's accumulation
+# (tests/test_fp8_gpu.py explains the bound).
+TOLERANCE = 5e-3
+
+
+def _operands(M, N, K):
+    a = (torch.randn(M, K, device="cuda") * 2).to(torch.float8_e4m3fn)
+    w = (torch.randn(N, K, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+    return a, w.t()
+
+
+def _scales(scaling, M, N):
+    """``(ours, theirs)``: gemm's scale_a/scale_b and the same values as _scaled_mm takes them."""
+    if scaling == "tensor":
+        sa, sb = torch.tensor(0.75, device="cuda"), torch.tensor(1.5, device="cuda")
+        return (sa, sb), (sa, sb)
+    sa, sb = torch.rand(M, device="cuda") + 0.5, torch.rand(N, device="cuda") + 0.5
+    return (sa, sb), (sa[:, None].contiguous(), sb[None, :].contiguous())
+
+
+def _reference(a, b, sa, sb):
+    sa, sb = sa.double(), sb.double()
+    if sa.dim() == 1:
+        sa, sb = sa[:, None], sb[None, :]
+    return (a.double() * sa) @ (b.double() * sb)
+
+
+def _rel(got, ref):
+    return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False):
+    set_bytes = M * K + K * N + 2 * M * N  # fp8 operands, a bf16 output
+    nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
+    sets = []
+    for _ in range(nsets):
+        a, b = _operands(M, N, K)
+        ours, theirs = _scales(scaling, M, N)
+        sets.append((a, b, ours, theirs))
+    fns = {"ours": lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1]),
+           "ref": lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], out_dtype=torch.bfloat16)}
+
+    a, b, s, t = sets[0]
+    ref = _reference(a, b, *s)
+    errors = {name: _rel(fn(a, b, s, t), ref) for name, fn in fns.items()}
+    if not errors["ours"] < TOLERANCE:
+        raise AssertionError(f"{M}x{N}x{K} {scaling}: relative error {errors['ours']:.3g} "
+                             f"(torch._scaled_mm: {errors['ref']:.3g})")
+    for fn in fns.values():  # warm up (compile, clocks), then ~20 ms per timing
+        _time(fn, sets, 3, device_time)
+    est = _time(fns["ref"], sets, 5, device_time)
+    reps = max(5, min(200, int(20 / max(est, 1e-3))))
+    times = {k: [] for k in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            times[name].append(_time(fns[name], sets, reps, device_time))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    flops = 2.0 * M * N * K
+    return {"ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
+            "ratio": med["ref"] / med["ours"], "rel_error": errors["ours"], "ref_rel_error": errors["ref"],
+            "ours_ms": med["ours"], "ref_ms": med["ref"]}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help=" and ".join(QUICK) + " only")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--device-time", action="store_true",
+                   help="time the GPU alone (the host enqueues ahead during a sleep kernel)")
+    p.add_argument("--json", help="results file (default benchmarks/results/fp8-<gpu>-<date>-<commit>.json)")
+    args = p.parse_args(argv)
+
+    suite = [s for s in SUITE if s[0] in QUICK] if args.quick else SUITE
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+    print("blockwise: not implemented yet (skipped)")
+    records = []
+    for name, M, N, K in suite:
+        for scaling in SCALINGS:
+            r = bench_shape(M, N, K, scaling, args.rounds, l2, args.device_time)
+            records.append({"name": name, "M": M, "N": N, "K": K, "scaling": scaling, **r})
+            print(f"{name:24s} {scaling:8s} ours {r['ours_tflops']:7.1f}  _scaled_mm {r['ref_tflops']:7.1f} TFLOP/s"
+                  f"  ratio {r['ratio']:.3f}  err {r['rel_error']:.2e}", flush=True)
+    out = save_results("fp8", {"timing": "device" if args.device_time else "wall (host call rate included)",
+                               "calls": "gemm(a, b, scale_a=, scale_b=) vs torch._scaled_mm(..., out_dtype=bf16), "
+                                        "e4m3 TN, fresh outputs", "records": records}, args.json)
+    for scaling in SCALINGS:
+        ratios = [r["ratio"] for r in records if r["scaling"] == scaling]
+        print(f"geomean ratio, {scaling}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
+    print_table(records, [("name", "shape", "s"), ("scaling", "scaling", "s"), ("ours_tflops", "ours TFLOP/s", ".1f"),
+                          ("ref_tflops", "_scaled_mm TFLOP/s", ".1f"), ("ratio", "ratio", ".3f"),
+                          ("rel_error", "rel. error", ".2e")], out)
+
+
+if __name__ == "__main__":
+    main()
