@@ -1,8 +1,9 @@
 """``numba_hopper.gemm`` and ``numba_hopper.bmm``: ``out = a @ b`` on Hopper with the warp-specialized
 TMA/wgmma kernel.
 
-Inputs are bf16 or fp16 (fp32 accumulation), outputs bf16, fp16 or fp32. Each of ``a``,
-``b`` and ``out`` may be row-major or column-major (a leading dimension larger than the
+Inputs are bf16 or fp16 (fp32 accumulation), outputs bf16, fp16 or fp32. fp8 inputs (e4m3,
+e5m2) take the TN layout only (see ``gemm``). Each of ``a``, ``b`` and ``out`` may be
+row-major or column-major (a leading dimension larger than the
 extent is fine); the layouts reach the kernel through the TMA descriptors and the wgmma
 transpose bits, never through copies. A column-major ``out`` is computed as
 ``out.T = b.T @ a.T``, which is the same kernel on swapped, transposed operands.
@@ -60,8 +61,9 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N), or with a fused
     epilogue ``act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``.
 
-    ``out_dtype``: "bf16", "f16" or "f32" (default: the input dtype, or ``out``'s dtype).
-    ``dtype``: how to read ``uint16`` inputs ("bf16" or "f16"), for arrays without bf16.
+    ``out_dtype``: "bf16", "f16" or "f32" (default: the input dtype, bf16 for fp8 inputs, or
+    ``out``'s dtype). ``dtype``: how to read ``uint16`` inputs ("bf16" or "f16") or ``uint8``
+    ones ("e4m3" or "e5m2"), for arrays without those dtypes.
     ``stream``: a numba, CuPy or PyTorch stream or a raw ``CUstream`` handle; default the
     current PyTorch stream for PyTorch inputs, else the default stream.
     ``config``: a :class:`GemmConfig` to override the kernel choice (layouts and dtypes in
@@ -86,6 +88,28 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       device arrays and scalars passed through. It is compiled into the kernel (one kernel
       per function), so keep it small: it runs in the registers of the epilogue.
     - ``row_scale`` (length M), ``col_scale`` (length N): float32 vectors.
+
+    FP8 (``a`` and ``b`` both ``float8_e4m3fn`` or both ``float8_e5m2``; numba/CuPy: uint8
+    arrays with ``dtype="e4m3"``/``"e5m2"``), accumulated in float32, output bf16 by default
+    (as ``torch._scaled_mm``), or f16/f32:
+
+    - layout: fp8 wgmma reads K-major operands only, so ``a`` must be row-major (M, K) and
+      ``b`` column-major (K, N): ``w.t()`` of a row-major (N, K) weight ("TN"), with K a
+      multiple of 16 and 16-byte-aligned bases. Anything else raises ``LayoutError`` before
+      launch (fix: ``b.t().contiguous().t()``); fp8 operands are never copied.
+    - ``scale_a``, ``scale_b``: dequantization scales, ``out = (scale_a * a) @ (b * scale_b)``.
+      Per-tensor: a Python number (multiplied into ``alpha``) or a one-element float32 device
+      array (read by the kernel: no synchronization). Row-wise: a float32 vector of M
+      (``scale_a``) or N (``scale_b``) values, also as (M, 1) / (1, N). They become the
+      fused epilogue's ``row_scale``/``col_scale`` and compose with all of it; a vector
+      ``scale_a`` (``scale_b``) cannot be given with ``row_scale`` (``col_scale``). 16-bit
+      inputs take them too.
+    - accuracy: products are exact in float32; the tests bound the relative Frobenius error
+      against float64 of the dequantized operands by 5e-3 (bf16 out) and 3e-3 (f16/f32).
+    - not supported yet: block-wise scales (2-D, e.g. 1 x 128 / 128 x 128 blocks: a
+      ``ValueError``), fp8 outputs, mixed e4m3 x e5m2 and ``bmm`` (``DtypeError``). fp8 tiles
+      are the 16-bit ones (not yet tuned), and fp8 kernels are not prebuilt
+      (``numba_hopper.prebuild``): they compile on first use, then come from the disk cache.
 
     A fused epilogue never uses split-K (whose K slices produce partial sums, not outputs).
     Results are deterministic (bitwise the same on every call) on every path: split-K sums
