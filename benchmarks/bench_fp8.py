@@ -6,6 +6,10 @@ same float32 scales, and return a new bf16 output: ``gemm(a, b, scale_a=, scale_
 (one-element scale tensors) and "rowwise" (M and N values; ``_scaled_mm`` takes them shaped
 (M, 1) and (1, N)). "blockwise" (DeepSeek-V3's 1 x 128 / 128 x 128) is not implemented yet.
 
+The reference runs ``_scaled_mm``'s default (``use_fast_accum=False``: cuBLASLt promotes
+the fp8 accumulator into f32, which this kernel does not yet); ``--fast-accum`` times its
+unpromoted variant, the like-for-like one.
+
 Method: bench_gemm.py's (benchmarks/NOTES.md), with its helpers: input sets rotated to
 exceed twice the L2, CUDA events over ``reps`` calls, rounds interleaved and reversed every
 other round, the median over rounds, a warm-up first. Each shape and scaling is checked
@@ -34,9 +38,12 @@ SUITE += [(f"dsv3 {M}x{N}x{K}", M, N, K) for M in (128, 4096)
           for N, K in ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168), (7168, 2048))]
 QUICK = ("4096^3", "128x7168x16384")
 SCALINGS = ("tensor", "rowwise")
-# bf16 output rounding (about 1.1e-3 RMS relative) plus fp8 wgmma's accumulation
-# (tests/test_fp8_gpu.py explains the bound).
-TOLERANCE = 5e-3
+
+
+def tolerance(K):
+    """Relative error bound of a bf16-output fp8 product: rounding plus fp8 wgmma's ~14-bit
+    accumulation, which grows with K (tests/test_fp8_gpu.py derives both terms)."""
+    return 5e-3 + 6.4e-7 * K
 
 
 def _operands(M, N, K):
@@ -65,7 +72,7 @@ def _rel(got, ref):
     return ((got.double() - ref).norm() / ref.norm()).item()
 
 
-def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False):
+def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accum=False):
     set_bytes = M * K + K * N + 2 * M * N  # fp8 operands, a bf16 output
     nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
     sets = []
@@ -74,12 +81,13 @@ def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False):
         ours, theirs = _scales(scaling, M, N)
         sets.append((a, b, ours, theirs))
     fns = {"ours": lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1]),
-           "ref": lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], out_dtype=torch.bfloat16)}
+           "ref": lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], out_dtype=torch.bfloat16,
+                                                      use_fast_accum=fast_accum)}
 
     a, b, s, t = sets[0]
     ref = _reference(a, b, *s)
     errors = {name: _rel(fn(a, b, s, t), ref) for name, fn in fns.items()}
-    if not errors["ours"] < TOLERANCE:
+    if not errors["ours"] < tolerance(K):
         raise AssertionError(f"{M}x{N}x{K} {scaling}: relative error {errors['ours']:.3g} "
                              f"(torch._scaled_mm: {errors['ref']:.3g})")
     for fn in fns.values():  # warm up (compile, clocks), then ~20 ms per timing
@@ -104,6 +112,9 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--device-time", action="store_true",
                    help="time the GPU alone (the host enqueues ahead during a sleep kernel)")
+    p.add_argument("--fast-accum", action="store_true",
+                   help="time _scaled_mm with use_fast_accum=True (no promotion of the fp8 accumulator, like ours) "
+                        "rather than its default")
     p.add_argument("--json", help="results file (default benchmarks/results/fp8-<gpu>-<date>-<commit>.json)")
     args = p.parse_args(argv)
 
@@ -113,13 +124,14 @@ def main(argv=None):
     records = []
     for name, M, N, K in suite:
         for scaling in SCALINGS:
-            r = bench_shape(M, N, K, scaling, args.rounds, l2, args.device_time)
+            r = bench_shape(M, N, K, scaling, args.rounds, l2, args.device_time, args.fast_accum)
             records.append({"name": name, "M": M, "N": N, "K": K, "scaling": scaling, **r})
             print(f"{name:24s} {scaling:8s} ours {r['ours_tflops']:7.1f}  _scaled_mm {r['ref_tflops']:7.1f} TFLOP/s"
                   f"  ratio {r['ratio']:.3f}  err {r['rel_error']:.2e}", flush=True)
     out = save_results("fp8", {"timing": "device" if args.device_time else "wall (host call rate included)",
-                               "calls": "gemm(a, b, scale_a=, scale_b=) vs torch._scaled_mm(..., out_dtype=bf16), "
-                                        "e4m3 TN, fresh outputs", "records": records}, args.json)
+                               "calls": "gemm(a, b, scale_a=, scale_b=) vs torch._scaled_mm(..., out_dtype=bf16, "
+                                        f"use_fast_accum={args.fast_accum}), e4m3 TN, fresh outputs",
+                               "records": records}, args.json)
     for scaling in SCALINGS:
         ratios = [r["ratio"] for r in records if r["scaling"] == scaling]
         print(f"geomean ratio, {scaling}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")

@@ -1,12 +1,18 @@
 """FP8 GEMM on the H100: e4m3/e5m2 TN products with per-tensor and row-wise scales, against a
 float64 reference of the dequantized operands and against ``torch._scaled_mm``.
 
-Tolerances (relative Frobenius-norm error). Products of two fp8 values are exact in f32, so
-the error comes from the output rounding (bf16: 8 bits, RMS about 2^-9 / sqrt(3) = 1.1e-3
-relative; f16: 11 bits) and from FP8 wgmma's accumulation, whose internal precision is below
-f32's (DeepSeek-V3 reports about 14 bits; the issue's block-wise slice measures it). The
-bounds leave about 4x room over the bf16 rounding; every failure message prints the measured
-error.
+Tolerances (relative Frobenius-norm error, ``tolerance(out_dtype, K)``). Products of two fp8
+values are exact in f32, so the error has two sources:
+
+- the output rounding: bf16 keeps 8 bits (RMS about 2^-9 / sqrt(3) = 1.1e-3 relative), f16
+  11 bits; the bound allows 5e-3 (bf16) and 1e-3 (f16, f32);
+- FP8 wgmma's accumulator, which keeps about 14 bits rather than f32's 24 (DeepSeek-V3's
+  measurement on the H800) and which this kernel does not promote into an f32 register
+  sum (as ``torch._scaled_mm(use_fast_accum=True)``): modelled as a truncation of up to
+  2^-14 (mean 2^-15) of the running sum at each of the K / 32 steps, a bias growing with K,
+  about 2^-15 * (2/3) * K / 32 = 6.4e-7 * K relative (1e-2 at K = 16384).
+
+Every failure message prints the measured error.
 """
 
 import pytest
@@ -16,7 +22,12 @@ from numba_hopper import gemm
 
 pytestmark = pytest.mark.gpu
 
-TOL = {"bf16": 5e-3, "f16": 3e-3, "f32": 3e-3}
+ROUNDING = {"bf16": 5e-3, "f16": 1e-3, "f32": 1e-3}
+
+
+def tolerance(out_dtype, K):
+    """The bound on the relative Frobenius error of an fp8 product (module docstring)."""
+    return ROUNDING[out_dtype] + 6.4e-7 * K
 TORCH_OUT = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 
@@ -72,10 +83,10 @@ def _rel(torch, got, ref):
     return (torch.linalg.norm(got.double() - ref) / max(torch.linalg.norm(ref).item(), 1e-300)).item()
 
 
-def _check(torch, got, ref, out_dtype, what=""):
+def _check(torch, got, ref, out_dtype, K, what=""):
     assert not torch.isnan(got).any(), f"{what}: NaN left in the output"
-    err = _rel(torch, got, ref)
-    assert err < TOL[out_dtype], f"{what}: relative error {err:.3g} >= {TOL[out_dtype]}"
+    err, tol = _rel(torch, got, ref), tolerance(out_dtype, K)
+    assert err < tol, f"{what}: relative error {err:.3g} >= {tol:.3g}"
     return err
 
 
@@ -91,7 +102,7 @@ def test_fp8_e4m3_matches_float64(torch, M, N, K, scaling):
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     got = gemm(a, b, out, scale_a=sa, scale_b=sb)
     assert got is out
-    _check(torch, out, _reference(torch, a, b, sa, sb), "bf16", f"{M}x{N}x{K} {scaling}")
+    _check(torch, out, _reference(torch, a, b, sa, sb), "bf16", K, f"{M}x{N}x{K} {scaling}")
 
 
 @pytest.mark.parametrize("out_dtype", ["bf16", "f16", "f32"])
@@ -102,14 +113,14 @@ def test_fp8_output_dtypes(torch, fp8, out_dtype):
     sa, sb = _scales(torch, "rowwise", M, N)
     out = torch.full((M, N), float("nan"), dtype=getattr(torch, TORCH_OUT[out_dtype]), device="cuda")
     gemm(a, b, out, scale_a=sa, scale_b=sb)
-    _check(torch, out, _reference(torch, a, b, sa, sb), out_dtype, f"{fp8} -> {out_dtype}")
+    _check(torch, out, _reference(torch, a, b, sa, sb), out_dtype, K, f"{fp8} -> {out_dtype}")
 
 
 def test_fp8_default_output_is_bf16(torch):
     a, b = _operands(torch, 256, 384, 512)
     got = gemm(a, b)
     assert got.dtype == torch.bfloat16 and got.shape == (256, 384)
-    _check(torch, got, _reference(torch, a, b, None, None), "bf16")
+    _check(torch, got, _reference(torch, a, b, None, None), "bf16", 512)
 
 
 def test_fp8_column_major_output_swaps_the_scales(torch):
@@ -119,21 +130,21 @@ def test_fp8_column_major_output_swaps_the_scales(torch):
     sa, sb = _scales(torch, "rowwise", M, N)
     out = torch.full((N, M), float("nan"), dtype=torch.float32, device="cuda").t()
     gemm(a, b, out, scale_a=sa, scale_b=sb)
-    _check(torch, out, _reference(torch, a, b, sa, sb), "f32")
+    _check(torch, out, _reference(torch, a, b, sa, sb), "f32", K)
 
 
 def test_fp8_large_k(torch):
     M, N, K = 512, 1024, 16384
     a, b = _operands(torch, M, N, K)
     sa, sb = _scales(torch, "tensor", M, N)
-    _check(torch, gemm(a, b, scale_a=sa, scale_b=sb, out_dtype="f32"), _reference(torch, a, b, sa, sb), "f32")
+    _check(torch, gemm(a, b, scale_a=sa, scale_b=sb, out_dtype="f32"), _reference(torch, a, b, sa, sb), "f32", K)
 
 
 def test_fp8_small_m_split_k(torch):
     """M <= 64 with a long K takes split-K (k-blocks of 128 fp8 elements per slice)."""
     M, N, K = 1, 4096, 14336
     a, b = _operands(torch, M, N, K)
-    _check(torch, gemm(a, b, scale_a=0.5, out_dtype="f32"), _reference(torch, a, b, 0.5, None), "f32")
+    _check(torch, gemm(a, b, scale_a=0.5, out_dtype="f32"), _reference(torch, a, b, 0.5, None), "f32", K)
 
 
 def test_fp8_fused_bias_gelu(torch):
@@ -144,7 +155,7 @@ def test_fp8_fused_bias_gelu(torch):
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm(a, b, out, scale_a=sa, scale_b=sb, bias=bias, activation="gelu_tanh")
     ref = torch.nn.functional.gelu(_reference(torch, a, b, sa, sb) + bias.double()[None, :], approximate="tanh")
-    _check(torch, out, ref, "bf16", "bias+gelu_tanh")
+    _check(torch, out, ref, "bf16", K, "bias+gelu_tanh")
 
 
 def test_fp8_numba_uint8_operands(torch):
@@ -155,15 +166,15 @@ def test_fp8_numba_uint8_operands(torch):
     scale = torch.tensor([2.0], device="cuda")
     out = cuda.as_cuda_array(torch.full((M, N), float("nan"), device="cuda"))
     gemm(na, nb, out, scale_b=cuda.as_cuda_array(scale), dtype="e4m3")
-    _check(torch, torch.as_tensor(out, device="cuda"), _reference(torch, a, b, None, scale), "f32")
+    _check(torch, torch.as_tensor(out, device="cuda"), _reference(torch, a, b, None, scale), "f32", K)
 
 
-def _scaled_mm(torch, a, b, sa, sb, out_dtype):
+def _scaled_mm(torch, a, b, sa, sb, out_dtype, fast_accum):
     """torch._scaled_mm with its scale shapes: per-tensor 0-d, row-wise (M, 1) and (1, N)."""
     if sa.dim() == 1:
         sa, sb = sa[:, None].contiguous(), sb[None, :].contiguous()
     try:
-        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=fast_accum)
     except (RuntimeError, NotImplementedError) as e:
         pytest.skip(f"torch._scaled_mm refuses this: {e}")
 
@@ -171,12 +182,15 @@ def _scaled_mm(torch, a, b, sa, sb, out_dtype):
 @pytest.mark.parametrize("scaling", ["tensor", "rowwise"])
 @pytest.mark.parametrize("M,N,K", [(128, 7168, 2048), (1024, 2112, 7168), (2048, 1536, 4096)], ids=str)
 def test_fp8_matches_torch_scaled_mm(torch, M, N, K, scaling):
+    """Against cuBLASLt with fast accumulation (no promotion, like this kernel): the same
+    error to within its spread; against its promoted default: within the tolerance."""
     a, b = _operands(torch, M, N, K)
     sa, sb = _scales(torch, scaling, M, N)
     ref = _reference(torch, a, b, sa, sb)
-    theirs = _scaled_mm(torch, a, b, sa, sb, torch.bfloat16)
     ours = gemm(a, b, scale_a=sa, scale_b=sb)
-    e_ours, e_theirs = _check(torch, ours, ref, "bf16", "ours"), _rel(torch, theirs, ref)
-    # Same inputs, same rounding: within the tolerance of each other, and no worse than cuBLASLt by much.
-    assert _rel(torch, ours, theirs) < TOL["bf16"]
-    assert e_ours < 1.5 * e_theirs + 1e-4, (e_ours, e_theirs)
+    e_ours = _check(torch, ours, ref, "bf16", K, "ours")
+    fast = _scaled_mm(torch, a, b, sa, sb, torch.bfloat16, True)
+    promoted = _scaled_mm(torch, a, b, sa, sb, torch.bfloat16, False)
+    e_fast, e_promoted = _rel(torch, fast, ref), _rel(torch, promoted, ref)
+    assert _rel(torch, ours, promoted) < tolerance("bf16", K), (e_ours, e_fast, e_promoted)
+    assert e_ours < 1.5 * e_fast + 1e-4, (e_ours, e_fast, e_promoted)
