@@ -18,7 +18,7 @@ Every failure message prints the measured error.
 import pytest
 from numba import cuda
 
-from numba_hopper import gemm
+from numba_hopper import GemmConfig, gemm
 
 pytestmark = pytest.mark.gpu
 
@@ -140,11 +140,21 @@ def test_fp8_large_k(torch):
     _check(torch, gemm(a, b, scale_a=sa, scale_b=sb, out_dtype="f32"), _reference(torch, a, b, sa, sb), "f32", K)
 
 
-def test_fp8_small_m_split_k(torch):
-    """M <= 64 with a long K takes split-K (k-blocks of 128 fp8 elements per slice)."""
-    M, N, K = 1, 4096, 14336
+@pytest.mark.parametrize("M", [1, 64])
+def test_fp8_split_k(torch, M):
+    """K slices of k-blocks of 128 fp8 elements (a plain product: split-K runs no epilogue)."""
+    N, K = 4096, 14336 + 16  # a partial last k-block
     a, b = _operands(torch, M, N, K)
-    _check(torch, gemm(a, b, scale_a=0.5, out_dtype="f32"), _reference(torch, a, b, 0.5, None), "f32", K)
+    got = gemm(a, b, out_dtype="f32", config=GemmConfig(block_m=64, block_n=128, split_k=3))
+    _check(torch, got, _reference(torch, a, b, None, None), "f32", K)
+
+
+def test_fp8_stream_k(torch):
+    """Stream-K's k-iteration split counts k-blocks of 128 fp8 elements."""
+    M, N, K = 1000, 1000, 4096
+    a, b = _operands(torch, M, N, K)
+    got = gemm(a, b, out_dtype="f32", config=GemmConfig(block_n=128, stream_k=True))
+    _check(torch, got, _reference(torch, a, b, None, None), "f32", K)
 
 
 def test_fp8_fused_bias_gelu(torch):
