@@ -24,8 +24,9 @@ def _fp8(in_dtype="e4m3", out_dtype="bf16", block_m=128, block_n=256, epilogue=N
                       epilogue=epilogue)
 
 
-@pytest.mark.parametrize("cfg", [_fp8(), _fp8("e5m2", "f32", block_m=64, block_n=128)],
-                         ids=["e4m3-bf16-128x256", "e5m2-f32-64x128"])
+@pytest.mark.parametrize("cfg", [_fp8(), _fp8("e5m2", "f32", block_m=64, block_n=128),
+                                 GemmConfig("e4m3", "f32", "K", "K", block_n=128, stream_k=True)],
+                         ids=["e4m3-bf16-128x256", "e5m2-f32-64x128", "e4m3-f32-128x128-stream_k"])
 def test_fp8_sass_has_fp8_wgmma_and_no_spills(cfg):
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
     t = cfg.in_dtype.upper()
