@@ -16,6 +16,7 @@ def pytest_configure(config):
         os.environ[SASS_CACHE_ENV] = str(cache.mkdir("numba_hopper_sass"))
 
 
+@pytest.hookimpl(optionalhook=True)  # (an xdist hook: pytest -p no:xdist still loads this file)
 def pytest_xdist_auto_num_workers(config):
     # With a Hopper GPU, `-n auto` is one process: GPU tests time the device and order work on
     # streams, and worker processes beside them change that (on the H100, 3 of the 7 stream-
@@ -25,14 +26,35 @@ def pytest_xdist_auto_num_workers(config):
     return None  # xdist's own count: one worker per core
 
 
+# Work units of more than one test for xdist (--dist loadgroup, pyproject.toml): a module whose
+# module fixtures are costly runs on one worker, which builds them once; the GPU test files run
+# on one worker, one test after another (when -n is given beside a GPU). Grouped here by file,
+# not with xdist_group marks: xdist 3.8 renames the marked tests' item._nodeid, which pytest
+# 9.2 no longer reads, so the marks group nothing.
+_ONE_WORKER = {"tests/test_prebuilt.py": "prebuilt"}  # the kernel set and one real build
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        """Every test its own work unit, but for the files grouped above."""
+
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::", 1)[0]
+            if path.endswith("_gpu.py"):
+                return "gpu"
+            return _ONE_WORKER.get(path, nodeid)
+
+    return FileGroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     reason = hopper_device_reason()
     if reason is None:
-        # One GPU for every worker: the GPU tests run one after another, on one xdist worker
-        # (--dist loadgroup), and time and measure memory as they would alone.
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(pytest.mark.xdist_group("gpu"))
         return
     skip = pytest.mark.skip(reason=f"needs a Hopper GPU: {reason}")
     for item in items:

@@ -13,8 +13,7 @@ from numba_hopper import _numba_internals as internals
 from numba_hopper._arrays import DeviceView
 from numba_hopper.kernels import gemm_argument_types
 
-# One xdist worker runs this module: its module fixtures (the kernel set, one real build) once.
-pytestmark = pytest.mark.xdist_group("prebuilt")
+# (One xdist worker runs this module, which builds its module fixtures once: tests/conftest.py.)
 
 BASE = 1 << 30  # a 16-byte-aligned address that is never dereferenced
 
