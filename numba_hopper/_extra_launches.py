@@ -53,11 +53,24 @@ def prepare_copy(src: DeviceView, dst: DeviceView):
     return prepare_launch(copy_2d, grid, (8, 32), (as_numba(src), as_numba(dst)))
 
 
-def prepare_reduce(partials, out_view):
+def prepare_reduce(partials, out_view, alpha=None, row_scale=None, col_scale=None):
     """The prepared launch of ``out = sum(partials[:, :, :N])`` for the 3-D f32 view ``partials``
     (slices x M x padded N) and the 2-D (M x N) view ``out_view``; its arguments are
-    ``(partials, N, out)``."""
+    ``(partials, N, out)``.
+
+    With scales (``alpha`` a number, ``row_scale``/``col_scale`` 1-D f32 views of length M / N,
+    any stride), ``out = alpha * row_scale[:, None] * col_scale[None, :] * sum(...)`` with the
+    factors given, and the arguments are ``(partials, N, out, alpha, row_scale, col_scale)``:
+    one signature for every set of factors, an absent vector is a one-element view of
+    ``partials`` that the kernel never reads.
+    """
     rows, n = out_view.shape
     out = as_numba(out_view, np.float32 if out_view.dtype == "f32" else None)
     grid = (-(-n // 32), -(-rows // 8))
-    return prepare_launch(reduce_kernel(out_view.dtype), grid, (32, 8), (as_numba(partials, np.float32), n, out))
+    flags = (alpha is not None, row_scale is not None, col_scale is not None)
+    args = (as_numba(partials, np.float32), n, out)
+    if any(flags):
+        unread = DeviceView(partials.ptr, (1,), (0,), "f32", 4, partials.device, partials.framework)
+        args += (np.float32(1.0 if alpha is None else alpha),
+                 *(as_numba(unread if v is None else v, np.float32) for v in (row_scale, col_scale)))
+    return prepare_launch(reduce_kernel(out_view.dtype, *flags), grid, (32, 8), args)

@@ -30,7 +30,7 @@ from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratc
 from .debug import DebugRecord
 from .kernels.descriptors import TENSORMAP_BYTES
 from .kernels.epilogue import EpilogueArgs, c_box_cols
-from .kernels.gemm_config import EPI_ROWS, GemmParams
+from .kernels.gemm_config import EPI_ROWS, FP8_DTYPES, GemmParams
 from .kernels.gemm_sm90 import make_gemm_kernel
 from .launch import device_limits, max_active_clusters, prepare_launch
 from .tensormap import encode_template
@@ -120,14 +120,23 @@ class _Copy:
 
 
 class _Reduce:
-    """Split-K's second kernel: sum the f32 slices in ``partials`` into ``out``."""
+    """Split-K's second kernel: sum the f32 slices in ``partials`` into ``out``, times a
+    scale-only epilogue's factors: ``alpha`` (a :class:`Src`), ``row_scale``/``col_scale``
+    (:class:`Operand` vectors), each None when absent."""
 
-    def __init__(self, partials: Operand, out: Operand):
+    def __init__(self, partials: Operand, out: Operand, alpha=None, row_scale=None, col_scale=None):
         self.partials, self.out = partials, out
+        self.alpha, self.row_scale, self.col_scale = alpha, row_scale, col_scale
 
     def prepare(self, values):
-        launch = prepare_reduce(self.partials.at(values), self.out.at(values))
-        return _launch_step(launch, (self.partials.src, None, self.out.src))
+        vectors = (self.row_scale, self.col_scale)
+        launch = prepare_reduce(self.partials.at(values), self.out.at(values),
+                                None if self.alpha is None else values[self.alpha.index],
+                                *(None if v is None else v.at(values) for v in vectors))
+        srcs = (self.partials.src, None, self.out.src)
+        if self.alpha is not None or any(v is not None for v in vectors):  # absent ones: placeholders, never read
+            srcs += (self.alpha, *(None if v is None else v.src for v in vectors))
+        return _launch_step(launch, srcs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,13 +349,18 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
         layout, nbytes = aligned_layout(d.view)
         d = Operand(layout, scratch.take(nbytes))
         finish.append(_Copy(d, target))
-    cfg = choose_config(a.view, b.view, d.view, config, debug, fusion and fusion.config(transposed))
+    ecfg = fusion and fusion.config(transposed)
+    # Split-K slices write fp32 partial sums, so an epilogue can only run after the reduce:
+    # the reduce applies a scale-only one (alpha, row_scale, col_scale); calls with any other
+    # epilogue do not split (GemmConfig refuses split_k > 1 with an epilogue).
+    reduce_scales = ecfg is not None and ecfg.scale_only
+    forced_split = config is not None and config.split_k > 1
+    cfg = choose_config(a.view, b.view, d.view, config, debug, None if reduce_scales and forced_split else ecfg)
     record = DebugRecord() if debug else None
     M, N, K = d.view.shape[0], d.view.shape[1], a.view.shape[1]
     sms = device_limits(vo.device).sm_count
-    # Split-K slices write fp32 partial sums, so an epilogue could only run after the reduce:
-    # fused calls simply do not split (GemmConfig refuses split_k > 1 with an epilogue).
-    auto_split = not fusion and config is None and not cfg.stream_k
+    # Automatic splits of scaled calls: fp8 only (the 16-bit choices are fitted to plain calls).
+    auto_split = config is None and not cfg.stream_k and (not fusion or reduce_scales and cfg.in_dtype in FP8_DTYPES)
     splits = split_count(cfg, M, N, K, sms) if auto_split else cfg.split_k
     if splits > 1:
         cfg = split_k_config(cfg, device_limits(vo.device).max_shared_per_block_optin)
@@ -357,7 +371,9 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
         gemm = _Gemm(cfg, a, b, Operand(slice_view, place), _Batch(splits, 0, 0, M * ld, k_split), scratch,
                      record=record)
         partials = Operand(DeviceView(0, (splits, M, ld), (M * ld, ld, 1), "f32", 4, vo.device, "numba"), place)
-        steps = [*copies, gemm, _Reduce(partials, target)]
+        reduce = _Reduce(partials, target, Src(ALPHA) if fusion and fusion.alpha != 1.0 else None,
+                         arrays.get("row_scale"), arrays.get("col_scale"))
+        steps = [*copies, gemm, reduce]
     else:
         gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, arrays=arrays, user_srcs=user_srcs,
                      record=record, **_stream_k(cfg, M, N, K, sms))
@@ -366,9 +382,10 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
 
 
 def split_k_config(cfg, shared_limit):
-    """The kernel of ``cfg``'s K slices: fp32 partial sums, and the deepest ring that fits
-    ``shared_limit`` bytes with their wider output buffers."""
-    return dataclasses.replace(cfg, out_dtype="f32", stages=max_stages(
+    """The kernel of ``cfg``'s K slices: fp32 partial sums (no epilogue: the reduce applies a
+    scale-only one), and the deepest ring that fits ``shared_limit`` bytes with their wider
+    output buffers."""
+    return dataclasses.replace(cfg, out_dtype="f32", epilogue=None, stages=max_stages(
         cfg.in_dtype, "f32", cfg.block_n, shared_limit, a_major=cfg.a_major, b_major=cfg.b_major,
         block_m=cfg.block_m))
 

@@ -296,3 +296,19 @@ def test_copy_and_split_k_reduce_launch_without_numbas_launch_or_its_warning(no_
         reduce(0)
     assert isinstance(copy, L.PreparedLaunch) and isinstance(reduce, L.PreparedLaunch)
     assert no_driver == [((1, 1, 1), (8, 32, 1)), ((1, 1, 1), (32, 8, 1))]  # one block each: numba would warn
+
+
+def test_scaled_split_k_reduce_binds_each_calls_scales(no_driver):
+    """The reduce of a scale-only epilogue: alpha and the scale vectors (a stride-0 per-tensor
+    one, an absent one) are rebound from each call's values like the partials and out."""
+    from numba_hopper import _plan
+
+    partials = _plan.Operand(_view((2, 5, 8), (40, 8, 1), "f32", 4, ptr=0), _plan.Src(_plan.SCRATCH, 256))
+    out = _plan.Operand(_view((5, 7), (8, 1), "bf16", 2), _plan.Src(_plan.OUT))
+    rows = _plan.Operand(_view((5,), (0,), "f32", 4), _plan.Src(_plan.ROW_SCALE))
+    values = [1 << 32, 0, 0, 1 << 31, 0.5, 0.0, 0, 1 << 30, 0, 0, 0]
+    launch, binds = _plan._Reduce(partials, out, _plan.Src(_plan.ALPHA), rows).prepare(values)
+    launch(0, values, binds)
+    assert sorted((index, offset) for _, index, offset in binds) == [
+        (_plan.SCRATCH, 256), (_plan.OUT, 0), (_plan.ALPHA, 0), (_plan.ROW_SCALE, 0)]
+    assert no_driver == [((1, 1, 1), (32, 8, 1))]

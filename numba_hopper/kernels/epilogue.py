@@ -91,6 +91,12 @@ class EpilogueConfig:
             raise ValueError(f"bias_dtype must be one of {FLOAT_DTYPES}, got {self.bias_dtype!r}")
 
     @property
+    def scale_only(self) -> bool:
+        """Whether it only multiplies (``alpha``, ``row_scale``, ``col_scale``): then split-K's
+        reduce can apply it after summing the K slices."""
+        return (self.c_dtype, self.bias, self.activation, self.aux_dtype, self.user) == (None,) * 5
+
+    @property
     def arg_names(self) -> tuple:
         """The :class:`EpilogueArgs` fields this epilogue uses.
 

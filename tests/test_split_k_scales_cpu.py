@@ -1,0 +1,101 @@
+"""Split-K with a scale-only epilogue (CPU): which calls split, and the reduce that applies the
+scales (the planner sees an H100; nothing is launched)."""
+
+import pytest
+
+from numba_hopper import _heuristics, _plan, prebuild
+from numba_hopper._arrays import DeviceView
+from numba_hopper._fusion import Fusion
+
+BASE = 1 << 30  # a 16-byte-aligned address that is never dereferenced
+
+
+@pytest.fixture(autouse=True)
+def h100(monkeypatch):
+    for module in (_plan, _heuristics):
+        monkeypatch.setattr(module, "device_limits", lambda device=0: prebuild.H100)
+
+
+def _views(M, N, K, dtype="e4m3"):
+    """TN operands (a row-major (M, K), b column-major (K, N)) and a row-major (M, N) bf16 out."""
+    size = 1 if dtype in ("e4m3", "e5m2") else 2
+    a = DeviceView(BASE, (M, K), (K, 1), dtype, size, 0, "numba")
+    b = DeviceView(BASE, (K, N), (1, K), dtype, size, 0, "numba")
+    out = DeviceView(BASE, (M, N), (N, 1), "bf16", 2, 0, "numba")
+    return a, b, out
+
+
+def _vector(n, stride=1):
+    return DeviceView(BASE, (n,), (stride,), "f32", 4, 0, "numba")
+
+
+def _fusion(alpha=1.0, row_scale=None, col_scale=None, bias=None, activation=None):
+    return Fusion(alpha, 0.0, None, bias, 1, activation, None, None, (), row_scale, col_scale)
+
+
+def _steps(plan):
+    gemm, = (s for s in plan.specs if isinstance(s, _plan._Gemm))
+    reduce = [s for s in plan.specs if isinstance(s, _plan._Reduce)]
+    return gemm, reduce[0] if reduce else None
+
+
+M, N, K = 128, 2112, 7168  # DeepSeek-V3's 128x2112x7168: 34 tiles of 64x128 unsplit
+
+
+@pytest.mark.parametrize("scales", ["per-tensor number", "per-tensor arrays", "row-wise"])
+def test_fp8_scaled_call_splits_k_and_scales_in_the_reduce(scales):
+    row, col = {"per-tensor number": (None, None), "per-tensor arrays": (_vector(M, 0), _vector(N, 0)),
+                "row-wise": (_vector(M), _vector(N))}[scales]
+    fusion = _fusion(alpha=0.5, row_scale=row, col_scale=col)
+    gemm, reduce = _steps(_plan.gemm_plan(*_views(M, N, K), fusion, None, False))
+    assert gemm.batch.count > 1 and gemm.grid > 2 * 34  # K slices fill more SMs than 64x128 tiles
+    assert gemm.cfg.epilogue is None and gemm.cfg.out_dtype == "f32"  # the slices run the plain kernel
+    assert reduce.alpha == _plan.Src(_plan.ALPHA)
+    assert (reduce.row_scale and reduce.row_scale.src, reduce.col_scale and reduce.col_scale.src) == (
+        row and _plan.Src(_plan.ROW_SCALE), col and _plan.Src(_plan.COL_SCALE))
+
+
+def test_column_major_out_swaps_the_reduce_scales():
+    """A column-major (N, M) out is computed as its (M, N) transpose: kernel rows are its columns."""
+    fusion = _fusion(row_scale=_vector(N), col_scale=_vector(M))
+    a, b, _ = _views(N, M, K)
+    out = DeviceView(BASE, (N, M), (1, N), "bf16", 2, 0, "numba")
+    _, reduce = _steps(_plan.gemm_plan(a, b, out, fusion, None, False))
+    assert reduce.alpha is None  # alpha == 1: no factor
+    assert reduce.row_scale.src == _plan.Src(_plan.COL_SCALE) and reduce.row_scale.view.shape == (M,)
+    assert reduce.col_scale.src == _plan.Src(_plan.ROW_SCALE) and reduce.col_scale.view.shape == (N,)
+    assert reduce.out.view.shape == (M, N)
+
+
+@pytest.mark.parametrize("extra", [{"bias": "bias"}, {"activation": "relu"}])
+def test_other_epilogues_do_not_split(extra):
+    kw = {k: _vector(N) if v == "bias" else v for k, v in extra.items()}
+    gemm, reduce = _steps(_plan.gemm_plan(*_views(M, N, K), _fusion(alpha=0.5, **kw), None, False))
+    assert reduce is None and gemm.batch.count == 1 and gemm.cfg.epilogue is not None
+
+
+def test_16_bit_scaled_calls_split_only_when_asked():
+    from numba_hopper.kernels.gemm_config import GemmConfig
+
+    views = _views(1, 4096, 8192, dtype="bf16")
+    gemm, reduce = _steps(_plan.gemm_plan(*views, _fusion(alpha=2.0), None, False))
+    assert reduce is None and gemm.batch.count == 1  # unchanged: the fused kernel
+    plain, _ = _steps(_plan.gemm_plan(*views, None, None, False))
+    assert plain.batch.count > 1  # the 16-bit plain split, as before
+    forced = GemmConfig(block_m=64, block_n=128, split_k=2)
+    gemm, reduce = _steps(_plan.gemm_plan(*views, _fusion(alpha=2.0), forced, False))
+    assert gemm.batch.count == 2 and gemm.cfg.epilogue is None and reduce.alpha == _plan.Src(_plan.ALPHA)
+
+
+def test_fp8_small_m_slices():
+    from numba_hopper._heuristics import split_count, tile_shape
+    from numba_hopper.kernels.gemm_config import GemmConfig
+
+    def slices(M, N, K):
+        block_m, block_n = tile_shape(M, N, K, 1, 132, fused=True, block_k=128)
+        return split_count(GemmConfig("e4m3", "bf16", "K", "K", block_m=block_m, block_n=block_n), M, N, K, 132)
+
+    # DeepSeek-V3's M = 128 shapes: only the few-tile, long-K ones split
+    assert [slices(128, n, k) for n, k in ((2112, 7168), (4096, 7168), (24576, 1536), (7168, 2048),
+                                           (7168, 16384))] == [2, 2, 1, 1, 1]
+    assert slices(1, 2112, 7168) == 3 and slices(128, 2112, 2048) == 1  # 16 k-blocks: too short
