@@ -149,6 +149,59 @@ def test_fp8_split_k(torch, M):
     _check(torch, got, _reference(torch, a, b, None, None), "f32", K)
 
 
+def _plan_steps(monkeypatch):
+    """The step kinds of each plan gemm builds from here on (in a fresh plan cache)."""
+    import numba_hopper.matmul as g
+    from numba_hopper import _plan
+
+    steps = []
+
+    def spy(*args):
+        plan = _plan.gemm_plan(*args)
+        steps.append([type(s).__name__ for s in plan.specs])
+        return plan
+
+    monkeypatch.setattr(g, "gemm_plan", spy)
+    monkeypatch.setattr(g, "_plans", {})
+    return steps
+
+
+@pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("scaling", ["number", "tensor", "rowwise"])
+@pytest.mark.parametrize("M", [1, 7, 64, 128])
+def test_fp8_split_k_scales_in_its_reduce(torch, monkeypatch, M, scaling, out_dtype):
+    """Few 64-row tiles over a long K split K on their own: plain K slices, then a reduce that
+    applies alpha (numbers) or the scale vectors (one-element ones at stride 0), into a
+    NaN-poisoned ``out=`` and a fresh output."""
+    N, K = 2112, 7168
+    steps = _plan_steps(monkeypatch)
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _scales(torch, scaling, M, N)
+    ref = _reference(torch, a, b, sa, sb)
+    out = torch.full((M, N), float("nan"), dtype=getattr(torch, TORCH_OUT[out_dtype]), device="cuda")
+    assert gemm(a, b, out, scale_a=sa, scale_b=sb) is out
+    fresh = gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    assert len(steps) == 2 and all(s == ["_Gemm", "_Reduce"] for s in steps), steps
+    for got, what in ((out, "out="), (fresh, "fresh")):
+        _check(torch, got, ref, out_dtype, K, f"{M} {scaling} -> {out_dtype}, {what}")
+    assert torch.equal(out, fresh)  # one fixed-order sum
+    if scaling != "number" and out_dtype == "bf16" and M % 16 == 0:  # what cuBLASLt's fp8 takes
+        promoted = _scaled_mm(torch, a, b, sa, sb, torch.bfloat16, False)
+        assert _rel(torch, out, promoted) < tolerance("bf16", K), (_rel(torch, out, ref), _rel(torch, promoted, ref))
+
+
+def test_16_bit_split_k_scales_in_its_reduce(torch, monkeypatch):
+    """A 16-bit product splits only when asked; alpha then goes to the reduce too."""
+    M, N, K = 1, 4096, 8192
+    steps = _plan_steps(monkeypatch)
+    a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    b = torch.randn(K, N, device="cuda").to(torch.bfloat16)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm(a, b, out, alpha=0.5, config=GemmConfig(block_m=64, block_n=128, split_k=4))
+    assert steps == [["_Gemm", "_Reduce"]]
+    _check(torch, out, 0.5 * (a.double() @ b.double()), "bf16", 0, "bf16 alpha=0.5")  # K=0: rounding only
+
+
 def test_fp8_stream_k(torch):
     """Stream-K's k-iteration split counts k-blocks of 128 fp8 elements."""
     M, N, K = 1000, 1000, 4096
