@@ -193,13 +193,13 @@ def _fp8_small_m_slices(tiles, k_blocks, sms):
     each: ``min(sms // tiles, k_blocks // 16, 8)`` when at most half the SMs have a tile and
     K has >= 32 k-blocks, else 1. Not yet measured.
 
-    fp8 products reach M = 128 here (DeepSeek-V3's 128x2112x7168 has 66 tiles of 64x64 on 132
-    SMs), where :func:`small_m_tiling`'s model, fitted at M <= 64 on 16-bit inputs, never
-    splits: it wants >= 64 k-blocks per slice (K = 7168 has 56). A k-block is 128 bytes of K
-    for both (the same bytes of B per tile, so its width choice carries over), but 128 rows
-    also read as many bytes of A as a 64-wide tile of B, which the model ignores. Slices of
-    >= 16 k-blocks keep the fp32 round trip (2 x 4 bytes per output per slice) small
-    against a slice's operand bytes ((64 + block_n) rows x 2 KiB).
+    It serves M up to 128 (DeepSeek-V3's 128x2112x7168: 66 tiles of 64x64 on 132 SMs, 2
+    slices), where :func:`small_m_tiling`'s model, fitted to 16-bit inputs at M <= 64, would
+    not split: it wants >= 64 k-blocks per slice (K = 7168 has 56). Its width choice carries
+    over: its estimates are in bytes of B (a k-block is 128 bytes of K for fp8 and 16-bit
+    inputs alike), but at M = 128 a tile also reads 64 rows of A, which it ignores. Slices
+    of >= 16 k-blocks keep the fp32 round trip (8 bytes per output per slice) small against
+    a slice's operand bytes ((64 + block_n) rows x 2 KiB).
     """
     if 2 * tiles > sms or k_blocks < 32:
         return 1

@@ -131,7 +131,7 @@ class _Reduce:
     def prepare(self, values):
         vectors = (self.row_scale, self.col_scale)
         launch = prepare_reduce(self.partials.at(values), self.out.at(values),
-                                None if self.alpha is None else values[self.alpha.index],
+                                None if self.alpha is None else self.alpha.resolve(values),
                                 *(None if v is None else v.at(values) for v in vectors))
         srcs = (self.partials.src, None, self.out.src)
         if self.alpha is not None or any(v is not None for v in vectors):  # absent ones: placeholders, never read
