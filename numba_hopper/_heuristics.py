@@ -33,8 +33,6 @@ SM_STREAM_GBPS = {128: 58, 256: 85, 64: 34}  # in order of preference between eq
 HBM_STREAM_GBPS = 2600
 # The fewest k-blocks a stream-K CTA gets (more CTAs would only add fix-ups).
 SK_MIN_ITERS = 4
-# fp8's elements per k-block (one byte each).
-FP8_BLOCK_K = KBLOCK_BYTES
 
 
 def _ceil(a, b):
@@ -51,11 +49,11 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64):
     128x160 (one wave on 132 SMs) rather than 70 of 128x256 (one wave of slower tiles);
     8192^3 takes 128x192 (21 waves) over 128x256 (16 waves, fuller). Ties go to the wider
     tile. A fused epilogue has no 160-wide kernel. ``block_k``: elements per k-block (64, or
-    128 for fp8, whose tiles are those of 16-bit inputs, without K slices: not yet tuned).
+    128 for fp8, whose tiles are those of 16-bit inputs: not yet tuned).
     """
-    if M <= SMALL_M:  # fp8 picks its K slices apart (:func:`split_count`)
-        can_split = block_k != FP8_BLOCK_K and _splits_small_m(M, units, fused)
-        return 64, small_m_tiling(M, N, K, units, sms, can_split=can_split, block_k=block_k)[0]
+    if M <= SMALL_M:
+        return 64, small_m_tiling(M, N, K, units, sms, can_split=_splits_small_m(M, units, fused),
+                                  block_k=block_k)[0]
 
     def estimate(bn):
         waves = _ceil(units * _ceil(M, 128) * _ceil(N, bn), sms)
@@ -169,14 +167,12 @@ def split_count(cfg, M, N, K, sms):
 
     Each slice writes fp32 partials that a second kernel sums in a fixed order, so the
     result is deterministic. 64-row tiles (M <= SMALL_M) split as :func:`small_m_tiling`
-    estimates, fp8 ones as :func:`_fp8_small_m_slices`. Otherwise the workspace round
+    estimates. Otherwise the workspace round
     trip and the second launch cost more than idle SMs unless most SMs would idle and K is
     long: measured (benchmarks/NOTES.md), two slices lost at 1024^3 (0.47x vs 0.67x cuBLAS),
     and at 64x4096x4096 with 128x64 tiles (64 tiles on 132 SMs; 0.52x vs 0.61x). So: at most
     a quarter of the SMs busy, >= 128 k-blocks, >= 32 per slice.
     """
-    if cfg.block_m == 64 and M <= SMALL_M and cfg.in_dtype in FP8_DTYPES:
-        return _fp8_small_m_slices(_ceil(M, 64) * _ceil(N, cfg.block_n), _ceil(K, cfg.block_k), sms)
     if cfg.block_m == 64 and M <= SMALL_M:
         block_n, slices = small_m_tiling(M, N, K, 1, sms, can_split=_splits_small_m(M, 1, False),
                                          block_k=cfg.block_k)
@@ -186,21 +182,3 @@ def split_count(cfg, M, N, K, sms):
     if 4 * tiles > sms or k_blocks < 128:
         return 1
     return max(1, min(sms // tiles, k_blocks // 32, 16))
-
-
-def _fp8_small_m_slices(tiles, k_blocks, sms):
-    """K slices of an fp8 product in ``tiles`` 64-row tiles of ``k_blocks`` (128 fp8 elements)
-    each: ``min(sms // tiles, k_blocks // 16, 8)`` when at most half the SMs have a tile and
-    K has >= 32 k-blocks, else 1. Not yet measured.
-
-    It serves M up to 128 (DeepSeek-V3's 128x2112x7168: 66 tiles of 64x64 on 132 SMs, 2
-    slices), where :func:`small_m_tiling`'s model, fitted to 16-bit inputs at M <= 64, would
-    not split: it wants >= 64 k-blocks per slice (K = 7168 has 56). Its width choice carries
-    over: its estimates are in bytes of B (a k-block is 128 bytes of K for fp8 and 16-bit
-    inputs alike), but at M = 128 a tile also reads 64 rows of A, which it ignores. Slices
-    of >= 16 k-blocks keep the fp32 round trip (8 bytes per output per slice) small against
-    a slice's operand bytes ((64 + block_n) rows x 2 KiB).
-    """
-    if 2 * tiles > sms or k_blocks < 32:
-        return 1
-    return min(sms // tiles, k_blocks // 16, 8)

@@ -30,7 +30,7 @@ from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratc
 from .debug import DebugRecord
 from .kernels.descriptors import TENSORMAP_BYTES
 from .kernels.epilogue import EpilogueArgs, c_box_cols
-from .kernels.gemm_config import EPI_ROWS, FP8_DTYPES, GemmParams
+from .kernels.gemm_config import EPI_ROWS, GemmParams
 from .kernels.gemm_sm90 import make_gemm_kernel
 from .launch import device_limits, max_active_clusters, prepare_launch
 from .tensormap import encode_template
@@ -359,8 +359,9 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
     record = DebugRecord() if debug else None
     M, N, K = d.view.shape[0], d.view.shape[1], a.view.shape[1]
     sms = device_limits(vo.device).sm_count
-    # Automatic splits of scaled calls: fp8 only (the 16-bit choices are fitted to plain calls).
-    auto_split = config is None and not cfg.stream_k and (not fusion or reduce_scales and cfg.in_dtype in FP8_DTYPES)
+    # Only plain calls split on their own: the choices are fitted to them. Scaled calls split when
+    # asked (fp8 at M = 128 with 2 slices measured no better, benchmarks/NOTES.md).
+    auto_split = config is None and not fusion and not cfg.stream_k
     splits = split_count(cfg, M, N, K, sms) if auto_split else cfg.split_k
     if splits > 1:
         cfg = split_k_config(cfg, device_limits(vo.device).max_shared_per_block_optin)

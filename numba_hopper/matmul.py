@@ -116,8 +116,8 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
 
     Split-K's K slices produce partial sums, not outputs, so the only fused epilogue it runs
     is a scale-only one (``alpha``, ``row_scale``, ``col_scale``, ``scale_a``/``scale_b``),
-    which its reduce kernel applies; the heuristics split such calls for fp8 inputs only
-    (16-bit ones: with ``config=GemmConfig(..., split_k=n)``).
+    which its reduce kernel applies; such calls split only when asked
+    (``config=GemmConfig(..., split_k=n)``).
     Results are deterministic (bitwise the same on every call) on every path: split-K sums
     its slices in a fixed order in a second kernel, and stream-K (``config=GemmConfig(...,
     stream_k=True)``, never chosen automatically: it lost on every shape measured, see

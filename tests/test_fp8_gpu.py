@@ -170,17 +170,18 @@ def _plan_steps(monkeypatch):
 @pytest.mark.parametrize("scaling", ["number", "tensor", "rowwise"])
 @pytest.mark.parametrize("M", [1, 7, 64, 128])
 def test_fp8_split_k_scales_in_its_reduce(torch, monkeypatch, M, scaling, out_dtype):
-    """Few 64-row tiles over a long K split K on their own: plain K slices, then a reduce that
-    applies alpha (numbers) or the scale vectors (one-element ones at stride 0), into a
-    NaN-poisoned ``out=`` and a fresh output."""
+    """Split-K with scales (asked for: fp8 does not split on its own yet): plain K slices, then
+    a reduce that applies alpha (numbers) or the scale vectors (one-element ones at stride 0),
+    into a NaN-poisoned ``out=`` and a fresh output."""
     N, K = 2112, 7168
     steps = _plan_steps(monkeypatch)
     a, b = _operands(torch, M, N, K)
     sa, sb = _scales(torch, scaling, M, N)
     ref = _reference(torch, a, b, sa, sb)
     out = torch.full((M, N), float("nan"), dtype=getattr(torch, TORCH_OUT[out_dtype]), device="cuda")
-    assert gemm(a, b, out, scale_a=sa, scale_b=sb) is out
-    fresh = gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    split = GemmConfig(block_m=64, block_n=64, split_k=2)
+    assert gemm(a, b, out, scale_a=sa, scale_b=sb, config=split) is out
+    fresh = gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype, config=split)
     assert len(steps) == 2 and all(s == ["_Gemm", "_Reduce"] for s in steps), steps
     for got, what in ((out, "out="), (fresh, "fresh")):
         _check(torch, got, ref, out_dtype, K, f"{M} {scaling} -> {out_dtype}, {what}")
