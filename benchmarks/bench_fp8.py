@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 
 import torch
 
-from bench_gemm import _time, print_table, save_results  # also puts the checkout on sys.path
+from bench_gemm import interleaved_medians, print_table, save_results  # also puts the checkout on sys.path
 from numba_hopper import gemm
 
 # (name, M, N, K): the issue's anchors, then DeepSeek-V3's projections at M = 128 and 4096.
@@ -90,16 +89,7 @@ def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accu
     if not errors["ours"] < tolerance(K):
         raise AssertionError(f"{M}x{N}x{K} {scaling}: relative error {errors['ours']:.3g} "
                              f"(torch._scaled_mm: {errors['ref']:.3g})")
-    for fn in fns.values():  # warm up (compile, clocks), then ~20 ms per timing
-        _time(fn, sets, 3, device_time)
-    est = _time(fns["ref"], sets, 5, device_time)
-    reps = max(5, min(200, int(20 / max(est, 1e-3))))
-    times = {k: [] for k in fns}
-    order = list(fns)
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            times[name].append(_time(fns[name], sets, reps, device_time))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved_medians(fns, sets, rounds, "ref", device_time)
     flops = 2.0 * M * N * K
     return {"ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
             "ratio": med["ref"] / med["ours"], "rel_error": errors["ours"], "ref_rel_error": errors["ref"],

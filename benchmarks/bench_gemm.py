@@ -94,6 +94,22 @@ def _time(fn, sets, reps, device_time=False):
     return start.elapsed_time(end) / reps
 
 
+def interleaved_medians(fns, sets, rounds, reference, device_time=False):
+    """Median seconds per call of each of ``fns`` (name -> fn(*set)): a warm-up (compile,
+    clocks), reps chosen so one timing of ``reference`` lasts ~20 ms, then ``rounds`` rounds
+    that time every contender once, in reversed order every other round."""
+    for fn in fns.values():
+        _time(fn, sets, 3, device_time)
+    est = _time(fns[reference], sets, 5, device_time)
+    reps = max(5, min(200, int(20 / max(est, 1e-3))))
+    times = {k: [] for k in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            times[name].append(_time(fns[name], sets, reps, device_time))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def _config(name):
     """``default`` (the library's choice) or a kernel spelled as dash-separated parts:
     a cluster shape ``MxN`` (``2x1``), ``m<block_m>`` (``m64``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``),
@@ -154,18 +170,8 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), 
             if not err < 1e-2:
                 raise AssertionError(f"{M}x{N}x{K} {dtype} {layout} {name} ({form}): relative error {err}")
             errors[name] = max(errors.get(name, 0.0), err)
-    # Warm up all (compile, clocks), then pick reps so one timing lasts ~20 ms.
-    for fn in fns.values():
-        _time(fn, sets, 3, device_time)
-    est = _time(fns["cublas"], sets, 5, device_time)
-    reps = max(5, min(200, int(20 / max(est, 1e-3))))
-    times = {k: [] for k in fns}
-    order = list(fns)
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            times[name].append(_time(fns[name], sets, reps, device_time))
+    med = interleaved_medians(fns, sets, rounds, "cublas", device_time)
     flops = 2.0 * batch * M * N * K
-    med = {k: statistics.median(v) for k, v in times.items()}
     return {
         name: {
             "ours_tflops": flops / med[name] / 1e9,

@@ -205,32 +205,32 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="NUMBA_HOPPER_DUMP=ptx,sass also prints the PTX and SASS of every kernel compiled.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    check = commands.add_parser(
-        "check", help="run and check the GEMM on a Hopper GPU, then report the compiled kernels "
-                      "(no GPU: only the report)",
-        description="On a Hopper GPU: run the GEMM on random data, check it against float64, time it, "
-                    "then compile the shipped kernels for sm_90a and report them. Without one: only "
-                    "the report. Exit status 1 if a check fails or a kernel spills.")
-    check.set_defaults(run=_check)
-    inspect_cmd = commands.add_parser(
-        "inspect", help="compile the shipped kernels for sm_90a and print their SASS summary (no GPU needed)",
-        description="Compile the shipped kernels (all, or those chosen) for sm_90a and print registers, "
-                    "spills, key SASS instructions and ptxas warnings. No GPU needed. Exit status 1 if "
-                    "a kernel spills.")
+    # (name, what it runs, one-line help, description)
+    for name, run, summary, description in (
+        ("check", _check,
+         "run and check the GEMM on a Hopper GPU, then report the compiled kernels (no GPU: only the report)",
+         "On a Hopper GPU: run the GEMM on random data, check it against float64, time it, then compile the "
+         "shipped kernels for sm_90a and report them. Without one: only the report. Exit status 1 if a check "
+         "fails or a kernel spills."),
+        ("inspect", _inspect,
+         "compile the shipped kernels for sm_90a and print their SASS summary (no GPU needed)",
+         "Compile the shipped kernels (all, or those chosen) for sm_90a and print registers, spills, key SASS "
+         "instructions and ptxas warnings. No GPU needed. Exit status 1 if a kernel spills."),
+        ("bench", _bench,
+         "time gemm against cuBLAS (torch.matmul) on a Hopper GPU",
+         "Time gemm (bf16) against cuBLAS through torch.matmul on a Hopper GPU, with "
+         "benchmarks/bench_gemm.py's method when PyTorch and that file are there, else a quick CUDA-event "
+         "timing. Needs a Hopper GPU."),
+    ):
+        commands.add_parser(name, help=summary, description=description).set_defaults(run=run)
+    inspect_cmd, bench = commands.choices["inspect"], commands.choices["bench"]
     inspect_cmd.add_argument("kernel", nargs="*", metavar="KERNEL",
                              help="numbers as --list shows them, or a piece of a label (e.g. stream-K, "
                                   "'cluster 1x2'); default: all")
     inspect_cmd.add_argument("--list", action="store_true", help="list the shipped kernels; compile nothing")
-    inspect_cmd.set_defaults(run=_inspect)
-    bench = commands.add_parser(
-        "bench", help="time gemm against cuBLAS (torch.matmul) on a Hopper GPU",
-        description="Time gemm (bf16) against cuBLAS through torch.matmul on a Hopper GPU, with "
-                    "benchmarks/bench_gemm.py's method when PyTorch and that file are there, else a "
-                    "quick CUDA-event timing. Needs a Hopper GPU.")
     bench.add_argument("--shape", action="append", type=_parse_shape, metavar="MxNxK",
                        help=f"a product to time (repeatable; default {' and '.join(BENCH_SHAPES)})")
     bench.add_argument("--rounds", type=_positive_int, default=5, help="timed rounds per shape (default 5)")
-    bench.set_defaults(run=_bench)
     return parser
 
 
