@@ -4,11 +4,15 @@ Both calls take ``a`` (M, K) row-major and ``b = w.t()`` of a row-major (N, K) `
 same float32 scales, and return a new bf16 output: ``gemm(a, b, scale_a=, scale_b=)`` against
 ``torch._scaled_mm(a, b, scale_a=, scale_b=, out_dtype=torch.bfloat16)``. Scalings: "tensor"
 (one-element scale tensors) and "rowwise" (M and N values; ``_scaled_mm`` takes them shaped
-(M, 1) and (1, N)). "blockwise" (DeepSeek-V3's 1 x 128 / 128 x 128) is not implemented yet.
+(M, 1) and (1, N)), and "blockwise" (DeepSeek-V3's 1 x 128 / 128 x 128: scale_a (M, K/128)
+with strides (1, M), scale_b (K/128, N/128) with strides (1, K/128), the layouts
+``_scaled_mm`` takes). Block-wise records also carry the error of the promotion
+(``promoted_f32_error``: our block-wise kernel with unit scales and an f32 output, against
+float64) and without it (``unpromoted_f32_error``: the per-tensor kernel, same operands).
 
 The reference runs ``_scaled_mm``'s default (``use_fast_accum=False``: cuBLASLt promotes
-the fp8 accumulator into f32, which this kernel does not yet); ``--fast-accum`` times its
-unpromoted variant, the like-for-like one.
+the fp8 accumulator into f32, which this kernel does for block-wise scales only);
+``--fast-accum`` times its unpromoted variant, the like-for-like one for the others.
 
 Method: bench_gemm.py's (benchmarks/NOTES.md), with its helpers: input sets rotated to
 exceed twice the L2, CUDA events over ``reps`` calls, rounds interleaved and reversed every
@@ -36,13 +40,14 @@ SUITE = [("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192), ("4096x7168
 SUITE += [(f"dsv3 {M}x{N}x{K}", M, N, K) for M in (128, 4096)
           for N, K in ((2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168), (7168, 2048))]
 QUICK = ("4096^3", "128x7168x16384")
-SCALINGS = ("tensor", "rowwise")
+SCALINGS = ("tensor", "rowwise", "blockwise")
 
 
-def tolerance(K):
+def tolerance(K, scaling):
     """Relative error bound of a bf16-output fp8 product: rounding plus fp8 wgmma's ~14-bit
-    accumulation, which grows with K (tests/test_fp8_gpu.py derives both terms)."""
-    return 5e-3 + 6.4e-7 * K
+    accumulation, which grows with K unless promoted every 128 K (block-wise;
+    tests/test_fp8_gpu.py derives the terms)."""
+    return 5e-3 + (1e-4 if scaling == "blockwise" else 6.4e-7 * K)
 
 
 def _operands(M, N, K):
@@ -51,20 +56,38 @@ def _operands(M, N, K):
     return a, w.t()
 
 
-def _scales(scaling, M, N):
+def _scales(scaling, M, N, K):
     """``(ours, theirs)``: gemm's scale_a/scale_b and the same values as _scaled_mm takes them."""
     if scaling == "tensor":
         sa, sb = torch.tensor(0.75, device="cuda"), torch.tensor(1.5, device="cuda")
+        return (sa, sb), (sa, sb)
+    if scaling == "blockwise":
+        kb, nb = -(-K // 128), -(-N // 128)
+        sa, sb = (torch.rand(kb, M, device="cuda") + 0.5).t(), (torch.rand(nb, kb, device="cuda") + 0.5).t()
         return (sa, sb), (sa, sb)
     sa, sb = torch.rand(M, device="cuda") + 0.5, torch.rand(N, device="cuda") + 0.5
     return (sa, sb), (sa[:, None].contiguous(), sb[None, :].contiguous())
 
 
 def _reference(a, b, sa, sb):
+    """float64 ``(scale_a * a) @ (b * scale_b)``, block-wise scales expanded to elements."""
+    K, N = b.shape
     sa, sb = sa.double(), sb.double()
     if sa.dim() == 1:
         sa, sb = sa[:, None], sb[None, :]
+    elif sa.shape[1] > 1 or sb.shape != (1, N):  # block-wise
+        sa = sa.repeat_interleave(128, 1)[:, :K]
+        sb = sb.repeat_interleave(128, 0)[:K].repeat_interleave(128, 1)[:, :N]
     return (a.double() * sa) @ (b.double() * sb)
+
+
+def _promotion_errors(a, b):
+    """f32-output errors against float64 of ``a @ b`` with and without the promotion."""
+    K, N = b.shape
+    ref = a.double() @ b.double()
+    ones = (torch.ones(a.shape[0], -(-K // 128), device="cuda"), torch.ones(-(-K // 128), -(-N // 128), device="cuda"))
+    return {"promoted_f32_error": _rel(gemm(a, b, scale_a=ones[0], scale_b=ones[1], out_dtype="f32"), ref),
+            "unpromoted_f32_error": _rel(gemm(a, b, out_dtype="f32"), ref)}
 
 
 def _rel(got, ref):
@@ -77,7 +100,7 @@ def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accu
     sets = []
     for _ in range(nsets):
         a, b = _operands(M, N, K)
-        ours, theirs = _scales(scaling, M, N)
+        ours, theirs = _scales(scaling, M, N, K)
         sets.append((a, b, ours, theirs))
     fns = {"ours": lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1]),
            "ref": lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], out_dtype=torch.bfloat16,
@@ -86,12 +109,13 @@ def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accu
     a, b, s, t = sets[0]
     ref = _reference(a, b, *s)
     errors = {name: _rel(fn(a, b, s, t), ref) for name, fn in fns.items()}
-    if not errors["ours"] < tolerance(K):
+    if not errors["ours"] < tolerance(K, scaling):
         raise AssertionError(f"{M}x{N}x{K} {scaling}: relative error {errors['ours']:.3g} "
                              f"(torch._scaled_mm: {errors['ref']:.3g})")
+    extra = _promotion_errors(a, b) if scaling == "blockwise" else {}
     med = interleaved_medians(fns, sets, rounds, "ref", device_time)
     flops = 2.0 * M * N * K
-    return {"ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
+    return {**extra, "ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
             "ratio": med["ref"] / med["ours"], "rel_error": errors["ours"], "ref_rel_error": errors["ref"],
             "ours_ms": med["ours"], "ref_ms": med["ref"]}
 
@@ -105,15 +129,16 @@ def main(argv=None):
     p.add_argument("--fast-accum", action="store_true",
                    help="time _scaled_mm with use_fast_accum=True (no promotion of the fp8 accumulator, like ours) "
                         "rather than its default")
+    p.add_argument("--scalings", default=",".join(SCALINGS), help="comma-separated subset of " + ", ".join(SCALINGS))
     p.add_argument("--json", help="results file (default benchmarks/results/fp8-<gpu>-<date>-<commit>.json)")
     args = p.parse_args(argv)
 
     suite = [s for s in SUITE if s[0] in QUICK] if args.quick else SUITE
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
-    print("blockwise: not implemented yet (skipped)")
+    scalings = args.scalings.split(",")
     records = []
     for name, M, N, K in suite:
-        for scaling in SCALINGS:
+        for scaling in scalings:
             r = bench_shape(M, N, K, scaling, args.rounds, l2, args.device_time, args.fast_accum)
             records.append({"name": name, "M": M, "N": N, "K": K, "scaling": scaling, **r})
             print(f"{name:24s} {scaling:8s} ours {r['ours_tflops']:7.1f}  _scaled_mm {r['ref_tflops']:7.1f} TFLOP/s"
@@ -122,7 +147,7 @@ def main(argv=None):
                                "calls": "gemm(a, b, scale_a=, scale_b=) vs torch._scaled_mm(..., out_dtype=bf16, "
                                         f"use_fast_accum={args.fast_accum}), e4m3 TN, fresh outputs",
                                "records": records}, args.json)
-    for scaling in SCALINGS:
+    for scaling in scalings:
         ratios = [r["ratio"] for r in records if r["scaling"] == scaling]
         print(f"geomean ratio, {scaling}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
     print_table(records, [("name", "shape", "s"), ("scaling", "scaling", "s"), ("ours_tflops", "ours TFLOP/s", ".1f"),

@@ -16,21 +16,24 @@ from ._checks import OUTPUT_DTYPES, check_dtype, check_strides
 from ._operands import describe
 from .errors import DeviceMismatchError, ShapeError
 from .kernels.epilogue import ACTIVATIONS, EpilogueConfig
+from .kernels.gemm_config import KBLOCK_SCALE
 
 __all__ = ["NAMES", "fusion_args", "fusion_key_and_values", "Fusion", "check_fusion", "numba_array", "user_arg",
            "is_array"]
 
 NAMES = ("alpha", "beta", "c", "bias", "bias_dim", "activation", "aux_out", "epilogue", "epilogue_args",
-         "row_scale", "col_scale")
+         "row_scale", "col_scale", "a_block_scales", "b_block_scales")
 # The arrays whose addresses a call passes, in the order of the call's values (after alpha, beta).
-ARRAYS = ("c", "row_scale", "col_scale", "bias", "aux_out")
+ARRAYS = ("c", "row_scale", "col_scale", "bias", "aux_out", "a_block_scales", "b_block_scales")
 
 
-def fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale, col_scale):
+def fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale, col_scale,
+                block_scales=None):
     """The epilogue keywords as a dict (``gemm`` calls this only when one of them is not its
-    default: a plain GEMM runs the plain kernel)."""
+    default: a plain GEMM runs the plain kernel). ``block_scales``: fp8 block-wise ``(scale_a,
+    scale_b)`` (``_scales``), which the kernel reads with the epilogue's arrays."""
     return dict(zip(NAMES, (alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, tuple(epilogue_args),
-                            row_scale, col_scale)))
+                            row_scale, col_scale, *(block_scales or (None, None)))))
 
 
 def fusion_key_and_values(f):
@@ -68,6 +71,8 @@ class Fusion:
     user_args: tuple
     row_scale: DeviceView | None
     col_scale: DeviceView | None
+    a_block_scales: DeviceView | None = None
+    b_block_scales: DeviceView | None = None
 
     def transposed(self):
         """The same epilogue for the kernel that computes ``out.T``."""
@@ -80,11 +85,13 @@ class Fusion:
             alpha=self.alpha != 1.0, row_scale=self.row_scale is not None, col_scale=self.col_scale is not None,
             c_dtype=self.c and self.c.dtype, bias=self.bias and ("row", "col")[self.bias_dim],
             bias_dtype=self.bias.dtype if self.bias else "f32", activation=self.activation,
-            aux_dtype=self.aux and self.aux.dtype, user=self.user, transposed=transposed)
+            aux_dtype=self.aux and self.aux.dtype, user=self.user, transposed=transposed,
+            block_scales=self.a_block_scales is not None)
 
 
-def check_fusion(f, M, N, device, dtype) -> Fusion:
-    """Check the epilogue keywords against an (M, N) output; return a :class:`Fusion`."""
+def check_fusion(f, M, N, K, device, dtype) -> Fusion:
+    """Check the epilogue keywords against an (M, N) output of a K-long product; return a
+    :class:`Fusion`."""
     def view(name, x, shape, dtypes=OUTPUT_DTYPES):
         v = device_view(x)
         if v.dtype == "u16" and dtype:
@@ -131,7 +138,16 @@ def check_fusion(f, M, N, device, dtype) -> Fusion:
         user_args=f["epilogue_args"],
         row_scale=f["row_scale"] if f["row_scale"] is None else view("row_scale", f["row_scale"], (M,), ("f32",)),
         col_scale=f["col_scale"] if f["col_scale"] is None else view("col_scale", f["col_scale"], (N,), ("f32",)),
+        **_block_scale_views(f, M, N, K, view),
     )
+
+
+def _block_scale_views(f, M, N, K, view):
+    if f["a_block_scales"] is None:
+        return {}
+    kb, nb = -(-K // KBLOCK_SCALE), -(-N // KBLOCK_SCALE)
+    return {"a_block_scales": view("scale_a", f["a_block_scales"], (M, kb), ("f32",)),
+            "b_block_scales": view("scale_b", f["b_block_scales"], (kb, nb), ("f32",))}
 
 
 def numba_array(v: DeviceView):

@@ -12,8 +12,8 @@ from ._arrays import tma_addressable
 from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
-__all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "stream_k_schedule", "cluster_pays", "choose_config",
-           "split_count", "max_stages"]
+__all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "block_scaled_tile", "stream_k_schedule",
+           "cluster_pays", "choose_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
 # (benchmarks/NOTES.md). Up to MANY_WAVES waves (1792x1280x4096: one wave; 4096x3584x18944,
@@ -94,6 +94,20 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
     return best
 
 
+# Block-wise fp8 tiles (the promoted sums double the accumulators, so at most 128 wide):
+# relative time of one tile, fitted to bench_fp8.py's block-wise suite (benchmarks/NOTES.md).
+BLOCK_SCALED_TILE_COST = {(128, 128): 1.0, (128, 64): 0.55, (64, 128): 0.6}
+
+
+def block_scaled_tile(M, N, sms):
+    """``(block_m, block_n)`` of a block-wise scaled fp8 product: the fewest waves x tile
+    cost (ties to the first, the largest tile)."""
+    def estimate(tile):
+        return _ceil(_ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * BLOCK_SCALED_TILE_COST[tile]
+
+    return min(BLOCK_SCALED_TILE_COST, key=estimate)
+
+
 def stream_k_schedule(tiles, k_blocks, sms):
     """``(grid, dp_tiles)`` of a stream-K launch of ``tiles`` tiles of ``k_blocks`` each.
 
@@ -144,8 +158,11 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     limits = limits or device_limits(vo.device)
     if config is None:
         M, N = vo.shape
-        block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
-                                      block_k=KBLOCK_BYTES // va.itemsize)
+        if epilogue is not None and epilogue.block_scales:
+            block_m, block_n = block_scaled_tile(M, N, limits.sm_count)
+        else:
+            block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
+                                          block_k=KBLOCK_BYTES // va.itemsize)
         base = GemmConfig(block_m=block_m, block_n=block_n)
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
         if block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):

@@ -36,10 +36,12 @@ from .launch import device_limits, max_active_clusters, prepare_launch
 from .tensormap import encode_template
 
 __all__ = ["Plan", "gemm_plan", "bmm_plan", "zero_fill_plan", "split_k_config", "gemm_cache_key", "SCRATCH", "A",
-           "B", "OUT", "ALPHA", "BETA", "C", "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "USER"]
+           "B", "OUT", "ALPHA", "BETA", "C", "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "A_BLOCK_SCALES", "B_BLOCK_SCALES",
+           "USER"]
 
-# Indices into a call's values. USER + i: the i-th array among the user epilogue's arguments.
-SCRATCH, A, B, OUT, ALPHA, BETA, C, ROW_SCALE, COL_SCALE, BIAS, AUX, USER = range(12)
+# Indices into a call's values (the order of ``_fusion.ARRAYS`` after BETA). USER + i: the
+# i-th array among the user epilogue's arguments.
+SCRATCH, A, B, OUT, ALPHA, BETA, C, ROW_SCALE, COL_SCALE, BIAS, AUX, A_BLOCK_SCALES, B_BLOCK_SCALES, USER = range(14)
 
 
 class Src(NamedTuple):
@@ -319,7 +321,7 @@ def _aligned(op: Operand, scratch, copies, row_major_only=False):
 
 
 _FUSION_SRCS = {"c": Src(C), "row_scale": Src(ROW_SCALE), "col_scale": Src(COL_SCALE), "bias": Src(BIAS),
-                "aux": Src(AUX)}
+                "aux": Src(AUX), "a_block_scales": Src(A_BLOCK_SCALES), "b_block_scales": Src(B_BLOCK_SCALES)}
 _SWAPPED = {"row_scale": "col_scale", "col_scale": "row_scale"}
 
 

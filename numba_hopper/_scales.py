@@ -12,8 +12,12 @@ applied to the operands:
 - a float32 vector of M (``scale_a``) or N (``scale_b``) values (row-wise; also as
   ``torch._scaled_mm`` shapes them, (M, 1) and (1, N)) is ``row_scale`` / ``col_scale``.
 
-Block-wise scales (DeepSeek-V3's 1 x 128 / 128 x 128) need the scales inside the K loop
-(two-level accumulation) and are refused here until the kernel has that mainloop.
+Block-wise (DeepSeek-V3's recipe): ``scale_a`` (M, ceil(K / 128)), one per row and 128 K,
+with ``scale_b`` (ceil(K / 128), ceil(N / 128)), one per 128 x 128 block of B (K, N): the
+factor changes along K, so it cannot wait for the epilogue. The pair goes to the kernel as
+the epilogue's ``a_block_scales``/``b_block_scales``, which its mainloop applies to each
+k-block's product (two-level accumulation, ``kernels/mainloop.py``). Any strides: torch's
+(M, K/128) scale_a with strides (1, M) and DeepGEMM's row-major ones alike.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 from numbers import Real
 
 from .errors import DtypeError, ShapeError
+from .kernels.gemm_config import KBLOCK_SCALE
 
 __all__ = ["fold_scales"]
 
@@ -77,6 +82,33 @@ def _as_vector(x, n, stride):
     return _Vector(x, n, stride)
 
 
+def _block_shapes(M, N, K):
+    kb = -(-K // KBLOCK_SCALE)
+    return (M, kb), (kb, -(-N // KBLOCK_SCALE))
+
+
+def _is_block_wise(scale_a, scale_b, M, N, K):
+    """Whether the scales are block-wise: scale_a (M, K blocks) with K longer than one block,
+    or a scale_b of B's block shape that is neither row-wise (1, N) nor one element."""
+    a_shape, b_shape = _block_shapes(M, N, K)
+    sa = None if scale_a is None or isinstance(scale_a, Real) else _shape(scale_a)
+    sb = None if scale_b is None or isinstance(scale_b, Real) else _shape(scale_b)
+    return (sa == a_shape and a_shape[1] > 1) or (sb == b_shape and sb != (1, N) and _prod(sb) > 1)
+
+
+def _block_scales(scale_a, scale_b, M, N, K):
+    """``(scale_a, scale_b)``, checked to be the block-wise pair."""
+    a_shape, b_shape = _block_shapes(M, N, K)
+    for name, x, shape in (("scale_a", scale_a, a_shape), ("scale_b", scale_b, b_shape)):
+        got = "none" if x is None else "a number" if isinstance(x, Real) else f"shape {_shape(x)}"
+        if got != f"shape {shape}":
+            raise ShapeError(f"block-wise scaling takes scale_a of shape {a_shape} (one per row and 128 K) with "
+                             f"scale_b of shape {b_shape} (one per 128 x 128 block of b); {name} has {got}")
+        if not _is_f32(x):
+            raise DtypeError(f"{name} must be float32; got {getattr(x, 'dtype', None)}")
+    return scale_a, scale_b
+
+
 def _scale(name, x, n, side):
     """``(factor, vector)``: a per-tensor number, or a length-``n`` vector of ``x``."""
     if isinstance(x, Real):
@@ -94,21 +126,21 @@ def _scale(name, x, n, side):
     # torch._scaled_mm's row-wise shapes: scale_a (M, 1), scale_b (1, N)
     if len(shape) == 2 and shape == ((n, 1) if side == 0 else (1, n)):
         return 1.0, _as_vector(x, n, strides[side])
-    if len(shape) == 2:
-        raise ValueError(f"{name} of shape {shape}: block-wise scaling is not supported yet (per-tensor: a "
-                         f"number or one element; row-wise: {n} values)")
     raise ShapeError(f"{name} has shape {shape}; expected a number or one element (per-tensor) or {n} values "
-                     f"(row-wise, {'one per row of a' if side == 0 else 'one per column of b'})")
+                     f"(row-wise, {'one per row of a' if side == 0 else 'one per column of b'}; block-wise: see gemm's docstring)")
 
 
 def fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale):
-    """``(alpha, row_scale, col_scale)`` of a call with ``scale_a``/``scale_b`` folded in
-    (module docstring). A scale given as a vector cannot share its side with the explicit
-    ``row_scale`` (``scale_a``) or ``col_scale`` (``scale_b``)."""
+    """``(alpha, row_scale, col_scale, block_scales)`` of a call with ``scale_a``/``scale_b``
+    folded in (module docstring); ``block_scales``: the block-wise ``(scale_a, scale_b)``, or
+    None. A scale given as a vector cannot share its side with the explicit ``row_scale``
+    (``scale_a``) or ``col_scale`` (``scale_b``)."""
     sa, sb = _shape(a), _shape(b)
     if len(sa) != 2 or len(sb) != 2:
-        return alpha, row_scale, col_scale  # not a GEMM: check_inputs says why
-    M, N = sa[0], sb[1]
+        return alpha, row_scale, col_scale, None  # not a GEMM: check_inputs says why
+    M, K, N = sa[0], sa[1], sb[1]
+    if _is_block_wise(scale_a, scale_b, M, N, K):
+        return alpha, row_scale, col_scale, _block_scales(scale_a, scale_b, M, N, K)
     for name, x, n, side in (("scale_a", scale_a, M, 0), ("scale_b", scale_b, N, 1)):
         if x is None:
             continue
@@ -124,4 +156,4 @@ def fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale):
             row_scale = vec
         else:
             col_scale = vec
-    return alpha, row_scale, col_scale
+    return alpha, row_scale, col_scale, None

@@ -40,7 +40,7 @@ import threading
 import numpy as np
 
 from . import debug as _debug
-from ._arrays import ITEMSIZE, DeviceView, byte_span, device_view, tma_addressable
+from ._arrays import ITEMSIZE, DeviceView, byte_span, device_view, is_col_major, tma_addressable
 from ._checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, check_out_dtype, check_overlaps,
                       default_out_dtype, overlap_pairs)
 from ._device import hopper_device_reason
@@ -48,7 +48,7 @@ from ._fusion import check_fusion, fusion_args, fusion_key_and_values
 from ._operands import current_torch_stream, describe, empty_like
 from ._plan import A, AUX, B, C, OUT, Plan, bmm_plan, gemm_plan, zero_fill_plan
 from ._scales import fold_scales
-from .errors import DtypeError, ShapeError, UnsupportedDeviceError
+from .errors import DtypeError, LayoutError, ShapeError, UnsupportedDeviceError
 from .kernels.gemm_config import GemmConfig
 from .launch import as_stream_handle
 
@@ -104,15 +104,23 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       fused epilogue's ``row_scale``/``col_scale`` and compose with all of it; a vector
       ``scale_a`` (``scale_b``) cannot be given with ``row_scale`` (``col_scale``). 16-bit
       inputs take them too.
-    - accuracy: products are exact in float32, but FP8 wgmma accumulates in about 14 bits
-      and this kernel does not promote its accumulator into an f32 sum per k-block (like
-      ``torch._scaled_mm(use_fast_accum=True)``). The tests bound the relative Frobenius
-      error against float64 of the dequantized operands by the output rounding (5e-3 bf16,
-      1e-3 f16/f32) plus 6.4e-7 * K.
-    - not supported yet: block-wise scales (2-D, e.g. 1 x 128 / 128 x 128 blocks: a
-      ``ValueError``), fp8 outputs, mixed e4m3 x e5m2 and ``bmm`` (``DtypeError``). fp8 tiles
-      are the 16-bit ones (not yet tuned), and fp8 kernels are not prebuilt
-      (``numba_hopper.prebuild``): they compile on first use, then come from the disk cache.
+    - block-wise (DeepSeek-V3's recipe, as ``torch._scaled_mm``'s 1 x 128 / 128 x 128):
+      ``scale_a`` float32 (M, ceil(K / 128)), one per row and 128 K, with ``scale_b`` float32
+      (ceil(K / 128), ceil(N / 128)), one per 128 x 128 block of ``b`` (K, N); any strides.
+      The kernel scales each 128-deep k-block's product and adds it to an f32 register sum
+      (two-level accumulation), on tiles at most 128 wide; any K (a partial last block reads
+      its scale like the others), a row-major output, and the rest of the fused epilogue
+      (``row_scale``/``col_scale`` included) after it.
+    - accuracy: products are exact in float32, but FP8 wgmma accumulates in about 14 bits.
+      Per-tensor and row-wise products do not promote the accumulator into an f32 sum per
+      k-block (like ``torch._scaled_mm(use_fast_accum=True)``): the tests bound the relative
+      Frobenius error against float64 of the dequantized operands by the output rounding
+      (5e-3 bf16, 1e-3 f16/f32) plus 6.4e-7 * K. Block-wise products promote every 128 K, so
+      their bound is the rounding plus 1e-4, whatever K.
+    - not supported yet: fp8 outputs, mixed e4m3 x e5m2 and ``bmm`` (``DtypeError``). The
+      per-tensor and row-wise tiles are the 16-bit ones (not yet tuned), and fp8 kernels are
+      not prebuilt (``numba_hopper.prebuild``): they compile on first use, then come from the
+      disk cache.
 
     Split-K's K slices produce partial sums, not outputs, so the only fused epilogue it runs
     is a scale-only one (``alpha``, ``row_scale``, ``col_scale``, ``scale_a``/``scale_b``),
@@ -135,15 +143,16 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     ``UnsupportedDeviceError`` (a RuntimeError) when there is no Hopper GPU. Empty outputs
     launch nothing; ``K == 0`` zero-fills ``out``.
     """
+    block_scales = None
     if scale_a is not None or scale_b is not None:
-        alpha, row_scale, col_scale = fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale)
+        alpha, row_scale, col_scale, block_scales = fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale)
     if (alpha == 1.0 and beta == 0.0 and c is None and bias is None and bias_dim is None and activation is None
             and aux_out is None and epilogue is None and row_scale is None and col_scale is None
-            and not epilogue_args):
+            and not epilogue_args and block_scales is None):
         f, fkey, fvalues = None, None, ()
     else:
         f = fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale,
-                        col_scale)
+                        col_scale, block_scales)
         fkey, fvalues = fusion_key_and_values(f)
     sig_a, pa = describe(a)
     sig_b, pb = describe(b)
@@ -221,7 +230,12 @@ def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, de
     N = vb.shape[1]
     vo = _checked_out(out, (M, N), va, out_dtype)
     # ``dtype`` reads uint16 epilogue arrays as bf16/f16; an fp8 one names the operands only.
-    fusion = f and check_fusion(f, M, N, va.device, None if fp8 else dtype)
+    fusion = f and check_fusion(f, M, N, K, va.device, None if fp8 else dtype)
+    if fusion and fusion.a_block_scales is not None:
+        if not fp8:
+            raise DtypeError(f"block-wise scales are for fp8 operands; a and b are {va.dtype}")
+        if vo and is_col_major(vo):  # the kernel would compute out.T, whose A is b (128 x 128 blocks)
+            raise LayoutError("block-wise scales need a row-major out; got a column-major one")
     c, aux = fusion and fusion.c, fusion and fusion.aux
     read = [("a", A, va), ("b", B, vb)] + ([("c", C, c)] if c else [])
     written = ([("out", OUT, vo)] if vo else []) + ([("aux_out", AUX, aux)] if aux else [])

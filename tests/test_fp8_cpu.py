@@ -126,8 +126,8 @@ def test_mixed_fp8_dtypes_are_refused():
     (dict(scale_b=_v(M)), ShapeError, "scale_b has shape"),
     (dict(scale_a=_v(M, "<f2")), DtypeError, "scale_a must be float32"),
     (dict(scale_b=FakeCAI((N,), "<f8")), DtypeError, "scale_b must be float32"),
-    (dict(scale_a=FakeCAI((M, 2), "<f4")), ValueError, "block-wise scaling is not supported yet"),
-    (dict(scale_b=FakeCAI((1, 2), "<f4")), ValueError, "block-wise scaling is not supported yet"),
+    (dict(scale_a=FakeCAI((M, 2), "<f4")), ShapeError, "scale_a has shape"),  # K = 32: one K block
+    (dict(scale_b=FakeCAI((1, 2), "<f4")), ShapeError, "scale_b has shape"),
     (dict(scale_a=_v(M), row_scale=_v(M)), ValueError, "pass one of them"),
     (dict(scale_b=FakeCAI((), "<f4"), col_scale=_v(N)), ValueError, "pass one of them"),
 ])
@@ -166,6 +166,72 @@ def test_scales_fold_into_the_epilogue(monkeypatch):
                 scale_b=FakeCAI((1, N), "<f4", ptr=next(_addresses)))
     assert f["row_scale"].__cuda_array_interface__["shape"] == (M,)
     assert f["col_scale"].__cuda_array_interface__["strides"] == (4,)
+
+
+# --- block-wise scales (K = 256: two K blocks) -------------------------------------------------
+
+KB = 256
+
+
+def _block(shape, typestr="<f4", strides=None):
+    return FakeCAI(shape, typestr, ptr=next(_addresses), strides=strides)
+
+
+def test_block_wise_scales_reach_the_gpu_check(monkeypatch):
+    # torch's layouts: scale_a (M, K/128) with strides (1, M), scale_b (K/128, N/128)
+    _reaches_gpu_check(monkeypatch, _a(k=KB), _b(k=KB), scale_a=_block((M, 2), strides=(4, 4 * M)),
+                       scale_b=_block((2, 1)))
+    # with the rest of the fused epilogue after it
+    _reaches_gpu_check(monkeypatch, _a(k=KB), _b(k=KB), scale_a=_block((M, 2)), scale_b=_block((2, 1)),
+                       col_scale=_v(N), activation="silu", out_dtype="f32")
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(scale_a=_block((M, 2))), ShapeError, "scale_b has none"),
+    (dict(scale_a=_block((M, 2)), scale_b=1.5), ShapeError, "scale_b has a number"),
+    (dict(scale_a=_block((M, 2)), scale_b=_v(N)), ShapeError, r"scale_b has shape \(6,\)"),
+    (dict(scale_a=_v(M), scale_b=_block((2, 1))), ShapeError, r"scale_a of shape \(4, 2\)"),
+    (dict(scale_a=_block((M, 2)), scale_b=_block((2, 1), "<f8")), DtypeError, "scale_b must be float32"),
+    (dict(scale_a=_block((M, 2)), scale_b=_block((2, 1)), out=FakeCAI((M, N), "<f4", ptr=0x7D0000000000,
+                                                                          strides=(4, 4 * M))),
+     LayoutError, "row-major out"),
+])
+def test_bad_block_wise_scales_are_refused(kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        _call(_a(k=KB), _b(k=KB), **kw)
+
+
+def test_block_wise_scales_need_fp8():
+    a = FakeCAI((M, KB), "<u2", ptr=next(_addresses))
+    b = FakeCAI((KB, N), "<u2", ptr=next(_addresses))
+    with pytest.raises(DtypeError, match="block-wise scales are for fp8"):
+        gemm(a, b, dtype="bf16", scale_a=_block((M, 2)), scale_b=_block((2, 1)))
+
+
+def test_block_wise_tiles_are_at_most_128_wide():
+    from numba_hopper._heuristics import block_scaled_tile
+
+    assert block_scaled_tile(4096, 4096, 132) == (128, 128)
+    assert block_scaled_tile(128, 7168, 132) == (128, 64)  # 112 tiles fill the GPU where 56 would not
+    for M, N in itertools.product((1, 128, 1000, 4096), (128, 2112, 7168)):
+        assert block_scaled_tile(M, N, 132)[1] <= 128
+    with pytest.raises(ValueError, match="block_n in"):
+        GemmConfig("e4m3", "bf16", "K", "K", block_n=256, epilogue=EpilogueConfig(block_scales=True))
+    with pytest.raises(ValueError, match="need fp8"):
+        GemmConfig("bf16", "bf16", "K", "K", block_n=128, epilogue=EpilogueConfig(block_scales=True))
+
+
+@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128)])
+def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
+    """Each k-block: four k32 QGMMAs started afresh, a full wait, then one FFMA per accumulator."""
+    cfg = _fp8(block_m=block_m, block_n=block_n, epilogue=EpilogueConfig(block_scales=True))
+    m2 = types.Array(types.float32, 2, "A")
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (m2, m2)))
+    assert r.sass.count(f"QGMMA.64x{block_n}x32.F32.E4M3.E4M3 ") == 4, r.summary()
+    assert ", RZ, !UPT" in r.sass  # scale_d = 0: each k-block's product starts from zero
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" in r.sass
+    assert r.count("FFMA") >= block_n // 2
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
 
 
 def test_bmm_refuses_fp8():

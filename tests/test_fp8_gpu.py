@@ -258,3 +258,134 @@ def test_fp8_matches_torch_scaled_mm(torch, M, N, K, scaling):
     e_fast, e_promoted = _rel(torch, fast, ref), _rel(torch, promoted, ref)
     assert _rel(torch, ours, promoted) < tolerance("bf16", K), (e_ours, e_fast, e_promoted)
     assert e_ours < 1.5 * e_fast + 1e-4, (e_ours, e_fast, e_promoted)
+
+
+# --- block-wise scales (1 x 128 for A, 128 x 128 for B), promoted every k-block -----------------
+
+def block_tolerance(out_dtype):
+    """Block-wise products promote the fp8 accumulator into f32 every 128 K: each k-block's
+    four k32 steps carry about 2^-14 of relative error, which does not grow with K."""
+    return ROUNDING[out_dtype] + 1e-4
+
+
+def _block_scales(torch, M, N, K, layout="torch", seed=2):
+    """Positive block-wise ``(scale_a, scale_b)``: (M, ceil(K/128)) and (ceil(K/128), ceil(N/128)),
+    in ``torch._scaled_mm``'s strides ((1, M) and (1, K/128)) or row-major ("rows")."""
+    kb, nb = -(-K // 128), -(-N // 128)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    if layout == "torch":
+        return ((torch.rand(kb, M, generator=gen, device="cuda") + 0.5).t(),
+                (torch.rand(nb, kb, generator=gen, device="cuda") + 0.5).t())
+    return (torch.rand(M, kb, generator=gen, device="cuda") + 0.5,
+            torch.rand(kb, nb, generator=gen, device="cuda") + 0.5)
+
+
+def _block_reference(torch, a, b, sa, sb):
+    """float64 of the dequantized operands, each scale spread over its block."""
+    K, N = b.shape
+    sa_full = sa.double().repeat_interleave(128, 1)[:, :K]
+    sb_full = sb.double().repeat_interleave(128, 0)[:K].repeat_interleave(128, 1)[:, :N]
+    return (a.double() * sa_full) @ (b.double() * sb_full)
+
+
+def _check_block(torch, got, ref, out_dtype, what):
+    assert not torch.isnan(got).any(), f"{what}: NaN left in the output"
+    err, tol = _rel(torch, got, ref), block_tolerance(out_dtype)
+    assert err < tol, f"{what}: relative error {err:.3g} >= {tol:.3g}"
+    return err
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES, ids=lambda v: str(v))
+def test_fp8_block_wise_matches_float64(torch, M, N, K):
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _block_scales(torch, M, N, K)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert gemm(a, b, out, scale_a=sa, scale_b=sb) is out
+    _check_block(torch, out, _block_reference(torch, a, b, sa, sb), "bf16", f"{M}x{N}x{K}")
+
+
+@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (64, 64)])
+@pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
+def test_fp8_block_wise_tiles(torch, block_m, block_n, out_dtype):
+    """Every tile a block-wise product runs on, with partial tiles and a partial last k-block;
+    the scales row-major (DeepGEMM's scale_b orientation transposed)."""
+    M, N, K = 1000, 1500, 2048 + 80
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _block_scales(torch, M, N, K, layout="rows")
+    out = torch.full((M, N), float("nan"), dtype=getattr(torch, TORCH_OUT[out_dtype]), device="cuda")
+    gemm(a, b, out, scale_a=sa, scale_b=sb, config=GemmConfig(block_m=block_m, block_n=block_n))
+    _check_block(torch, out, _block_reference(torch, a, b, sa, sb), out_dtype, f"{block_m}x{block_n}")
+
+
+@pytest.mark.parametrize("fp8,out_dtype", [("e4m3", "f16"), ("e5m2", "bf16"), ("e5m2", "f32")])
+def test_fp8_block_wise_dtypes(torch, fp8, out_dtype):
+    M, N, K = 512, 640, 1024
+    a, b = _operands(torch, M, N, K, fp8)
+    sa, sb = _block_scales(torch, M, N, K)
+    got = gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    _check_block(torch, got, _block_reference(torch, a, b, sa, sb), out_dtype, f"{fp8} -> {out_dtype}")
+
+
+def test_fp8_block_wise_promotion_beats_the_fp8_accumulator(torch):
+    """The same product with and without promotion (unit scales, f32 output, K = 16384): the
+    promoted one is within its K-independent bound, and closer to float64."""
+    M, N, K = 256, 512, 16384
+    a, b = _operands(torch, M, N, K)
+    ref = a.double() @ b.double()
+    kb, nb = K // 128, N // 128
+    promoted = gemm(a, b, scale_a=torch.ones(M, kb, device="cuda"), scale_b=torch.ones(kb, nb, device="cuda"),
+                    out_dtype="f32")
+    plain = gemm(a, b, out_dtype="f32")
+    e_promoted, e_plain = _rel(torch, promoted, ref), _rel(torch, plain, ref)
+    assert e_promoted < block_tolerance("f32") - ROUNDING["f32"], (e_promoted, e_plain)
+    assert e_promoted < e_plain, (e_promoted, e_plain)
+
+
+def test_fp8_block_wise_scales_are_read_per_call(torch):
+    """Later calls of one layout (a cached plan) read their own operands and scales, into
+    fresh outputs: nothing of the first call's is reused."""
+    M, N, K = 384, 768, 1536
+    for seed in range(3):
+        a, b = _operands(torch, M, N, K, seed=seed)
+        sa, sb = _block_scales(torch, M, N, K, seed=10 + seed)
+        _check_block(torch, gemm(a, b, scale_a=sa, scale_b=sb), _block_reference(torch, a, b, sa, sb), "bf16",
+                     f"call {seed}")
+
+
+def test_fp8_block_wise_with_fused_epilogue(torch):
+    M, N, K = 500, 768, 1024
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _block_scales(torch, M, N, K)
+    col = torch.rand(N, device="cuda") + 0.5
+    bias = torch.randn(N, device="cuda").to(torch.bfloat16)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm(a, b, out, scale_a=sa, scale_b=sb, col_scale=col, bias=bias, activation="silu")
+    ref = torch.nn.functional.silu(_block_reference(torch, a, b, sa, sb) * col.double() + bias.double())
+    _check_block(torch, out, ref, "bf16", "col_scale+bias+silu")
+
+
+def test_fp8_block_wise_numba_arrays(torch):
+    M, N, K = 200, 300, 384
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _block_scales(torch, M, N, K)
+    out = cuda.as_cuda_array(torch.full((M, N), float("nan"), device="cuda"))
+    gemm(cuda.as_cuda_array(a.view(torch.uint8)), cuda.as_cuda_array(b.view(torch.uint8)), out,
+         scale_a=cuda.as_cuda_array(sa), scale_b=cuda.as_cuda_array(sb), dtype="e4m3")
+    _check_block(torch, torch.as_tensor(out, device="cuda"), _block_reference(torch, a, b, sa, sb), "f32", "numba")
+
+
+@pytest.mark.parametrize("M,N,K", [(128, 7168, 2048), (1024, 2112, 7168), (2048, 1536, 4096)], ids=str)
+def test_fp8_block_wise_matches_torch_scaled_mm(torch, M, N, K):
+    """Against cuBLASLt's block-wise product (promoted too): both within the bound of float64,
+    and of each other."""
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _block_scales(torch, M, N, K)
+    ref = _block_reference(torch, a, b, sa, sb)
+    ours = gemm(a, b, scale_a=sa, scale_b=sb)
+    try:
+        theirs = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"torch._scaled_mm refuses block-wise scales here: {e}")
+    e_ours = _check_block(torch, ours, ref, "bf16", "ours")
+    e_theirs = _rel(torch, theirs, ref)
+    assert _rel(torch, ours, theirs) < block_tolerance("bf16"), (e_ours, e_theirs)

@@ -7,6 +7,8 @@ tuple once into a thread-local array; indexing that array in loops with constant
 counts unrolls, every index becomes a constant, and the array is promoted back to
 registers (no local memory: check ``report.stack_frame == 0``). A run-time index that
 survives unrolling would put it in local memory, which the inspection report shows.
+:func:`array_as_tuple` goes back: a function that built its result in such an array
+returns it as a tuple (a value; an array would point into the returning function's frame).
 """
 
 from llvmlite import ir
@@ -14,7 +16,7 @@ from numba.cuda import types
 
 from ._ptx import intrinsic
 
-__all__ = ["tuple_as_array"]
+__all__ = ["tuple_as_array", "array_as_tuple"]
 
 
 @intrinsic
@@ -48,3 +50,18 @@ def tuple_as_array(typingctx, tup):
         return ary._getvalue()
 
     return arrty(tup), codegen
+
+
+@intrinsic
+def array_as_tuple(typingctx, arr, like):
+    """The first ``len(like)`` elements of the 1-D array ``arr`` as a tuple of ``like``'s type."""
+    if not (isinstance(like, types.UniTuple) and isinstance(arr, types.Array) and arr.ndim == 1
+            and arr.dtype == like.dtype):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        elems = [builder.load(builder.gep(ary.data, [ir.Constant(ir.IntType(64), i)])) for i in range(like.count)]
+        return context.make_tuple(builder, like, elems)
+
+    return like(arr, like), codegen

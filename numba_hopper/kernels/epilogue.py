@@ -78,6 +78,7 @@ class EpilogueConfig:
     aux_dtype: str | None = None
     user: object = None
     transposed: bool = False
+    block_scales: bool = False
 
     def __post_init__(self):
         if self.activation not in (None,) + ACTIVATIONS:
@@ -94,7 +95,8 @@ class EpilogueConfig:
     def scale_only(self) -> bool:
         """Whether it only multiplies (``alpha``, ``row_scale``, ``col_scale``): then split-K's
         reduce can apply it after summing the K slices."""
-        return (self.c_dtype, self.bias, self.activation, self.aux_dtype, self.user) == (None,) * 5
+        return (self.c_dtype, self.bias, self.activation, self.aux_dtype, self.user) == (None,) * 5 and \
+            not self.block_scales
 
     @property
     def arg_names(self) -> tuple:
@@ -102,11 +104,13 @@ class EpilogueConfig:
 
         ``alpha``/``beta``: float32; ``row_scale``/``col_scale``: float32 vectors; ``bias``:
         a vector (uint16 bits or float32); ``aux``: a 2-D array (likewise); ``user_args``: a
-        tuple. (C itself arrives through a tensor map, not here.)
+        tuple; ``a_block_scales`` (M, ceil(K / 128)) and ``b_block_scales`` (ceil(K / 128),
+        ceil(N / 128)): float32 matrices. (C itself arrives through a tensor map, not here.)
         """
         present = (("beta", self.c_dtype), ("alpha", self.alpha),
                    ("row_scale", self.row_scale), ("col_scale", self.col_scale), ("bias", self.bias),
-                   ("aux", self.aux_dtype), ("user_args", self.user))
+                   ("aux", self.aux_dtype), ("user_args", self.user), ("a_block_scales", self.block_scales),
+                   ("b_block_scales", self.block_scales))
         return tuple(name for name, used in present if used)
 
     def column_bytes(self, block_n):
@@ -114,8 +118,8 @@ class EpilogueConfig:
         return 4 * block_n * (self.col_scale + (self.bias == "col"))
 
 
-EpilogueArgs = namedtuple("EpilogueArgs", ["beta", "alpha", "row_scale", "col_scale", "bias", "aux", "user_args"],
-                          defaults=(0, 0, 0, 0, 0, 0, ()))
+EpilogueArgs = namedtuple("EpilogueArgs", ["beta", "alpha", "row_scale", "col_scale", "bias", "aux", "user_args",
+                                           "a_block_scales", "b_block_scales"], defaults=(0, 0, 0, 0, 0, 0, (), 0, 0))
 EpilogueArgs.__doc__ = """The fused epilogue's run-time arguments (the fields of
 :attr:`EpilogueConfig.arg_names`; an unused field is 0, or ``()`` for ``user_args``)."""
 

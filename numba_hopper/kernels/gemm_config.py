@@ -20,10 +20,11 @@ if TYPE_CHECKING:
     from .epilogue import EpilogueConfig
 
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "gemm_argument_types", "WG_ROWS", "KBLOCK_BYTES",
-           "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES"]
+           "KBLOCK_SCALE", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES"]
 
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements
+KBLOCK_SCALE = 128  # block-wise fp8 scales: one per 128 K (one fp8 k-block) and per 128 rows of B
 EPI_ROWS = 64
 EPI_BUF_BYTES = EPI_ROWS * 128  # one 128-byte-wide swizzled sub-tile
 ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
@@ -98,6 +99,11 @@ class GemmConfig:
             raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}x{self.cluster_n}")
         if self.stream_k and (self.cluster_size > 1 or self.split_k > 1 or self.epilogue is not None):
             raise ValueError("stream_k runs without a cluster, split_k or a fused epilogue")
+        if self.block_scaled and (self.in_dtype not in FP8_DTYPES or KBLOCK_SCALE % self.block_n or self.block_n < 64):
+            # A tile's columns then share one 128-column scale block, and the promoted sums
+            # (twice the accumulators) fit in registers.
+            raise ValueError(f"block-wise scales need fp8 inputs and block_n in (64, 128); got "
+                             f"{self.in_dtype}, block_n = {self.block_n}")
         if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:
             # 128 accumulators per thread leave no registers for a partial's loads: ptxas
             # issues all 32 float4 loads before the adds, and spills (SASS, CPU test).
@@ -125,6 +131,11 @@ class GemmConfig:
     @property
     def has_c(self):
         return self.epilogue is not None and self.epilogue.c_dtype is not None
+
+    @property
+    def block_scaled(self):
+        """Whether the mainloop scales each k-block's product (fp8 block-wise scales)."""
+        return self.epilogue is not None and self.epilogue.block_scales
 
     @property
     def partial_bytes(self):

@@ -136,7 +136,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
         while item.tile < work.num_tiles:
             tile = scheduler.origin(work, item.tile, cta.rm, cta.rn)
             terms = epilogue.begin_tile(smem, c, tile, stores, tmaps.c, p, ep)
-            acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers)
+            acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile, ep)
             frag = nh.tuple_as_array(acc)
             if scheduler.fixup(frag, work, item, p.workspace, c):
                 stores = epilogue.store_tile(frag, smem, c, tile, stores, tmaps.d, tmaps.c, p, ep, terms)

@@ -28,7 +28,7 @@ import numpy as np
 from numba import cuda
 
 from .. import intrinsics as nh
-from .gemm_config import FP8_DTYPES, WG_ROWS, GemmConfig
+from .gemm_config import FP8_DTYPES, KBLOCK_SCALE, WG_ROWS, GemmConfig
 from .pipeline import TmaPipeline, debug_site
 
 __all__ = ["Mainloop", "ClusterCta", "make_mainloop"]
@@ -48,8 +48,10 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
       and ``peers``, the ranks whose producers write into its slots;
     - ``load(smem, bars, st, tmap_a, tmap_b, params, item, tile, cta) -> st``: (the
       producer's elected thread) the loads of work ``item``'s k-blocks of output ``tile``;
-    - ``mma(acc, smem, bars, st, params, item, consumer, peers) -> (acc, st)``: (a consumer
-      warpgroup) its 64 rows of the tile's product over the item's k-blocks.
+    - ``mma(acc, smem, bars, st, params, item, consumer, peers, tile, ep) -> (acc, st)``: (a
+      consumer warpgroup) its 64 rows of the tile's product over the item's k-blocks, in the
+      accumulator tuple ``acc``; with block-wise scales (``cfg.block_scaled``, read from
+      ``ep``) each k-block's product is scaled into an f32 sum, returned in ``acc``'s place.
     """
     BM, BN = cfg.block_m, cfg.block_n
     IN_T = cfg.in_dtype
@@ -116,7 +118,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return acc
 
     @cuda.jit(device=True, forceinline=True)
-    def mma(acc, smem, bars, st, p, item, c, peers):
+    def mma(acc, smem, bars, st, p, item, c, peers, tile, ep):
         prev = st
         for kb in range(item.k_begin, item.k_end):
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
@@ -131,7 +133,42 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             pipe.consumer_release(bars, prev, peers)
         return acc, st
 
-    return Mainloop(cluster_cta, load, mma)
+    @cuda.jit(device=True, forceinline=True)
+    def block_scale_pair(ep, row, n_block, kb, M):
+        """The factors of k-block ``kb`` for this thread's rows ``row`` and ``row + 8``: A's
+        scale of the row's 128 K times B's of the tile's 128 x 128 block. Rows past M read
+        row M - 1 (their products are zero: TMA zero-fills A)."""
+        k = np.uint64(kb)
+        b_scale = ep.b_block_scales[k, np.uint64(n_block)]
+        return (ep.a_block_scales[np.uint64(min(row, M - 1)), k] * b_scale,
+                ep.a_block_scales[np.uint64(min(row + 8, M - 1)), k] * b_scale)
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_promoted(acc, smem, bars, st, p, item, c, peers, tile, ep):
+        """Two-level accumulation (block-wise scales): each k-block's product in ``acc``
+        (started afresh), waited for, then added, times its scales, into f32 ``sums``. The
+        scales' loads are issued before the wait for the slot, so they land during it; the
+        other consumer's wgmmas keep the tensor cores busy while this one promotes. The sum
+        comes back as a tuple like ``acc`` (whose registers the next tile's wgmmas overwrite:
+        scale_d = 0)."""
+        sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
+        row = tile.m0 + c.cw * WG_ROWS + c.row_in_wg
+        n_block = tile.n0 // KBLOCK_SCALE
+        for kb in range(item.k_begin, item.k_end):
+            s0, s1 = block_scale_pair(ep, row, n_block, kb, p.M)
+            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
+            acc = mma_stage(acc, smem, st, c.cw, True)
+            nh.wgmma_wait_group(0)
+            acc = nh.wgmma_fence_operand(acc)  # the reads below stay after the wait
+            if c.lane == 0:
+                pipe.consumer_release(bars, st, peers)
+            part = nh.tuple_as_array(acc)
+            for e in range(BN // 2):  # register 4i + 2j + c holds row row_in_wg + 8j
+                sums[e] += part[e] * (s0 if e % 4 < 2 else s1)
+            st = pipe.advance(st)
+        return nh.array_as_tuple(sums, acc), st
+
+    return Mainloop(cluster_cta, load, mma_promoted if cfg.block_scaled else mma)
 
 
 def _operand_loader(k_major, rows, sharers):
