@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from bench_gemm import interleaved_medians, print_table, save_results  # also puts the checkout on sys.path
+from bench_gemm import _config, interleaved_medians, print_table, save_results  # also puts the checkout on sys.path
 from numba_hopper import gemm
 
 # (name, M, N, K): the issue's anchors, then DeepSeek-V3's projections at M = 128 and 4096.
@@ -47,7 +47,7 @@ def tolerance(K, scaling):
     """Relative error bound of a bf16-output fp8 product: rounding plus fp8 wgmma's ~14-bit
     accumulation, which grows with K unless promoted every 128 K (block-wise;
     tests/test_fp8_gpu.py derives the terms)."""
-    return 5e-3 + (1e-4 if scaling == "blockwise" else 6.4e-7 * K)
+    return 5e-3 + (3e-4 if scaling == "blockwise" else 6.4e-7 * K)
 
 
 def _operands(M, N, K):
@@ -94,7 +94,9 @@ def _rel(got, ref):
     return ((got.double() - ref).norm() / ref.norm()).item()
 
 
-def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accum=False):
+def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accum=False, configs=("default",)):
+    """Our TFLOP/s (the first of ``configs``: bench_gemm's names; all of them under
+    ``configs_tflops``) and ``_scaled_mm``'s, timed in interleaved rounds."""
     set_bytes = M * K + K * N + 2 * M * N  # fp8 operands, a bf16 output
     nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
     sets = []
@@ -102,22 +104,28 @@ def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accu
         a, b = _operands(M, N, K)
         ours, theirs = _scales(scaling, M, N, K)
         sets.append((a, b, ours, theirs))
-    fns = {"ours": lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1]),
-           "ref": lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], out_dtype=torch.bfloat16,
-                                                      use_fast_accum=fast_accum)}
+
+    def ours(config):
+        return lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1], config=config)
+
+    fns = {name: ours(_config(name)) for name in configs}
+    fns["ours"] = fns.pop(configs[0])
+    fns["ref"] = (lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], out_dtype=torch.bfloat16,
+                                                      use_fast_accum=fast_accum))
 
     a, b, s, t = sets[0]
     ref = _reference(a, b, *s)
     errors = {name: _rel(fn(a, b, s, t), ref) for name, fn in fns.items()}
-    if not errors["ours"] < tolerance(K, scaling):
-        raise AssertionError(f"{M}x{N}x{K} {scaling}: relative error {errors['ours']:.3g} "
-                             f"(torch._scaled_mm: {errors['ref']:.3g})")
+    if not max(e for name, e in errors.items() if name != "ref") < tolerance(K, scaling):
+        raise AssertionError(f"{M}x{N}x{K} {scaling}: relative errors {errors}")
     extra = _promotion_errors(a, b) if scaling == "blockwise" else {}
     med = interleaved_medians(fns, sets, rounds, "ref", device_time)
     flops = 2.0 * M * N * K
     return {**extra, "ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
             "ratio": med["ref"] / med["ours"], "rel_error": errors["ours"], "ref_rel_error": errors["ref"],
-            "ours_ms": med["ours"], "ref_ms": med["ref"]}
+            "ours_ms": med["ours"], "ref_ms": med["ref"],
+            **({"configs_tflops": {c: flops / med["ours" if c == configs[0] else c] / 1e9 for c in configs}}
+               if len(configs) > 1 else {})}
 
 
 def main(argv=None):
@@ -129,20 +137,25 @@ def main(argv=None):
     p.add_argument("--fast-accum", action="store_true",
                    help="time _scaled_mm with use_fast_accum=True (no promotion of the fp8 accumulator, like ours) "
                         "rather than its default")
+    p.add_argument("--configs", nargs="+", default=["default"],
+                   help="our kernels (bench_gemm.py's names, e.g. default m64-n128 n64); the first is the record's")
+    p.add_argument("--shapes", nargs="+", help="names from the suite (default: all, or --quick's)")
     p.add_argument("--scalings", default=",".join(SCALINGS), help="comma-separated subset of " + ", ".join(SCALINGS))
     p.add_argument("--json", help="results file (default benchmarks/results/fp8-<gpu>-<date>-<commit>.json)")
     args = p.parse_args(argv)
 
-    suite = [s for s in SUITE if s[0] in QUICK] if args.quick else SUITE
+    names = args.shapes or (QUICK if args.quick else None)
+    suite = [s for s in SUITE if names is None or s[0] in names]
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
     scalings = args.scalings.split(",")
     records = []
     for name, M, N, K in suite:
         for scaling in scalings:
-            r = bench_shape(M, N, K, scaling, args.rounds, l2, args.device_time, args.fast_accum)
+            r = bench_shape(M, N, K, scaling, args.rounds, l2, args.device_time, args.fast_accum, args.configs)
             records.append({"name": name, "M": M, "N": N, "K": K, "scaling": scaling, **r})
             print(f"{name:24s} {scaling:8s} ours {r['ours_tflops']:7.1f}  _scaled_mm {r['ref_tflops']:7.1f} TFLOP/s"
-                  f"  ratio {r['ratio']:.3f}  err {r['rel_error']:.2e}", flush=True)
+                  f"  ratio {r['ratio']:.3f}  err {r['rel_error']:.2e}"
+                  + "".join(f"  {c} {t:.1f}" for c, t in r.get("configs_tflops", {}).items()), flush=True)
     out = save_results("fp8", {"timing": "device" if args.device_time else "wall (host call rate included)",
                                "calls": "gemm(a, b, scale_a=, scale_b=) vs torch._scaled_mm(..., out_dtype=bf16, "
                                         f"use_fast_accum={args.fast_accum}), e4m3 TN, fresh outputs",

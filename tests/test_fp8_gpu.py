@@ -263,9 +263,10 @@ def test_fp8_matches_torch_scaled_mm(torch, M, N, K, scaling):
 # --- block-wise scales (1 x 128 for A, 128 x 128 for B), promoted every k-block -----------------
 
 def block_tolerance(out_dtype):
-    """Block-wise products promote the fp8 accumulator into f32 every 128 K: each k-block's
-    four k32 steps carry about 2^-14 of relative error, which does not grow with K."""
-    return ROUNDING[out_dtype] + 1e-4
+    """Block-wise products promote the fp8 accumulator into f32 every 128 K, so its error
+    (about 2^-14 per k-block's four k32 steps; measured 1.2e-4 at K = 16384, where the
+    unpromoted accumulator gave 1.3e-3) does not grow with K: 3e-4 beside the rounding."""
+    return ROUNDING[out_dtype] + 3e-4
 
 
 def _block_scales(torch, M, N, K, layout="torch", seed=2):

@@ -147,15 +147,17 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     def mma_promoted(acc, smem, bars, st, p, item, c, peers, tile, ep):
         """Two-level accumulation (block-wise scales): each k-block's product in ``acc``
         (started afresh), waited for, then added, times its scales, into f32 ``sums``. The
-        scales' loads are issued before the wait for the slot, so they land during it; the
-        other consumer's wgmmas keep the tensor cores busy while this one promotes. The sum
-        comes back as a tuple like ``acc`` (whose registers the next tile's wgmmas overwrite:
-        scale_d = 0)."""
+        scales are loaded a k-block ahead, so the L2's latency hides behind a k-block's
+        wgmmas; the other consumer's wgmmas keep the tensor cores busy while this one
+        promotes. The sum comes back as a tuple like ``acc`` (whose registers the next
+        tile's wgmmas overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         row = tile.m0 + c.cw * WG_ROWS + c.row_in_wg
         n_block = tile.n0 // KBLOCK_SCALE
+        s0, s1 = block_scale_pair(ep, row, n_block, item.k_begin, p.M)
         for kb in range(item.k_begin, item.k_end):
-            s0, s1 = block_scale_pair(ep, row, n_block, kb, p.M)
+            # the next k-block's (a valid index past the last: block 0)
+            next_s0, next_s1 = block_scale_pair(ep, row, n_block, kb + 1 if kb + 1 < item.k_end else 0, p.M)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             acc = mma_stage(acc, smem, st, c.cw, True)
             nh.wgmma_wait_group(0)
@@ -165,6 +167,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             part = nh.tuple_as_array(acc)
             for e in range(BN // 2):  # register 4i + 2j + c holds row row_in_wg + 8j
                 sums[e] += part[e] * (s0 if e % 4 < 2 else s1)
+            s0, s1 = next_s0, next_s1
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
 
