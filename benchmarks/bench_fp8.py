@@ -75,7 +75,7 @@ def _reference(a, b, sa, sb):
     sa, sb = sa.double(), sb.double()
     if sa.dim() == 1:
         sa, sb = sa[:, None], sb[None, :]
-    elif sa.shape[1] > 1 or sb.shape != (1, N):  # block-wise
+    elif sa.dim() == 2 and (sa.shape[1] > 1 or sb.shape != (1, N)):  # block-wise
         sa = sa.repeat_interleave(128, 1)[:, :K]
         sb = sb.repeat_interleave(128, 0)[:K].repeat_interleave(128, 1)[:, :N]
     return (a.double() * sa) @ (b.double() * sb)
