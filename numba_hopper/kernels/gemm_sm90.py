@@ -132,6 +132,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
         acc = nh.wgmma_accumulator(BN, "f32")
         st = PipelineState(0, 0)
         stores = 0
+        mainloop.begin(c)
         item = scheduler.first(work)
         while item.tile < work.num_tiles:
             tile = scheduler.origin(work, item.tile, cta.rm, cta.rn)

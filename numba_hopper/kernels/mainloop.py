@@ -33,7 +33,7 @@ from .pipeline import TmaPipeline, debug_site
 
 __all__ = ["Mainloop", "ClusterCta", "make_mainloop"]
 
-Mainloop = namedtuple("Mainloop", ["cluster_cta", "load", "mma"])
+Mainloop = namedtuple("Mainloop", ["cluster_cta", "load", "begin", "mma"])
 ClusterCta = namedtuple("ClusterCta", ["rm", "rn", "a_mask", "b_mask", "peers"])
 
 MN_BOX_BYTES = 64 * 128  # a 64 x 64 box of an MN-major operand
@@ -48,6 +48,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
       and ``peers``, the ranks whose producers write into its slots;
     - ``load(smem, bars, st, tmap_a, tmap_b, params, item, tile, cta) -> st``: (the
       producer's elected thread) the loads of work ``item``'s k-blocks of output ``tile``;
+    - ``begin(consumer)``: (each consumer warpgroup, once, before its first ``mma``) with
+      block-wise scales and two consumers, hand the first turn to issue wgmmas to consumer 0;
     - ``mma(acc, smem, bars, st, params, item, consumer, peers, tile, ep) -> (acc, st)``: (a
       consumer warpgroup) its 64 rows of the tile's product over the item's k-blocks, in the
       accumulator tuple ``acc``; with block-wise scales (``cfg.block_scaled``, read from
@@ -74,6 +76,14 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     TNSP_A, TNSP_B = int(not A_K_MAJOR), int(not B_K_MAJOR)
     A_WG_OFF = WG_ROWS * 128  # consumer 1's 64 rows: 64 K-major rows, or the second M box
     DEBUG = cfg.debug
+    # Block-wise scales: each consumer waits for its k-block's wgmmas before it promotes them,
+    # so the tensor cores idle while both promote, unless the two consumers take turns to
+    # issue: consumer 0's k-block kb, consumer 1's kb, consumer 0's kb + 1, ... The tensor
+    # cores run them in that order, so each consumer promotes while the other's run.
+    # Consumer i waits for its turn at named barrier TURN + i (256 threads: its own wait,
+    # the other's arrival).
+    TAKE_TURNS = cfg.block_scaled and cfg.consumers == 2
+    TURN = 3  # named barriers 3 and 4 (0: __syncthreads, 1 and 2: each consumer's own)
 
     @cuda.jit(device=True, forceinline=True)
     def cluster_cta():
@@ -144,13 +154,19 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
                 ep.a_block_scales[np.uint64(min(row + 8, M - 1)), k] * b_scale)
 
     @cuda.jit(device=True, forceinline=True)
+    def begin(c):
+        if TAKE_TURNS and c.cw == 1:
+            nh.named_barrier_arrive(TURN, 256)
+
+    @cuda.jit(device=True, forceinline=True)
     def mma_promoted(acc, smem, bars, st, p, item, c, peers, tile, ep):
         """Two-level accumulation (block-wise scales): each k-block's product in ``acc``
-        (started afresh), waited for, then added, times its scales, into f32 ``sums``. The
-        scales are loaded a k-block ahead, so the L2's latency hides behind a k-block's
-        wgmmas; the other consumer's wgmmas keep the tensor cores busy while this one
-        promotes. The sum comes back as a tuple like ``acc`` (whose registers the next
-        tile's wgmmas overwrite: scale_d = 0)."""
+        (started afresh), waited for, then added, times its scales, into f32 ``sums``
+        (ptxas serializes wgmmas whose accumulators are read while others are in flight,
+        so a consumer cannot queue the next k-block first: the two consumers take turns
+        instead, see TAKE_TURNS). The scales are loaded a k-block ahead, so the L2's
+        latency hides behind a k-block's wgmmas. The sum comes back as a tuple like
+        ``acc`` (whose registers the next tile's wgmmas overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         row = tile.m0 + c.cw * WG_ROWS + c.row_in_wg
         n_block = tile.n0 // KBLOCK_SCALE
@@ -159,7 +175,11 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             # the next k-block's (a valid index past the last: block 0)
             next_s0, next_s1 = block_scale_pair(ep, row, n_block, kb + 1 if kb + 1 < item.k_end else 0, p.M)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
+            if TAKE_TURNS:
+                nh.named_barrier_sync(TURN + c.cw, 256)
             acc = mma_stage(acc, smem, st, c.cw, True)
+            if TAKE_TURNS:
+                nh.named_barrier_arrive(TURN + 1 - c.cw, 256)
             nh.wgmma_wait_group(0)
             acc = nh.wgmma_fence_operand(acc)  # the reads below stay after the wait
             if c.lane == 0:
@@ -171,7 +191,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
 
-    return Mainloop(cluster_cta, load, mma_promoted if cfg.block_scaled else mma)
+    return Mainloop(cluster_cta, load, begin, mma_promoted if cfg.block_scaled else mma)
 
 
 def _operand_loader(k_major, rows, sharers):
