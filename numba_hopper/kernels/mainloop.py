@@ -144,14 +144,14 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return acc, st
 
     @cuda.jit(device=True, forceinline=True)
-    def block_scale_pair(ep, row, n_block, kb, M):
-        """The factors of k-block ``kb`` for this thread's rows ``row`` and ``row + 8``: A's
-        scale of the row's 128 K times B's of the tile's 128 x 128 block. Rows past M read
-        row M - 1 (their products are zero: TMA zero-fills A)."""
+    def load_block_scales(ep, row, n_block, kb, M):
+        """The scales of k-block ``kb`` for this thread: A's of rows ``row`` and ``row + 8``
+        (their 128 K) and B's of the tile's 128 x 128 block. Rows past M read row M - 1
+        (their products are zero: TMA zero-fills A). Loaded, not yet used: multiplying
+        them here would wait for the loads."""
         k = np.uint64(kb)
-        b_scale = ep.b_block_scales[k, np.uint64(n_block)]
-        return (ep.a_block_scales[np.uint64(min(row, M - 1)), k] * b_scale,
-                ep.a_block_scales[np.uint64(min(row + 8, M - 1)), k] * b_scale)
+        return (ep.a_block_scales[np.uint64(min(row, M - 1)), k], ep.a_block_scales[np.uint64(min(row + 8, M - 1)), k],
+                ep.b_block_scales[k, np.uint64(n_block)])
 
     @cuda.jit(device=True, forceinline=True)
     def begin(c):
@@ -170,10 +170,10 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         row = tile.m0 + c.cw * WG_ROWS + c.row_in_wg
         n_block = tile.n0 // KBLOCK_SCALE
-        s0, s1 = block_scale_pair(ep, row, n_block, item.k_begin, p.M)
+        scales = load_block_scales(ep, row, n_block, item.k_begin, p.M)
         for kb in range(item.k_begin, item.k_end):
             # the next k-block's (a valid index past the last: block 0)
-            next_s0, next_s1 = block_scale_pair(ep, row, n_block, kb + 1 if kb + 1 < item.k_end else 0, p.M)
+            next_scales = load_block_scales(ep, row, n_block, kb + 1 if kb + 1 < item.k_end else 0, p.M)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             if TAKE_TURNS:
                 nh.named_barrier_sync(TURN + c.cw, 256)
@@ -185,9 +185,10 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             if c.lane == 0:
                 pipe.consumer_release(bars, st, peers)
             part = nh.tuple_as_array(acc)
+            s0, s1 = scales[0] * scales[2], scales[1] * scales[2]
             for e in range(BN // 2):  # register 4i + 2j + c holds row row_in_wg + 8j
                 sums[e] += part[e] * (s0 if e % 4 < 2 else s1)
-            s0, s1 = next_s0, next_s1
+            scales = next_scales
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
 
