@@ -84,6 +84,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     # the other's arrival).
     TAKE_TURNS = cfg.block_scaled and cfg.consumers == 2
     TURN = 3  # named barriers 3 and 4 (0: __syncthreads, 1 and 2: each consumer's own)
+    SCALE_AHEAD = 2  # k-blocks: the scales' loads (from L2) take about two k-blocks' wgmmas
 
     @cuda.jit(device=True, forceinline=True)
     def cluster_cta():
@@ -164,16 +165,18 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         (started afresh), waited for, then added, times its scales, into f32 ``sums``
         (ptxas serializes wgmmas whose accumulators are read while others are in flight,
         so a consumer cannot queue the next k-block first: the two consumers take turns
-        instead, see TAKE_TURNS). The scales are loaded a k-block ahead, so the L2's
-        latency hides behind a k-block's wgmmas. The sum comes back as a tuple like
+        instead, see TAKE_TURNS). The scales are loaded SCALE_AHEAD k-blocks ahead, so the
+        L2's latency hides behind wgmmas. The sum comes back as a tuple like
         ``acc`` (whose registers the next tile's wgmmas overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         row = tile.m0 + c.cw * WG_ROWS + c.row_in_wg
         n_block = tile.n0 // KBLOCK_SCALE
-        scales = load_block_scales(ep, row, n_block, item.k_begin, p.M)
+        # The scales of the next SCALE_AHEAD k-blocks, in flight (past the last: block 0's).
+        ahead = (load_block_scales(ep, row, n_block, item.k_begin, p.M),
+                 load_block_scales(ep, row, n_block, item.k_begin + 1 if item.k_begin + 1 < item.k_end else 0, p.M))
         for kb in range(item.k_begin, item.k_end):
-            # the next k-block's (a valid index past the last: block 0)
-            next_scales = load_block_scales(ep, row, n_block, kb + 1 if kb + 1 < item.k_end else 0, p.M)
+            kn = kb + SCALE_AHEAD
+            later = load_block_scales(ep, row, n_block, kn if kn < item.k_end else 0, p.M)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             if TAKE_TURNS:
                 nh.named_barrier_sync(TURN + c.cw, 256)
@@ -185,10 +188,11 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             if c.lane == 0:
                 pipe.consumer_release(bars, st, peers)
             part = nh.tuple_as_array(acc)
+            scales = ahead[0]
             s0, s1 = scales[0] * scales[2], scales[1] * scales[2]
             for e in range(BN // 2):  # register 4i + 2j + c holds row row_in_wg + 8j
                 sums[e] += part[e] * (s0 if e % 4 < 2 else s1)
-            scales = next_scales
+            ahead = (ahead[1], later)
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
 
