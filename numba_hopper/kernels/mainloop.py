@@ -154,6 +154,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return (ep.a_block_scales[np.uint64(min(row, M - 1)), k], ep.a_block_scales[np.uint64(min(row + 8, M - 1)), k],
                 ep.b_block_scales[k, np.uint64(n_block)])
 
+    first_scales = _scales_ahead(load_block_scales, SCALE_AHEAD)
+
     @cuda.jit(device=True, forceinline=True)
     def begin(c):
         if TAKE_TURNS and c.cw == 1:
@@ -172,8 +174,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         row = tile.m0 + c.cw * WG_ROWS + c.row_in_wg
         n_block = tile.n0 // KBLOCK_SCALE
         # The scales of the next SCALE_AHEAD k-blocks, in flight (past the last: block 0's).
-        ahead = (load_block_scales(ep, row, n_block, item.k_begin, p.M),
-                 load_block_scales(ep, row, n_block, item.k_begin + 1 if item.k_begin + 1 < item.k_end else 0, p.M))
+        ahead = first_scales(ep, row, n_block, item, p.M)
         for kb in range(item.k_begin, item.k_end):
             kn = kb + SCALE_AHEAD
             later = load_block_scales(ep, row, n_block, kn if kn < item.k_end else 0, p.M)
@@ -192,11 +193,33 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             s0, s1 = scales[0] * scales[2], scales[1] * scales[2]
             for e in range(BN // 2):  # register 4i + 2j + c holds row row_in_wg + 8j
                 sums[e] += part[e] * (s0 if e % 4 < 2 else s1)
-            ahead = (ahead[1], later)
+            ahead = ahead[1:] + (later,)
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
 
     return Mainloop(cluster_cta, load, begin, mma_promoted if cfg.block_scaled else mma)
+
+
+def _scales_ahead(load, n):
+    """``first(ep, row, n_block, item, M)``: the tuple of ``load``'s scales of the item's first
+    ``n`` k-blocks (block 0's for those past its end)."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def first(ep, row, n_block, item, M):
+        return ()
+
+    for i in range(n):
+        first = _then_load(first, load, i)
+    return first
+
+
+def _then_load(first, load, i):
+    @cuda.jit(device=True, forceinline=True)
+    def first_then(ep, row, n_block, item, M):
+        kb = item.k_begin + i
+        return first(ep, row, n_block, item, M) + (load(ep, row, n_block, kb if kb < item.k_end else 0, M),)
+
+    return first_then
 
 
 def _operand_loader(k_major, rows, sharers):
