@@ -25,7 +25,8 @@ from ._operands import describe
 from ._plan import A, B, GROUP_ROWS, OUT, ROW_SCALE, Plan, grouped_plan
 from .errors import DeviceMismatchError, DtypeError, LayoutError, ShapeError
 from .kernels.epilogue import ACTIVATIONS
-from .matmul import _first_run, _plans, _run
+from . import matmul as _matmul
+from .matmul import _first_run, _run
 
 __all__ = ["grouped_gemm", "check_group_sizes"]
 
@@ -82,7 +83,7 @@ def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None,
     # aux, then the group sizes (_plan.GROUP_ROWS).
     values = (1.0, 0.0, 0, pr, 0, 0, 0, ps)
     key = ("grouped", masked, sig_a, sig_b, sig_s, sig_o, sig_r, activation, out_dtype, dtype, config)
-    entry = None if debug else _plans.get(key)
+    entry = None if debug else _matmul._plans.get(key)  # gemm's plan cache (and its bound)
     if entry is None:
         return _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activation, dtype, stream, config,
                               debug, values)

@@ -278,3 +278,75 @@ def test_operands_on_other_devices_are_refused():
 
 def test_grouped_gemm_is_at_the_top_level():
     assert numba_hopper.grouped_gemm is grouped_gemm and "grouped_gemm" in numba_hopper.__all__
+
+
+# --- the call path: one plan per layout, each call's addresses patched into its launch ----
+
+
+class _FakeLaunch:
+    """A prepared launch as far as plans go: where each argument leaf is, and what each call binds."""
+
+    def __init__(self, args, calls):
+        counter = itertools.count()
+
+        def leaves(x):
+            return [leaves(y) for y in x] if isinstance(x, tuple) else next(counter)
+
+        self.leaves, self.calls = leaves(args), calls
+
+    def __call__(self, stream, values, binds):
+        self.calls.append({p: values[v] + offset for p, v, offset in binds})
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """Plans built and run with no GPU: fake limits, templates, kernels, scratch and launches."""
+    from numba_hopper import _heuristics, _plan
+
+    calls, prepared = [], []
+
+    def prepare_launch(kernel, grid, block, args, **kw):
+        prepared.append((grid, args[0]))
+        return _FakeLaunch(args, calls)
+
+    monkeypatch.setattr(g, "hopper_device_reason", lambda: None)
+    monkeypatch.setattr(g, "_plans", {})
+    for mod in (_plan, _heuristics):
+        monkeypatch.setattr(mod, "device_limits", lambda device: LIMITS)
+    monkeypatch.setattr(_plan, "make_gemm_kernel", lambda cfg: None)
+    monkeypatch.setattr(_plan, "encode_template", lambda *a, **kw: type("T", (), {"words": (0,) * 16}))
+    monkeypatch.setattr(_plan, "prepare_launch", prepare_launch)
+    monkeypatch.setattr(_plan, "capturing", lambda stream: False)
+    monkeypatch.setattr(_plan, "stream_scratch", lambda device, stream, nbytes: 0x500000000000)
+    return calls, prepared
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_one_plan_per_layout_and_each_calls_addresses(fake_device, masked):
+    calls, prepared = fake_device
+    for _ in range(3):
+        a = _t((G, 64, K)) if masked else _t((R, K))
+        b, sizes = _t((G, K, N)), _offsets()
+        out = _t((G, 64, N) if masked else (R, N), "<f2")
+        assert _call(a, b, sizes, masked=masked, out=out) is out
+        addresses = {x.__cuda_array_interface__["data"][0] for x in (a, b, sizes, out)}
+        assert addresses <= set(calls[-1].values())  # this call's a, b, out and sizes reached the kernel
+    assert len(prepared) == 1 and len(calls) == 3  # one plan, three launches
+    grid, params = prepared[0]
+    assert params.batches == G and params.a_batched == int(masked) and params.b_batched == 1
+    rows = 64 if masked else R
+    assert (params.M, params.N, params.K) == (rows, N, K)
+    # the persistent grid: min(SMs, the bound on the tiles) whatever the sizes
+    cfg = grouped_config(_view((rows, K)), _view((K, N)), _view((rows, N)), "masked" if masked else "contiguous", G,
+                         None, False, limits=LIMITS)
+    tiles_m, tiles_n = -(-rows // cfg.block_m), -(-N // cfg.block_n)
+    assert grid == min(132, (G * tiles_m if masked else tiles_m + G) * tiles_n)
+
+
+def test_a_new_layout_is_a_new_plan(fake_device):
+    calls, prepared = fake_device
+    _call(_t((R, K)), _t((G, K, N)), _offsets(), out=_t((R, N), "<f2"))
+    _call(_t((R + 8, K)), _t((G, K, N)), _offsets(), out=_t((R + 8, N), "<f2"))  # other row count
+    _call(_t((R, K)), _t((G, K, N), strides=(2 * N * K, 2, 2 * K)), _offsets(), out=_t((R, N), "<f2"))  # b[g] col-major
+    _call(_t((R, K)), _t((G, K, N)), _offsets(), out=_t((R, N), "<f2"), activation=None)  # the first again
+    assert len(prepared) == 3 and len(calls) == 4
