@@ -124,8 +124,9 @@ def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activati
     else:
         vo = device_view(out, dtype=out_dtype)
         check_out(vo, shape, va.device, out_dtype)
-        if not _contiguous(vo):
-            raise LayoutError(f"out must be C-contiguous (strides {_contiguous_strides(shape)}), got {vo.strides}")
+        if not _contiguous(vo) or vo.ptr % 16:
+            raise LayoutError(f"out must be C-contiguous (strides {_contiguous_strides(shape)}) at a 16-byte-aligned "
+                              f"address, got strides {vo.strides} at {vo.ptr:#x}")
     vr = None
     if row_scale is not None:
         vr = device_view(row_scale)

@@ -234,6 +234,8 @@ def test_good_calls_reach_the_gpu_check(monkeypatch):
     (lambda: (_t((R, K)), _t((G, K, N)), _offsets()), dict(out=_t((R, N + 8), "<f2")), ShapeError, "out has shape"),
     (lambda: (_t((R, K)), _t((G, K, N)), _offsets()), dict(out=_t((R, N), "<f2", strides=(2 * N + 16, 2))), LayoutError,
      "C-contiguous"),
+    (lambda: (_t((R, K)), _t((G, K, N)), _offsets()), dict(out=FakeCAI((R, N), "<f2", ptr=next(_addresses) + 8)),
+     LayoutError, "16-byte-aligned"),
     (lambda: (_t((R, K)), _t((G, K, N)), _offsets()), dict(row_scale=_t((R,), "<f2")), TypeError, "row_scale"),
     (lambda: (_t((R, K)), _t((G, K, N)), _offsets()), dict(row_scale=_t((R + 1,), "<f4")), ShapeError, "row_scale"),
     (lambda: (_t((R, K)), _t((G, K, N)), _offsets()), dict(activation="tanh"), ValueError, "activation"),
