@@ -11,7 +11,8 @@ Layers, each importing only the ones above it:
 - ``numba_hopper.tensormap`` / ``numba_hopper.launch`` (host): TMA descriptors and cluster
   launch;
 - ``numba_hopper.matmul`` (host): the public GEMM (``gemm``, ``bmm``) over the host layers
-  (``_checks``, ``_heuristics``, ``_plan``, ...), re-exported here with
+  (``_checks``, ``_heuristics``, ``_plan``, ...), and ``numba_hopper.grouped``
+  (``grouped_gemm``, mixture-of-experts layers) on the same call path, re-exported here with
   :class:`GemmConfig` and the exceptions of ``numba_hopper.errors``.
 
 ``numba_hopper.sass`` compiles any kernel for sm_90a without a GPU and reports its SASS;
@@ -29,9 +30,10 @@ from .errors import (  # noqa: F401
     ShapeError,
     UnsupportedDeviceError,
 )
+from .grouped import grouped_gemm  # noqa: F401
 from .matmul import GemmConfig, bmm, gemm  # noqa: F401
 
 __version__ = "0.1.0"
 
-__all__ = ["gemm", "bmm", "GemmConfig", "NumbaHopperError", "DtypeError", "ShapeError", "LayoutError",
+__all__ = ["gemm", "bmm", "grouped_gemm", "GemmConfig", "NumbaHopperError", "DtypeError", "ShapeError", "LayoutError",
            "OverlapError", "DeviceMismatchError", "UnsupportedDeviceError", "PipelineHangError"]

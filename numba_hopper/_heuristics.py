@@ -13,7 +13,7 @@ from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
 __all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "block_scaled_tile", "stream_k_schedule",
-           "cluster_pays", "choose_config", "split_count", "max_stages"]
+           "cluster_pays", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
 # (benchmarks/NOTES.md). Up to MANY_WAVES waves (1792x1280x4096: one wave; 4096x3584x18944,
@@ -177,6 +177,28 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         raise ValueError(f"config needs {cfg.shared_bytes} bytes of shared memory with these operands, more than "
                          f"the device's {limits.max_shared_per_block_optin}: give it fewer stages")
     return cfg
+
+
+def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limits=None):
+    """The kernel of a grouped GEMM (:func:`choose_config`'s, with ``grouped=mode``).
+
+    The group sizes are on the device, so the tile is chosen for their mean (contiguous:
+    ``rows / groups``) or their bound (masked: M per group) as :func:`tile_shape` chooses
+    it for ``groups`` products of that many rows: 64-row tiles for groups of <= 128 rows,
+    where a 128-row tile would be mostly padding. Not yet fitted to H100 timings.
+    """
+    limits = limits or device_limits(mo.device)
+    if config is None:
+        M, N = mo.shape
+        rows = M if mode == "masked" else max(1, _ceil(M, groups))
+        block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
+                                      block_k=KBLOCK_BYTES // ma.itemsize)
+        b_major = "N" if tma_addressable(mb, row_major=True) else "K"
+        config = GemmConfig(block_m=block_m, block_n=block_n, stages=max_stages(
+            ma.dtype, mo.dtype, block_n, limits.max_shared_per_block_optin, a_major="K", b_major=b_major,
+            block_m=block_m, epilogue=epilogue))
+    cfg = choose_config(ma, mb, mo, config, debug, epilogue, limits=limits)
+    return dataclasses.replace(cfg, grouped=mode)
 
 
 def split_count(cfg, M, N, K, sms):

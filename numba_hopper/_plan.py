@@ -25,23 +25,25 @@ from cuda.bindings import driver
 from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
 from ._extra_launches import aligned_layout, prepare_copy, prepare_reduce
 from ._fusion import Fusion, is_array, numba_array, user_arg
-from ._heuristics import choose_config, max_stages, split_count, stream_k_schedule
+from ._heuristics import choose_config, grouped_config, max_stages, split_count, stream_k_schedule
 from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratch
 from .debug import DebugRecord
 from .kernels.descriptors import TENSORMAP_BYTES
 from .kernels.epilogue import EpilogueArgs, c_box_cols
 from .kernels.gemm_config import EPI_ROWS, GemmParams
 from .kernels.gemm_sm90 import make_gemm_kernel
+from .kernels.scheduler import GROUP_WALK_END
 from .launch import device_limits, max_active_clusters, prepare_launch
 from .tensormap import encode_template
 
-__all__ = ["Plan", "gemm_plan", "bmm_plan", "zero_fill_plan", "split_k_config", "gemm_cache_key", "SCRATCH", "A",
-           "B", "OUT", "ALPHA", "BETA", "C", "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "A_BLOCK_SCALES", "B_BLOCK_SCALES",
-           "USER"]
+__all__ = ["Plan", "gemm_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config", "gemm_cache_key",
+           "SCRATCH", "A", "B", "OUT", "ALPHA", "BETA", "C", "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "A_BLOCK_SCALES",
+           "B_BLOCK_SCALES", "USER", "GROUP_ROWS"]
 
 # Indices into a call's values (the order of ``_fusion.ARRAYS`` after BETA). USER + i: the
 # i-th array among the user epilogue's arguments.
 SCRATCH, A, B, OUT, ALPHA, BETA, C, ROW_SCALE, COL_SCALE, BIAS, AUX, A_BLOCK_SCALES, B_BLOCK_SCALES, USER = range(14)
+GROUP_ROWS = USER  # a grouped call's group sizes (grouped calls take no user epilogue)
 
 
 class Src(NamedTuple):
@@ -157,14 +159,15 @@ class _Gemm:
 
     ``fusion``: the fused epilogue of a single product, in kernel coordinates, with ``c`` (an
     :class:`Operand`, or None) placed apart from its other arrays (``arrays``: name ->
-    Operand). ``grid``/``dp_tiles``: a stream-K launch's schedule.
+    Operand). ``grid``/``dp_tiles``: a stream-K launch's schedule, or a grouped one's grid.
+    ``group_rows``: where a grouped launch's group sizes are (a :class:`Src`).
     """
 
     def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, arrays=None, user_srcs=(),
-                 grid=None, dp_tiles=0, record=None):
+                 grid=None, dp_tiles=0, record=None, group_rows=None):
         self.cfg, self.a, self.b, self.d, self.c, self.batch = cfg, a, b, d, c, batch
         self.fusion, self.arrays, self.user_srcs = fusion, arrays or {}, user_srcs
-        self.dp_tiles, self.record = dp_tiles, record
+        self.dp_tiles, self.record, self.group_rows = dp_tiles, record, group_rows
         M, N = d.view.shape
         limits = device_limits(d.view.device)
         tiles = batch.count * -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
@@ -216,12 +219,14 @@ class _Gemm:
             M=M, N=N, K=K, batches=batch.count, a_batched=int(batch.a != 0), b_batched=int(batch.b != 0),
             k_split=batch.k_split, dp_tiles=self.dp_tiles,
             workspace=self.partials.resolve(values) if self.partials else 0,
-            debug_record=self.record.address if self.record else 0)
+            debug_record=self.record.address if self.record else 0,
+            group_rows=self.group_rows.resolve(values) if self.group_rows else 0)
         # Where each call's value of a field comes from (None: fixed at preparation).
         params_srcs = [None] * len(GemmParams._fields)
         params_srcs[GemmParams._fields.index("addresses")] = [op.src for op in operands]
         params_srcs[GemmParams._fields.index("slots")] = self.slots
         params_srcs[GemmParams._fields.index("workspace")] = self.partials
+        params_srcs[GemmParams._fields.index("group_rows")] = self.group_rows
         ep, ep_srcs = self._epilogue_args(values) if cfg.epilogue is not None else ((), None)
         args, srcs = (params, ep), (params_srcs, ep_srcs)
         kernel = make_gemm_kernel(cfg)
@@ -421,6 +426,35 @@ def bmm_plan(ma, mb, mo, batch, strides, config):
     gemm = _Gemm(cfg, Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT)), _Batch(batch, *strides),
                  scratch)
     return Plan(mo.device, [gemm], scratch.size)
+
+
+def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, config, debug):
+    """The plan of a grouped GEMM (``numba_hopper.grouped``): ``groups`` products over the
+    2-D views of item 0 of each operand and their batch strides ``(a, b, out)`` in elements.
+
+    Contiguous: ``ma`` and ``mo`` are the whole (rows, K) and (rows, N) matrices (strides 0:
+    one matrix, row coordinates global); masked: the (M, K) and (M, N) matrices of group 0.
+    ``row_scale``: a 1-D f32 view (rows, or G * M for masked) or None. The launch takes the
+    persistent grid: min(SMs, the host's bound on the tiles), whatever the sizes are.
+    """
+    from .kernels.epilogue import EpilogueConfig
+
+    ecfg = None
+    if row_scale is not None or activation is not None:
+        ecfg = EpilogueConfig(row_scale=row_scale is not None, activation=activation)
+    cfg = grouped_config(ma, mb, mo, mode, groups, config, debug, ecfg)
+    M, N = mo.shape
+    tiles_m = -(-M // cfg.block_m)
+    bound = (groups * tiles_m if mode == "masked" else tiles_m + groups) * -(-N // cfg.block_n)
+    if bound >= GROUP_WALK_END:
+        raise ValueError(f"grouped GEMM: up to {bound} tiles, more than its 31-bit tile ids can number")
+    grid = min(bound, device_limits(mo.device).sm_count)
+    scratch = _Scratch()
+    record = DebugRecord() if debug else None
+    arrays = {"row_scale": Operand(row_scale, Src(ROW_SCALE))} if row_scale is not None else {}
+    gemm = _Gemm(cfg, Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT)), _Batch(groups, *strides),
+                 scratch, arrays=arrays, grid=grid, record=record, group_rows=Src(GROUP_ROWS))
+    return Plan(mo.device, [gemm], scratch.size, record)
 
 
 def zero_fill_plan(vo, count=1, stride=0):

@@ -8,6 +8,7 @@ import pytest
 PUBLIC_MODULES = [
     "numba_hopper",
     "numba_hopper.matmul",
+    "numba_hopper.grouped",
     "numba_hopper.launch",
     "numba_hopper.tensormap",
     "numba_hopper.kernels.pipeline",

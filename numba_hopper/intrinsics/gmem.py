@@ -4,6 +4,8 @@ The GEMM's debug record is one: a host-mapped buffer whose address reaches the k
 integer, so that the release kernel's parameters need no array. Stream-K's partial tiles
 and their flags are others: a CTA stores its partial sums, then releases a flag at GPU
 scope; the CTA that finishes the tile acquires the flag and reads the partials from L2.
+The grouped GEMM's group sizes are a third (read by its scheduler), and the rows of an
+output tile that ends inside it (stored from registers, 16 bytes a thread).
 """
 
 from ._ptx import f32, ptx_asm, u32, u64
@@ -15,6 +17,8 @@ __all__ = [
     "ld_acquire_gpu_u32",
     "st_global_v4_f32",
     "ld_global_cg_v4_f32",
+    "ld_global_u32",
+    "st_global_v4_u32",
 ]
 
 
@@ -54,3 +58,13 @@ def ld_global_cg_v4_f32(addr: u64) -> tuple[f32, f32, f32, f32]:
     """PTX ISA 9.7.9.8 ld.cg: four float32 from a 16-byte-aligned global address, cached in L2
     only (never a stale L1 line).
     """
+
+
+@ptx_asm("ld.global.u32 {out}, [{addr}];")
+def ld_global_u32(addr: u64) -> u32:
+    """PTX ISA 9.7.9.8 ld.global: the u32 at the 4-byte-aligned global address ``addr``."""
+
+
+@ptx_asm("st.global.v4.u32 [{addr}], {{x}, {y}, {z}, {w}};")
+def st_global_v4_u32(addr: u64, x: u32, y: u32, z: u32, w: u32):
+    """PTX ISA 9.7.9.10 st: 16 bytes (four u32) to a 16-byte-aligned global address."""

@@ -8,6 +8,17 @@ consumer alternate, so a store drains while the next sub-tile is written, and th
 stores of a tile drain while the next tile's main loop runs. TMA clips stores outside the
 tensor, so partial tiles need no code.
 
+Grouped kernels (``cfg.grouped``): a tile's rows may run past its group's end
+(``GroupTile.row_end``), into the next group's rows of the same output, which TMA would not
+clip (it clips at the tensor's bounds only). A consumer whose 64 rows all lie before the end
+stores them as above; one whose rows cross it writes its sub-tiles to shared memory the same
+way, then its 128 threads copy the rows before the end to global memory, 16 bytes each
+(coalesced: 8 threads per 128-byte row); one whose rows all lie past the end stores nothing.
+That keeps the TMA path for every full warpgroup and costs the few boundary tiles a
+copy through registers. The alternative, a tensor map per group rewritten on the device
+(``tensormap.replace`` of its row count), would need every CTA to patch and fence a map
+whenever its group changes, with TMA stores of the old map possibly still in flight.
+
 The fused math, for each in-bounds element (row r, column c) of the kernel's row-major
 output tile:
 
@@ -288,6 +299,9 @@ _Subtile = namedtuple("_Subtile", ["c_offset", "row0", "col0", "M", "N", "ep", "
 # One tile's store, passed through the unrolled sub-tile steps.
 _TileStore = namedtuple("_TileStore", ["frag", "smem", "c", "row0", "n0", "batch", "tmap_d", "tmap_c", "M", "N", "ep",
                                        "terms"])
+# A grouped tile's store through registers: ``rows`` of its 64 to write, at ``d`` (the first
+# element of the output matrix, row-major with N columns).
+_GuardedStore = namedtuple("_GuardedStore", _TileStore._fields + ("rows", "d"))
 
 
 def make_epilogue(cfg) -> Epilogue:
@@ -304,12 +318,17 @@ def make_epilogue(cfg) -> Epilogue:
     - ``drain(c)``: wait for the consumer's last stores.
     """
     BN, OUT_T, CONSUMERS = cfg.block_n, cfg.out_dtype, cfg.consumers
+    GROUPED, MASKED = cfg.grouped is not None, cfg.grouped == "masked"
+    D_BATCHED = cfg.grouped != "contiguous"  # a contiguous grouped output is one matrix
+    OUT_BYTES = ELEMENT_BYTES[OUT_T]
     EPI = cfg.epilogue
     FUSED, HAS_C = EPI is not None, cfg.has_c
     EPI_COLS = cfg.epi_cols
     EPI_CHUNKS = BN // EPI_COLS
     EPI_ROW_BYTES = cfg.epi_swizzle
     EPI_GROUPS = EPI_COLS // 16  # stmatrix 16-column groups of a 16-bit sub-tile
+    ROW_CHUNKS = EPI_ROW_BYTES // 16  # 16-byte chunks of a sub-tile row
+    CHUNK_COLS = 16 // ELEMENT_BYTES[OUT_T]
     layout = cfg.layout
     EPI_OFF, VEC_OFF, VEC_BYTES = layout.epi, layout.vec, layout.vec_bytes
     C_OFF, C_BAR_OFF, C_BUF = layout.c, layout.c_barriers, cfg.c_buf_bytes
@@ -428,10 +447,40 @@ def make_epilogue(cfg) -> Epilogue:
             load_c(smem, c.cw, stores + 2, ts.tmap_c, ts.row0, ts.n0 + (q + 2) * EPI_COLS, ts.batch)
         return stores + 1
 
+    @cuda.jit(device=True, forceinline=True)
+    def store_subtile_guarded(q, stores, ts):
+        """Sub-tile ``q`` as :func:`store_subtile`, but only its first ``ts.rows`` rows, copied
+        from the swizzled buffer to global memory by every thread (grouped kernels)."""
+        c, smem = ts.c, ts.smem
+        buf = smem + EPI_OFF + (2 * c.cw + stores % 2) * EPI_BUF_BYTES
+        if c.leader:
+            nh.bulk_wait_group_read(0)  # no TMA store of this consumer still reads either buffer
+        nh.named_barrier_sync(1 + c.cw, 128)
+        at = None
+        if FUSED:
+            at = _Subtile(0, ts.row0, ts.n0 + q * EPI_COLS, ts.M, ts.N, ts.ep, ts.terms[0], ts.terms[1],
+                          smem + VEC_OFF + c.cw * VEC_BYTES)
+        write_subtile(ts.frag, buf, q, c.row_in_wg, c.lane, at)
+        nh.named_barrier_sync(1 + c.cw, 128)  # the sub-tile is in shared memory
+        col0 = ts.n0 + q * EPI_COLS
+        for i in range(ROW_CHUNKS // 2):  # 64 rows x ROW_CHUNKS 16-byte chunks over 128 threads
+            idx = c.t + 128 * i
+            r = idx // ROW_CHUNKS
+            k = idx % ROW_CHUNKS
+            col = col0 + k * CHUNK_COLS
+            if r < ts.rows and col < ts.N:  # N is a multiple of CHUNK_COLS (the host checks)
+                if EPI_ROW_BYTES == 128:
+                    v = nh.ld_shared_v4_u32(buf + r * 128 + ((k ^ (r % 8)) * 16))
+                else:
+                    v = nh.ld_shared_v4_u32(buf + r * 64 + ((k ^ ((r // 2) % 4)) * 16))
+                nh.st_global_v4_u32(ts.d + np.uint64(((ts.row0 + r) * ts.N + col) * OUT_BYTES), v[0], v[1], v[2], v[3])
+        return stores + 1
+
     # q must be a constant in each sub-tile's code: LLVM leaves a loop over a fused epilogue
     # rolled, and a run-time q would index the fragment, moving it to local memory. The
     # plain kernel keeps its loop (LLVM unrolls it).
     subtiles = (_unrolled if FUSED else _looped)(store_subtile, EPI_CHUNKS)
+    guarded_subtiles = (_unrolled if FUSED else _looped)(store_subtile_guarded, EPI_CHUNKS) if GROUPED else None
 
     @cuda.jit(device=True, forceinline=True)
     def init(smem):
@@ -442,7 +491,11 @@ def make_epilogue(cfg) -> Epilogue:
     @cuda.jit(device=True, forceinline=True)
     def begin_tile(smem, c, tile, stores, tmap_c, p, ep):
         row0 = tile.m0 + c.cw * WG_ROWS
-        terms = tile_terms(row0 + c.row_in_wg, tile.n0, c.t, p.M, p.N, ep) if FUSED else ()
+        if MASKED:  # row vectors are (G, M) in one: group g's rows start at g * M
+            terms = tile_terms(tile.batch * p.M + row0 + c.row_in_wg, tile.n0, c.t, p.batches * p.M, p.N,
+                               ep) if FUSED else ()
+        else:
+            terms = tile_terms(row0 + c.row_in_wg, tile.n0, c.t, p.M, p.N, ep) if FUSED else ()
         if HAS_C and c.leader:  # C's first two sub-tiles land during the main loop
             for q in range(min(2, EPI_CHUNKS)):
                 load_c(smem, c.cw, stores + q, tmap_c, row0, tile.n0 + q * EPI_COLS, tile.batch)
@@ -452,8 +505,20 @@ def make_epilogue(cfg) -> Epilogue:
     def store_tile(frag, smem, c, tile, stores, tmap_d, tmap_c, p, ep, terms):
         if FUSED:  # the previous tile's reads of the staged columns are behind its last barrier
             stage_columns(smem + VEC_OFF + c.cw * VEC_BYTES, c.t, terms[2])
-        return subtiles(stores, _TileStore(frag, smem, c, tile.m0 + c.cw * WG_ROWS, tile.n0, tile.batch, tmap_d,
-                                           tmap_c, p.M, p.N, ep, terms))
+        row0 = tile.m0 + c.cw * WG_ROWS
+        if not GROUPED:
+            return subtiles(stores, _TileStore(frag, smem, c, row0, tile.n0, tile.batch, tmap_d, tmap_c, p.M, p.N,
+                                               ep, terms))
+        batch = tile.batch if D_BATCHED else 0
+        rows = tile.row_end - row0  # the same for the whole warpgroup: its barriers agree
+        if rows >= WG_ROWS:
+            return subtiles(stores, _TileStore(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M, p.N, ep,
+                                               terms))
+        if rows > 0:
+            d = p.addresses[2] + np.uint64(batch * p.M * p.N * OUT_BYTES)  # (u64 + i64 would be a float)
+            return guarded_subtiles(stores, _GuardedStore(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M,
+                                                          p.N, ep, terms, rows, d))
+        return stores
 
     @cuda.jit(device=True, forceinline=True)
     def drain(c):

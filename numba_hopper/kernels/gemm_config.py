@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .epilogue import EpilogueConfig
 
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "gemm_argument_types", "WG_ROWS", "KBLOCK_BYTES",
-           "KBLOCK_SCALE", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES"]
+           "KBLOCK_SCALE", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES"]
 
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements
@@ -30,6 +30,7 @@ EPI_BUF_BYTES = EPI_ROWS * 128  # one 128-byte-wide swizzled sub-tile
 ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 INPUT_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
 FP8_DTYPES = ("e4m3", "e5m2")
+GROUPED_MODES = ("contiguous", "masked")
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128, 160, 192, 256)
 STREAM_K_MAX_BLOCK_N = 192
@@ -50,6 +51,10 @@ class GemmConfig:
     ``split_k``: the host's K slices, summed by a second kernel (not a kernel parameter).
     ``in_dtype`` "e4m3"/"e5m2" (fp8, both operands of that type): k = 32 wgmma, which
     reads K-major operands only (no transpose bits), so both majors must be "K".
+    ``grouped``: None, or the grouped GEMM's scheduler to compile in (``kernels/scheduler.py``):
+    "contiguous" (the groups' rows one after another in a 2-D A and output, cut by
+    cumulative ends) or "masked" (a 3-D A and output, the first ``masked_m[g]`` rows of
+    group g valid); the group sizes are read on the device.
     """
 
     in_dtype: str = "bf16"
@@ -66,6 +71,7 @@ class GemmConfig:
     split_k: int = 1
     stream_k: bool = False
     epilogue: EpilogueConfig | None = None
+    grouped: str | None = None
 
     def __post_init__(self):
         if self.in_dtype not in INPUT_BYTES:
@@ -108,6 +114,20 @@ class GemmConfig:
             # 128 accumulators per thread leave no registers for a partial's loads: ptxas
             # issues all 32 float4 loads before the adds, and spills (SASS, CPU test).
             raise ValueError(f"stream_k needs block_n <= {STREAM_K_MAX_BLOCK_N}, got {self.block_n}")
+        if self.grouped is not None:
+            self._check_grouped()
+
+    def _check_grouped(self):
+        if self.grouped not in GROUPED_MODES:
+            raise ValueError(f"grouped must be None or one of {GROUPED_MODES}, got {self.grouped!r}")
+        if self.in_dtype in FP8_DTYPES:
+            raise ValueError("grouped kernels take bf16/f16 inputs (fp8 grouped GEMM is not built yet)")
+        if self.cluster_size > 1 or self.stream_k or self.split_k > 1:
+            raise ValueError("grouped kernels run without a cluster, stream_k or split_k")
+        e = self.epilogue
+        if e is not None and (e.col_scale or e.c_dtype or e.bias or e.aux_dtype or e.user is not None
+                              or e.transposed):
+            raise ValueError("grouped kernels fuse only alpha, row_scale and an activation")
 
     # --- the CTA ---
     @property
@@ -270,6 +290,11 @@ class GemmParams(NamedTuple):
     of partials followed by ``gridDim.x * 2`` u32 flags, zero before the launch and left
     zero after it). ``debug_record``: the device address of a
     ``numba_hopper.debug.DebugRecord`` (read only if ``cfg.debug``).
+
+    Grouped kernels (``cfg.grouped``): ``batches`` is the group count G and ``group_rows``
+    the device address of G int32: the groups' cumulative row ends (contiguous: group g is
+    rows ``[ends[g-1], ends[g])`` of the M rows) or their row counts (masked: the first
+    ``group_rows[g]`` of the M rows of batch g). Read only by grouped kernels.
     """
 
     maps: tuple
@@ -285,6 +310,7 @@ class GemmParams(NamedTuple):
     dp_tiles: int
     workspace: int
     debug_record: int
+    group_rows: int = 0
 
 
 class Consumer(NamedTuple):

@@ -114,7 +114,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
             st = PipelineState(0, 0)
             item = scheduler.first(work)
             while item.tile < work.num_tiles:
-                tile = scheduler.origin(work, item.tile, cta.rm, cta.rn)
+                tile = scheduler.origin(work, item, cta.rm, cta.rn)
                 st = mainloop.load(smem, smem + BARRIERS, st, tmaps.a, tmaps.b, p, item, tile, cta)
                 item = scheduler.next(work, item)
 
@@ -135,7 +135,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
         mainloop.begin(c)
         item = scheduler.first(work)
         while item.tile < work.num_tiles:
-            tile = scheduler.origin(work, item.tile, cta.rm, cta.rn)
+            tile = scheduler.origin(work, item, cta.rm, cta.rn)
             terms = epilogue.begin_tile(smem, c, tile, stores, tmaps.c, p, ep)
             acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile, ep)
             frag = nh.tuple_as_array(acc)

@@ -1,4 +1,4 @@
-"""The GEMM's static persistent tile scheduler, with stream-K and its fix-up.
+"""The GEMM's static persistent tile scheduler, with stream-K and its fix-up, and the grouped GEMM's.
 
 A persistent CTA walks work items: whole tiles ``cta, cta + ctas, ...`` (data-parallel),
 then, with stream-K, pieces of the K loops of the last tiles. The walk gives a CTA's items
@@ -7,20 +7,30 @@ output-tile coordinates. Producer and consumers call the same functions on the s
 so they agree on every item without communicating. A stream-K tile's pieces meet in the
 fix-up: partial sums passed from CTA to CTA through a global workspace.
 
-:func:`make_tile_scheduler` is the component the kernel calls; the walk itself is also
-built for the host (:func:`host_work_walk`, :func:`host_grouped_tile`), for tests and planning.
+Grouped kernels (``cfg.grouped``, mixture-of-experts layers) number the tiles of all
+groups in one sequence, group after group, and walk it the same way (``cta, cta + ctas,
+...``). The group sizes live on the device and are read there, so the host never waits for
+them. Since a CTA's tile ids only grow, its walk carries a cursor (the group of its last
+tile and where that group's tiles start) and moves it forward over the groups' tile
+counts: each CTA reads each group's size at most once per launch.
+
+:func:`make_tile_scheduler` is the component the kernel calls; the walks are also built
+for the host (:func:`host_work_walk`, :func:`host_grouped_tile`, :func:`host_group_walk`),
+for tests and planning.
 """
 
 import functools
 import operator
 from collections import namedtuple
 
+import numpy as np
 from numba import cuda
 
 from .. import intrinsics as nh
 
-__all__ = ["TileScheduler", "Work", "WorkItem", "OutputTile", "make_tile_scheduler", "grouped_tile",
-           "host_grouped_tile", "device_work_walk", "host_work_walk"]
+__all__ = ["TileScheduler", "Work", "WorkItem", "OutputTile", "GroupWork", "GroupItem", "GroupTile",
+           "make_tile_scheduler", "grouped_tile", "host_grouped_tile", "device_work_walk", "host_work_walk",
+           "host_group_walk"]
 
 
 def _grouped(div):
@@ -130,12 +140,18 @@ def make_tile_scheduler(cfg) -> TileScheduler:
     - ``work(params) -> Work``: this CTA's share of the launch (:class:`GemmParams`);
     - ``first(work)``, ``next(work, item) -> WorkItem``: its items; ``item.tile >=
       work.num_tiles`` ends the walk;
-    - ``origin(work, tile, rm, rn) -> OutputTile``: batch and first row and column of the
-      output tile of CTA ``(rm, rn)`` of the cluster in cluster tile ``tile``;
+    - ``origin(work, item, rm, rn) -> OutputTile``: batch and first row and column of the
+      output tile of CTA ``(rm, rn)`` of the cluster in the cluster tile of ``item``;
     - ``fixup(frag, work, item, workspace, consumer) -> bool``: stream-K's exchange of
       partial sums (nothing without ``cfg.stream_k``); True when ``frag`` now holds the
       tile's whole sum and this consumer stores it.
+
+    With ``cfg.grouped`` the same functions walk the tiles of every group
+    (:func:`_group_walk`): ``work`` is a :class:`GroupWork`, the items :class:`GroupItem`
+    and the tiles :class:`GroupTile`, whose ``row_end`` bounds the rows the epilogue may write.
     """
+    if cfg.grouped is not None:
+        return _grouped_scheduler(cfg)
     BM, BN, CM, CN, GROUP_M = cfg.block_m, cfg.block_n, cfg.cluster_m, cfg.cluster_n, cfg.group_m
     CLUSTER = cfg.cluster_size
     ONE_PRODUCT = cfg.epilogue is not None  # gemm() neither batches nor splits K with an epilogue
@@ -168,8 +184,9 @@ def make_tile_scheduler(cfg) -> TileScheduler:
         return WorkItem(*next_item(item, w.cta, w.ctas, w.dp_tiles, w.num_tiles, w.k_blocks))
 
     @cuda.jit(device=True, forceinline=True)
-    def origin(w, tile, rm, rn):
+    def origin(w, item, rm, rn):
         """CTA (rm, rn) of a cluster computes output tile (CM*cm + rm, CN*cn + rn) of cluster tile (cm, cn)."""
+        tile = item.tile
         b = 0 if ONE_PRODUCT else nh.div_u32(tile, w.per_batch)
         cm, cn = grouped_tile(tile - b * w.per_batch, w.ctiles_m, w.ctiles_n, GROUP_M)
         return OutputTile(b, (CM * cm + rm) * BM, (CN * cn + rn) * BN)
@@ -223,3 +240,101 @@ def make_tile_scheduler(cfg) -> TileScheduler:
         return True
 
     return TileScheduler(work, first, next_, origin, fixup)
+
+
+GROUP_WALK_END = 2**31 - 1  # the tile id of a grouped walk's end (tile ids are below 2^31: the host checks)
+GroupWork = namedtuple("GroupWork", ["tiles_n", "num_tiles", "k_blocks", "cta", "ctas", "groups", "group_rows",
+                                     "rows"])
+GroupWork.__doc__ = """A CTA's share of a grouped launch: ``tiles_n`` tile columns per group, ``num_tiles``
+the walk's end marker (:data:`GROUP_WALK_END`, above every tile id), ``groups`` G, ``group_rows`` where
+the sizes are (the device address, or a host sequence), ``rows`` the M of A and the output
+(every row bound is clamped to it)."""
+GroupItem = namedtuple("GroupItem", ["tile", "k_begin", "k_end", "group", "base", "tiles_m", "row0", "row_end"])
+GroupItem.__doc__ = """A work item of a grouped walk, with the walk's cursor: the item's ``group``, the id of
+that group's first tile (``base``), its tile rows (``tiles_m``) and rows ``[row0, row_end)``."""
+GroupTile = namedtuple("GroupTile", ["batch", "m0", "n0", "row_end"])
+GroupTile.__doc__ = """An output tile of a grouped GEMM: ``batch`` the group (B's batch coordinate, and A's and
+the output's when masked), first row ``m0`` and column ``n0``, and ``row_end``: rows at or
+after it belong to no group of this tile and must not be written."""
+
+
+def _group_walk(load, wrap, masked, block_m, block_n, group_m, raster):
+    """``(first, next, origin)`` of the grouped walk, each passed through ``wrap``: ``load(rows,
+    g)`` reads group g's int32 from ``rows``; ``raster`` is ``grouped_tile`` (device or host).
+
+    Tile ids run over group 0's ``tiles_m(0) * tiles_n`` tiles, then group 1's, and so on;
+    within a group, in the L2-friendly ``grouped_tile`` order. Group g's rows: contiguous,
+    ``[end(g-1), end(g))`` (``end(-1) = 0``); masked, ``[0, count(g))``. Every bound is
+    clamped into ``[0, rows]`` and a group whose end is below its start is empty, so sizes
+    that break the documented preconditions cannot make a tile reach outside A or the
+    output (the results are then wrong, not out of bounds).
+    """
+    shift = block_m.bit_length() - 1
+    assert block_m == 1 << shift
+
+    @wrap
+    def bounds(w, g, prev_end):
+        """``(row0, row_end, tiles_m)`` of group g; ``prev_end``: group g-1's ``row_end`` (0 for g = 0)."""
+        row0 = 0 if masked else prev_end
+        row_end = min(load(w.group_rows, g), w.rows)
+        return row0, row_end, (max(row_end - row0, 0) + block_m - 1) >> shift
+
+    @wrap
+    def seek(w, tile, g, base, tiles_m, row0, row_end):
+        """The item of ``tile``, from the cursor at group ``g`` (whose first tile is ``base``) on."""
+        while g < w.groups and tile >= base + tiles_m * w.tiles_n:
+            base += tiles_m * w.tiles_n
+            g += 1
+            if g < w.groups:
+                row0, row_end, tiles_m = bounds(w, g, row_end)
+        if g >= w.groups:  # past the last group's tiles: the end of the walk
+            return GroupItem(w.num_tiles, 0, 0, g, base, tiles_m, row0, row_end)
+        return GroupItem(tile, 0, w.k_blocks, g, base, tiles_m, row0, row_end)
+
+    @wrap
+    def first(w):
+        row0, row_end, tiles_m = bounds(w, 0, 0)
+        return seek(w, w.cta, 0, 0, tiles_m, row0, row_end)
+
+    @wrap
+    def next_(w, item):
+        return seek(w, item.tile + w.ctas, item.group, item.base, item.tiles_m, item.row0, item.row_end)
+
+    @wrap
+    def origin(w, item, rm, rn):
+        pm, pn = raster(item.tile - item.base, item.tiles_m, w.tiles_n, group_m)
+        return GroupTile(item.group, item.row0 + pm * block_m, pn * block_n, item.row_end)
+
+    return first, next_, origin
+
+
+@cuda.jit(device=True, forceinline=True)
+def _load_group_rows(address, g):
+    return nh.ld_global_u32(address + 4 * g)
+
+
+def _grouped_scheduler(cfg) -> TileScheduler:
+    BM, BN, BK = cfg.block_m, cfg.block_n, cfg.block_k
+    MASKED = cfg.grouped == "masked"
+    first, next_, origin = _group_walk(_load_group_rows, cuda.jit(device=True, forceinline=True),
+                                       MASKED, BM, BN, cfg.group_m, grouped_tile)
+
+    @cuda.jit(device=True, forceinline=True)
+    def work(p):
+        """The end marker is a constant, not a count: the groups' tiles are known only as the
+        walk reads their sizes (and a constant costs the consumers no register)."""
+        return GroupWork((p.N + BN - 1) // BN, GROUP_WALK_END, (p.K + BK - 1) // BK, np.int64(cuda.blockIdx.x),
+                         np.int64(cuda.gridDim.x), p.batches, p.group_rows, p.M)
+
+    @cuda.jit(device=True, forceinline=True)
+    def fixup(frag, w, item, workspace, c):
+        return True
+
+    return TileScheduler(work, first, next_, origin, fixup)
+
+
+def host_group_walk(mode, block_m, block_n, group_m=8):
+    """``(first, next, origin)`` of the grouped walk of ``mode`` ("contiguous"/"masked") as
+    plain Python functions over a :class:`GroupWork` whose ``group_rows`` is a sequence (tests)."""
+    return _group_walk(operator.getitem, lambda f: f, mode == "masked", block_m, block_n,
+                       group_m, host_grouped_tile)

@@ -1,0 +1,189 @@
+"""numba_hopper.grouped_gemm vs torch._grouped_mm (bf16), same process, same inputs.
+
+Contiguous (mixture-of-experts prefill): ``a`` (rows, K), the experts' weights ``b`` as a
+(G, N, K) tensor's ``.transpose(1, 2)`` (the layout ``torch._grouped_mm`` takes), int32
+cumulative ``offsets``; both return a new (rows, N) bf16 output. Shapes: DeepSeek-V3's expert
+projections (up: N = 4096, K = 7168; down: N = 7168, K = 2048) at G = 8 and 32, Mixtral's
+(G = 8, N = 14336, K = 4096); each with balanced groups and skewed ones (one group of 0 rows,
+one of 10x the others', the same total rows).
+
+Masked (decoding, DeepGEMM's layout): ``a`` (G, M, K) with ``masked_m[g]`` valid rows, G = 16,
+M = 256, ``masked_m`` drawn from 0..256. The reference is a loop of ``torch.mm`` over each
+group's valid rows (``out=`` slices of one (G, M, N) output; its sizes are known to the
+host here, which a real decode step would have to synchronize for). TFLOP/s count valid
+rows only, for both.
+
+Method: bench_gemm.py's (benchmarks/NOTES.md), with its helpers: input sets rotated to exceed
+twice the L2, CUDA events over ``reps`` calls, rounds interleaved and reversed every other
+round, the median over rounds, a warm-up first. Each case is checked against float64 on a
+sample (three groups, the first 512 columns) before it is timed.
+
+    python benchmarks/bench_grouped.py            # the suite (~2-3 minutes on the H100)
+    python benchmarks/bench_grouped.py --quick    # one contiguous and one masked case
+    python benchmarks/bench_grouped.py --json out.json --rounds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+
+import torch
+
+from bench_gemm import interleaved_medians, print_table, save_results  # also puts the checkout on sys.path
+from numba_hopper import grouped_gemm
+
+# (name, G, rows per group, N, K)
+CONTIGUOUS = [
+    ("dsv3 up G=8", 8, 2048, 4096, 7168),
+    ("dsv3 down G=8", 8, 2048, 7168, 2048),
+    ("dsv3 up G=32", 32, 512, 4096, 7168),
+    ("dsv3 down G=32", 32, 512, 7168, 2048),
+    ("mixtral up G=8", 8, 2048, 14336, 4096),
+]
+# (name, G, M, N, K)
+MASKED = [("decode up G=16", 16, 256, 4096, 7168), ("decode down G=16", 16, 256, 7168, 2048)]
+QUICK = ("dsv3 up G=8", "decode up G=16")
+SAMPLE_COLS = 512
+
+
+def group_sizes(G, per_group, skewed):
+    """Balanced: ``per_group`` each. Skewed, the same total: group 0 empty, group 1 ten times the
+    others (G >= 3)."""
+    if not skewed:
+        return [per_group] * G
+    unit = G * per_group // (G - 2 + 10)
+    sizes = [0, 10 * unit] + [unit] * (G - 2)
+    sizes[-1] += G * per_group - sum(sizes)
+    return sizes
+
+
+def _weights(G, N, K):
+    return (torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5).transpose(1, 2)
+
+
+def _rel(got, ref):
+    return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+def _sample_error(out, a_rows, b, groups):
+    """Relative error of ``out``'s rows of ``groups`` (``[(g, row slice of a, row slice of out)]``),
+    first SAMPLE_COLS columns, against float64."""
+    got = torch.cat([out[o][:, :SAMPLE_COLS] for _, _, o in groups])
+    ref = torch.cat([a_rows[s].double() @ b[g][:, :SAMPLE_COLS].double() for g, s, _ in groups])
+    return _rel(got, ref)
+
+
+def _nsets(set_bytes, l2_bytes):
+    return max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
+
+
+def bench_contiguous(G, per_group, N, K, skewed, rounds, l2_bytes, device_time):
+    sizes = group_sizes(G, per_group, skewed)
+    rows = sum(sizes)
+    ends = list(itertools.accumulate(sizes))
+    offsets = torch.tensor(ends, device="cuda", dtype=torch.int32)
+    sets = [(torch.randn(rows, K, device="cuda", dtype=torch.bfloat16), _weights(G, N, K), offsets)
+            for _ in range(_nsets(2 * (rows * K + G * N * K + rows * N), l2_bytes))]
+    fns = {"ours": lambda a, b, o: grouped_gemm(a, b, o)}
+    if hasattr(torch, "_grouped_mm"):
+        ref_name = "torch._grouped_mm"
+        fns["ref"] = lambda a, b, o: torch._grouped_mm(a, b, offs=o)
+    else:  # an older PyTorch: one torch.mm per group, the sizes known to the host
+        ref_name = "torch.mm loop"
+
+        def loop(a, b, o):
+            out = torch.empty(rows, N, device="cuda", dtype=torch.bfloat16)
+            for g, (s, e) in enumerate(zip([0] + ends[:-1], ends)):
+                if e > s:
+                    torch.mm(a[s:e], b[g], out=out[s:e])
+            return out
+
+        fns["ref"] = loop
+    a, b, o = sets[0]
+    nonempty = [g for g in range(G) if sizes[g]]
+    sample = [(g, slice(ends[g] - sizes[g], ends[g]), slice(ends[g] - sizes[g], ends[g]))
+              for g in sorted({nonempty[0], nonempty[-1], max(nonempty, key=sizes.__getitem__)})]
+    errors = {name: _sample_error(fn(a, b, o), a, b, sample) for name, fn in fns.items()}
+    if not errors["ours"] < 1e-2:
+        raise AssertionError(f"contiguous G={G} {N}x{K}: relative error {errors['ours']:.3g} ({ref_name}: "
+                             f"{errors['ref']:.3g})")
+    med = interleaved_medians(fns, sets, rounds, "ref", device_time)
+    return _record(2.0 * rows * N * K, med, errors, ref_name, sizes)
+
+
+def bench_masked(G, M, N, K, rounds, l2_bytes, device_time, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, M + 1, (G,), generator=gen).tolist()
+    masked_m = torch.tensor(counts, device="cuda", dtype=torch.int32)
+    sets = [(torch.randn(G, M, K, device="cuda", dtype=torch.bfloat16), _weights(G, N, K), masked_m)
+            for _ in range(_nsets(2 * (G * M * K + G * N * K + G * M * N), l2_bytes))]
+
+    def loop(a, b, m):
+        out = torch.empty(G, M, N, device="cuda", dtype=torch.bfloat16)
+        for g, c in enumerate(counts):
+            if c:
+                torch.mm(a[g, :c], b[g], out=out[g, :c])
+        return out
+
+    fns = {"ours": lambda a, b, m: grouped_gemm(a, b, masked_m=m), "ref": loop}
+    a, b, m = sets[0]
+    nonempty = [g for g in range(G) if counts[g]]
+    sample = [(g, (g, slice(0, counts[g])), (g, slice(0, counts[g]))) for g in nonempty[:3]]
+    errors = {name: _sample_error(fn(a, b, m), a, b, sample) for name, fn in fns.items()}
+    if not errors["ours"] < 1e-2:
+        raise AssertionError(f"masked G={G} {N}x{K}: relative error {errors['ours']:.3g} (loop: {errors['ref']:.3g})")
+    med = interleaved_medians(fns, sets, rounds, "ref", device_time)
+    return _record(2.0 * sum(counts) * N * K, med, errors, "torch.mm loop over the valid rows", counts)
+
+
+def _record(flops, med, errors, ref_name, sizes):
+    return {"ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
+            "ratio": med["ref"] / med["ours"], "rel_error": errors["ours"], "ref_rel_error": errors["ref"],
+            "ours_ms": med["ours"], "ref_ms": med["ref"], "reference": ref_name, "sizes": sizes}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help=" and ".join(QUICK) + " (balanced) only")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--device-time", action="store_true",
+                   help="time the GPU alone (the host enqueues ahead during a sleep kernel)")
+    p.add_argument("--json", help="results file (default benchmarks/results/grouped-<gpu>-<date>-<commit>.json)")
+    args = p.parse_args(argv)
+
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+    records = []
+
+    def done(r):
+        records.append(r)
+        print(f"{r['name']:32s} {r['layout']:10s} ours {r['ours_tflops']:7.1f}  ref {r['ref_tflops']:7.1f} TFLOP/s"
+              f"  ratio {r['ratio']:.3f}  err {r['rel_error']:.2e}", flush=True)
+
+    for name, G, per_group, N, K in CONTIGUOUS:
+        if args.quick and name not in QUICK:
+            continue
+        for skewed in (False,) if args.quick else (False, True):
+            r = bench_contiguous(G, per_group, N, K, skewed, args.rounds, l2, args.device_time)
+            done({"name": f"{name} {'skewed' if skewed else 'balanced'}", "layout": "contiguous", "dtype": "bf16",
+                  "groups": G, "N": N, "K": K, **r})
+    for name, G, M, N, K in MASKED:
+        if args.quick and name not in QUICK:
+            continue
+        r = bench_masked(G, M, N, K, args.rounds, l2, args.device_time)
+        done({"name": name, "layout": "masked", "dtype": "bf16", "groups": G, "M": M, "N": N, "K": K, **r})
+    out = save_results("grouped", {"timing": "device" if args.device_time else "wall (host call rate included)",
+                                   "calls": "grouped_gemm(a, b, offsets) vs torch._grouped_mm(a, b, offs=) (contiguous); "
+                                            "grouped_gemm(a, b, masked_m=) vs a torch.mm loop over the valid rows "
+                                            "(masked); bf16, b[g] column-major, fresh outputs",
+                                   "records": records}, args.json)
+    ratios = [r["ratio"] for r in records]
+    print(f"geomean ratio: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
+    print_table(records, [("name", "case", "s"), ("layout", "layout", "s"), ("ours_tflops", "ours TFLOP/s", ".1f"),
+                          ("ref_tflops", "reference TFLOP/s", ".1f"), ("ratio", "ratio", ".3f"),
+                          ("rel_error", "rel. error", ".2e")], out)
+
+
+if __name__ == "__main__":
+    main()
