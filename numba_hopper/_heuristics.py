@@ -95,8 +95,11 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
 
 
 # Block-wise fp8 tiles (the promoted sums double the accumulators, so at most 128 wide):
-# relative time of one tile, fitted to bench_fp8.py's block-wise suite (benchmarks/NOTES.md).
-BLOCK_SCALED_TILE_COST = {(128, 128): 1.0, (128, 64): 0.55, (64, 128): 0.6}
+# relative time of one tile, from bench_fp8.py --configs (benchmarks/NOTES.md): 128 x 64
+# tiles win when they fill a wave that 128 x 128 ones leave half empty (M = 128: 0.65x vs
+# 0.57x of _scaled_mm at 128x7168x16384), not otherwise (4096x2112x7168: 0.47x vs 0.58x);
+# 64-row tiles have one consumer, which idles the tensor cores while it promotes.
+BLOCK_SCALED_TILE_COST = {(128, 128): 1.0, (128, 64): 0.7, (64, 128): 0.8}
 
 
 def block_scaled_tile(M, N, sms):

@@ -213,6 +213,7 @@ def test_block_wise_tiles_are_at_most_128_wide():
 
     assert block_scaled_tile(4096, 4096, 132) == (128, 128)
     assert block_scaled_tile(128, 7168, 132) == (128, 64)  # 112 tiles fill the GPU where 56 would not
+    assert block_scaled_tile(4096, 2112, 132) == (128, 128)
     for M, N in itertools.product((1, 128, 1000, 4096), (128, 2112, 7168)):
         assert block_scaled_tile(M, N, 132)[1] <= 128
     with pytest.raises(ValueError, match="block_n in"):
