@@ -157,15 +157,17 @@ class _Batch:
 class _Gemm:
     """One launch of the persistent GEMM kernel of ``cfg`` over ``batch`` units.
 
-    ``fusion``: the fused epilogue of a single product, in kernel coordinates, with ``c`` (an
-    :class:`Operand`, or None) placed apart from its other arrays (``arrays``: name ->
-    Operand). ``grid``/``dp_tiles``: a stream-K launch's schedule, or a grouped one's grid.
+    ``fusion``: the fused epilogue of a single product, in kernel coordinates, with ``c`` and
+    ``a_scales`` (:class:`Operand` s, or None; A's block-wise scales as (K blocks, M),
+    row-major) placed apart from its other arrays (``arrays``: name -> Operand): the
+    kernel reads those two through tensor maps. ``grid``/``dp_tiles``: a stream-K launch's schedule, or a grouped one's grid.
     ``group_rows``: where a grouped launch's group sizes are (a :class:`Src`).
     """
 
-    def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, arrays=None, user_srcs=(),
-                 grid=None, dp_tiles=0, record=None, group_rows=None):
+    def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, a_scales=None, arrays=None,
+                 user_srcs=(), grid=None, dp_tiles=0, record=None, group_rows=None):
         self.cfg, self.a, self.b, self.d, self.c, self.batch = cfg, a, b, d, c, batch
+        self.a_scales = a_scales
         self.fusion, self.arrays, self.user_srcs = fusion, arrays or {}, user_srcs
         self.dp_tiles, self.record, self.group_rows = dp_tiles, record, group_rows
         M, N = d.view.shape
@@ -191,6 +193,8 @@ class _Gemm:
             cols = c_box_cols(cfg)
             c = self.c.at(values)
             maps.append(encode_template(_batched(c, 1, 0), (1, EPI_ROWS, cols), swizzle=cols * c.itemsize))
+        if self.a_scales is not None:  # one k-block's scales of a tile's rows per box
+            maps.append(encode_template(_batched(self.a_scales.at(values), 1, 0), (1, 1, cfg.block_m)))
         return tuple(m.words for m in maps)
 
     def _epilogue_args(self, values):
@@ -211,7 +215,7 @@ class _Gemm:
         cfg, batch = self.cfg, self.batch
         M, N = self.d.view.shape
         K = self.a.view.shape[1]
-        operands = (self.a, self.b, self.d) + ((self.c,) if self.c is not None else ())
+        operands = (self.a, self.b, self.d) + tuple(op for op in (self.c, self.a_scales) if op is not None)
         params = GemmParams(
             maps=self._templates(values),
             addresses=tuple(np.uint64(op.src.resolve(values)) for op in operands),
@@ -350,6 +354,9 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
         fusion = fusion and fusion.transposed()
     if "c" in arrays:  # C is read like the output: row-major
         c = _aligned(arrays.pop("c"), scratch, copies, row_major_only=True)
+    a_scales = None
+    if "a_block_scales" in arrays:  # TMA reads them as (K blocks, M): M-major, as torch lays them out
+        a_scales = _aligned(arrays.pop("a_block_scales").t(), scratch, copies, row_major_only=True)
     a, b = _aligned(a, scratch, copies), _aligned(b, scratch, copies)
     target, finish = d, []
     if not tma_addressable(d.view, True):
@@ -383,8 +390,8 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
                          arrays.get("row_scale"), arrays.get("col_scale"))
         steps = [*copies, gemm, reduce]
     else:
-        gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, arrays=arrays, user_srcs=user_srcs,
-                     record=record, **_stream_k(cfg, M, N, K, sms))
+        gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, a_scales=a_scales, arrays=arrays,
+                     user_srcs=user_srcs, record=record, **_stream_k(cfg, M, N, K, sms))
         steps = [*copies, gemm, *finish]
     return Plan(vo.device, steps, scratch.size, record)
 

@@ -224,14 +224,16 @@ def test_block_wise_tiles_are_at_most_128_wide():
 
 @pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128)])
 def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
-    """Each k-block: four k32 QGMMAs started afresh, a full wait, then one FFMA per accumulator."""
+    """Each k-block: A's scales loaded by TMA with the k-block, four k32 QGMMAs started afresh,
+    a full wait, then one FFMA per accumulator."""
     cfg = _fp8(block_m=block_m, block_n=block_n, epilogue=EpilogueConfig(block_scales=True))
     m2 = types.Array(types.float32, 2, "A")
-    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (m2, m2)))
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (m2,)))  # B's scales; A's by TMA
     assert r.sass.count(f"QGMMA.64x{block_n}x32.F32.E4M3.E4M3 ") == 4, r.summary()
     assert ", RZ, !UPT" in r.sass  # scale_d = 0: each k-block's product starts from zero
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" in r.sass
     assert r.count("FFMA") >= block_n // 2
+    assert r.count("UTMALDG") > 14 and r.count("LDS") >= 2  # the scales' loads, then their reads
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "dynamic_shared_base",
     "shared_array",
     "ld_shared_u32",
+    "ld_shared_f32",
     "ld_shared_v2_f32",
     "ld_shared_v4_u32",
     "st_shared_u32",
@@ -158,6 +159,11 @@ def shared_array(typingctx, byte_offset, shape, dtype):
 @ptx_asm("ld.shared::cta.u32 {out}, [{addr}];")
 def ld_shared_u32(addr: u32) -> u32:
     """PTX ISA 9.7.9.8 ld: 32-bit load from a .shared::cta address."""
+
+
+@ptx_asm("ld.shared::cta.f32 {out}, [{addr}];")
+def ld_shared_f32(addr: u32) -> f32:
+    """PTX ISA 9.7.9.8 ld: one f32 from shared memory."""
 
 
 @ptx_asm("ld.shared::cta.v2.f32 {{out0}, {out1}}, [{addr}];")

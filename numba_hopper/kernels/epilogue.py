@@ -115,13 +115,12 @@ class EpilogueConfig:
 
         ``alpha``/``beta``: float32; ``row_scale``/``col_scale``: float32 vectors; ``bias``:
         a vector (uint16 bits or float32); ``aux``: a 2-D array (likewise); ``user_args``: a
-        tuple; ``a_block_scales`` (M, ceil(K / 128)) and ``b_block_scales`` (ceil(K / 128),
-        ceil(N / 128)): float32 matrices. (C itself arrives through a tensor map, not here.)
+        tuple; ``b_block_scales``: a float32 (ceil(K / 128), ceil(N / 128)) matrix. (C and A's
+        block-wise scales arrive through tensor maps, not here.)
         """
         present = (("beta", self.c_dtype), ("alpha", self.alpha),
                    ("row_scale", self.row_scale), ("col_scale", self.col_scale), ("bias", self.bias),
-                   ("aux", self.aux_dtype), ("user_args", self.user), ("a_block_scales", self.block_scales),
-                   ("b_block_scales", self.block_scales))
+                   ("aux", self.aux_dtype), ("user_args", self.user), ("b_block_scales", self.block_scales))
         return tuple(name for name, used in present if used)
 
     def column_bytes(self, block_n):
@@ -130,7 +129,7 @@ class EpilogueConfig:
 
 
 EpilogueArgs = namedtuple("EpilogueArgs", ["beta", "alpha", "row_scale", "col_scale", "bias", "aux", "user_args",
-                                           "a_block_scales", "b_block_scales"], defaults=(0, 0, 0, 0, 0, 0, (), 0, 0))
+                                           "b_block_scales"], defaults=(0, 0, 0, 0, 0, 0, (), 0))
 EpilogueArgs.__doc__ = """The fused epilogue's run-time arguments (the fields of
 :attr:`EpilogueConfig.arg_names`; an unused field is 0, or ``()`` for ``user_args``)."""
 

@@ -145,8 +145,9 @@ class GemmConfig:
 
     @property
     def tensormaps(self):
-        """Tensor maps the kernel publishes per CTA: A, B, the output D and, with a residual, C."""
-        return 4 if self.has_c else 3
+        """Tensor maps the kernel publishes per CTA: A, B, the output D, then C with a residual
+        and A's block-wise scales with those."""
+        return 3 + self.has_c + self.block_scaled
 
     @property
     def has_c(self):
@@ -220,6 +221,11 @@ class GemmConfig:
         return -(-self.block_n // 64) * 64 * KBLOCK_BYTES
 
     @property
+    def a_scales_bytes(self):
+        """One stage's block-wise scales of A: one f32 per tile row (0 without them)."""
+        return 4 * self.block_m if self.block_scaled else 0
+
+    @property
     def c_buf_bytes(self):
         """One residual-C sub-tile (64 x ``epi_cols`` of C's dtype); 0 without C."""
         return EPI_ROWS * self.epi_cols * ELEMENT_BYTES[self.epilogue.c_dtype] if self.has_c else 0
@@ -239,7 +245,7 @@ class SharedLayout:
 
     In order: the ring's A tiles, its B tiles, two output sub-tile buffers per consumer,
     two residual-C sub-tile buffers per consumer, each consumer's staged column vectors,
-    the ring's barriers and the C buffers' barriers.
+    the ring's block-wise scales of A, the ring's barriers and the C buffers' barriers.
     """
 
     a: int
@@ -248,6 +254,7 @@ class SharedLayout:
     c: int
     vec: int
     vec_bytes: int
+    a_scales: int
     barriers: int
     c_barriers: int
     total: int
@@ -259,14 +266,15 @@ class SharedLayout:
         c = epi + 2 * cfg.consumers * EPI_BUF_BYTES
         vec = c + 2 * cfg.consumers * cfg.c_buf_bytes
         vec_bytes = cfg.epilogue.column_bytes(cfg.block_n) if cfg.epilogue else 0
-        barriers = vec + cfg.consumers * vec_bytes
+        a_scales = vec + cfg.consumers * vec_bytes
+        barriers = a_scales + cfg.stages * cfg.a_scales_bytes
         c_barriers = barriers + pipeline_barrier_bytes(cfg.stages)
         total = c_barriers + (2 * cfg.consumers * 8 if cfg.has_c else 0)
         # Swizzled tiles keep the swizzle's period; mbarriers are 8-byte aligned.
         assert cfg.a_tile_bytes % SWIZZLE_ALIGN == 0 and cfg.b_tile_bytes % SWIZZLE_ALIGN == 0, cfg
         assert b % SWIZZLE_ALIGN == 0 and epi % SWIZZLE_ALIGN == 0 and c % SWIZZLE_ALIGN == 0, cfg
-        assert barriers % 8 == 0, cfg
-        return SharedLayout(0, b, epi, c, vec, vec_bytes, barriers, c_barriers, total)
+        assert a_scales % 128 == 0 and barriers % 8 == 0, cfg  # (TMA writes 128-byte-aligned boxes)
+        return SharedLayout(0, b, epi, c, vec, vec_bytes, a_scales, barriers, c_barriers, total)
 
 
 class GemmParams(NamedTuple):

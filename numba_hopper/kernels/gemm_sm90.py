@@ -46,7 +46,8 @@ from .mainloop import make_mainloop
 from .pipeline import PipelineState, make_tma_pipeline
 from .scheduler import make_tile_scheduler
 
-TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c"])  # a CTA's slots (descriptors.py)
+# A CTA's slots (descriptors.py); A's block-wise scales last: (1, K blocks, M) f32, box (1, 1, BM).
+TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales"])
 
 __all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel"]
 
@@ -76,28 +77,32 @@ def register_budget(cfg: GemmConfig):
 @functools.lru_cache(maxsize=None)
 def _build_gemm_kernel(cfg: GemmConfig):
     BN, CONSUMERS, THREADS, CLUSTER, MAPS = cfg.block_n, cfg.consumers, cfg.threads, cfg.cluster_size, cfg.tensormaps
-    HAS_C = cfg.has_c
+    HAS_C, SCALED = cfg.has_c, cfg.block_scaled
     PRODUCER_REGS, CONSUMER_REGS = register_budget(cfg)
     BARRIERS = cfg.layout.barriers
     SCRATCH = cfg.layout.epi  # the epilogue's buffers, free until the first tile's store
     # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
     # column (B), so all of their consumer warps must release it.
     empty_arrivals = 4 * CONSUMERS * (cfg.cluster_m + cfg.cluster_n - 1)
-    pipe = make_tma_pipeline(cfg.stages, empty_arrivals, cfg.a_tile_bytes + cfg.b_tile_bytes, CLUSTER)
+    pipe = make_tma_pipeline(cfg.stages, empty_arrivals, cfg.a_tile_bytes + cfg.b_tile_bytes + cfg.a_scales_bytes,
+                             CLUSTER)
     mainloop = make_mainloop(cfg, pipe)
     scheduler = make_tile_scheduler(cfg)
     epilogue = make_epilogue(cfg)
 
     @cuda.jit(device=True, forceinline=True)
     def publish_tensormaps(p, smem, tid):
-        """This CTA's slots of A, B, D and C (C's only if it has one), which warps 0 and 1
-        fill with this launch's tensor maps, built from the templates in ``p``: warp 0 the
-        producer's (A, B), warp 1 the epilogue's (D, C)."""
+        """This CTA's slots of A, B, D, C and A's scales (the last two only if it has them),
+        which warps 0 and 1 fill with this launch's tensor maps, built from the templates in
+        ``p``: warp 0 the producer's (A, B, A's scales), warp 1 the epilogue's (D, C)."""
         tmaps = TensorMaps(tensormap_slot(p.slots, MAPS, 0), tensormap_slot(p.slots, MAPS, 1),
-                           tensormap_slot(p.slots, MAPS, 2), tensormap_slot(p.slots, MAPS, MAPS - 1))
+                           tensormap_slot(p.slots, MAPS, 2), tensormap_slot(p.slots, MAPS, 3),
+                           tensormap_slot(p.slots, MAPS, MAPS - 1))
         if tid < 32:
             publish_tensormap(p.maps[0], p.addresses[0], smem + SCRATCH, tmaps.a)
             publish_tensormap(p.maps[1], p.addresses[1], smem + SCRATCH + 128, tmaps.b)
+            if SCALED:
+                publish_tensormap(p.maps[MAPS - 1], p.addresses[MAPS - 1], smem + SCRATCH + 512, tmaps.a_scales)
         elif tid < 64:
             publish_tensormap(p.maps[2], p.addresses[2], smem + SCRATCH + 256, tmaps.d)
             if HAS_C:
@@ -111,11 +116,13 @@ def _build_gemm_kernel(cfg: GemmConfig):
         if tid < 32 and nh.elect_sync():
             nh.fence_proxy_tensormap_acquire(tmaps.a)
             nh.fence_proxy_tensormap_acquire(tmaps.b)
+            if SCALED:
+                nh.fence_proxy_tensormap_acquire(tmaps.a_scales)
             st = PipelineState(0, 0)
             item = scheduler.first(work)
             while item.tile < work.num_tiles:
                 tile = scheduler.origin(work, item, cta.rm, cta.rn)
-                st = mainloop.load(smem, smem + BARRIERS, st, tmaps.a, tmaps.b, p, item, tile, cta)
+                st = mainloop.load(smem, smem + BARRIERS, st, tmaps, p, item, tile, cta)
                 item = scheduler.next(work, item)
 
     @cuda.jit(device=True, forceinline=True)

@@ -46,8 +46,9 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     - ``cluster_cta() -> ClusterCta``: this CTA's place in its cluster, the ranks that
       share its A tile (``a_mask``, same ``rm``) and its B tile (``b_mask``, same ``rn``),
       and ``peers``, the ranks whose producers write into its slots;
-    - ``load(smem, bars, st, tmap_a, tmap_b, params, item, tile, cta) -> st``: (the
-      producer's elected thread) the loads of work ``item``'s k-blocks of output ``tile``;
+    - ``load(smem, bars, st, tmaps, params, item, tile, cta) -> st``: (the producer's elected
+      thread) the loads of work ``item``'s k-blocks of output ``tile`` (``tmaps``: the CTA's
+      tensor maps, ``.a``, ``.b`` and, with block-wise scales, ``.a_scales``);
     - ``begin(consumer)``: (each consumer warpgroup, once, before its first ``mma``) with
       block-wise scales and two consumers, hand the first turn to issue wgmmas to consumer 0;
     - ``mma(acc, smem, bars, st, params, item, consumer, peers, tile, ep) -> (acc, st)``: (a
@@ -76,6 +77,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     TNSP_A, TNSP_B = int(not A_K_MAJOR), int(not B_K_MAJOR)
     A_WG_OFF = WG_ROWS * 128  # consumer 1's 64 rows: 64 K-major rows, or the second M box
     DEBUG = cfg.debug
+    BLOCK_SCALED = cfg.block_scaled
+    A_SCALES, A_SCALES_BYTES = cfg.layout.a_scales, cfg.a_scales_bytes
     # Block-wise scales: each consumer waits for its k-block's wgmmas before it promotes them,
     # so the tensor cores idle while both promote, unless the two consumers take turns to
     # issue: consumer 0's k-block kb, consumer 1's kb, consumer 0's kb + 1, ... The tensor
@@ -100,15 +103,18 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return ClusterCta(rm, rn, a_mask, b_mask, a_mask | b_mask)
 
     @cuda.jit(device=True, forceinline=True)
-    def load(smem, bars, st, tmap_a, tmap_b, p, item, tile, cta):
+    def load(smem, bars, st, tmaps, p, item, tile, cta):
         b = tile.batch
         k_first = b * p.k_split  # a K slice's first k-block (0 unless the units are K slices)
         for kb in range(item.k_begin, item.k_end):
             # Debug builds bound the wait; release builds pass None (compiled out).
             full = pipe.producer_acquire(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             k0 = (k_first + kb) * BK
-            load_a(smem + st.stage * A_TILE, tmap_a, tile.m0, k0, b * p.a_batched, full, cta.rn, cta.a_mask)
-            load_b(smem + B_OFF + st.stage * B_TILE, tmap_b, tile.n0, k0, b * p.b_batched, full, cta.rm, cta.b_mask)
+            load_a(smem + st.stage * A_TILE, tmaps.a, tile.m0, k0, b * p.a_batched, full, cta.rn, cta.a_mask)
+            load_b(smem + B_OFF + st.stage * B_TILE, tmaps.b, tile.n0, k0, b * p.b_batched, full, cta.rm, cta.b_mask)
+            if BLOCK_SCALED:  # the tile rows' scales of this k-block (TMA zero-fills rows past M)
+                nh.tma_load_3d(smem + A_SCALES + st.stage * A_SCALES_BYTES, tmaps.a_scales, tile.m0, k_first + kb,
+                               b * p.a_batched, full)
             st = pipe.advance(st)
         return st
 
@@ -145,16 +151,11 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return acc, st
 
     @cuda.jit(device=True, forceinline=True)
-    def load_block_scales(ep, row, n_block, kb, M):
-        """The scales of k-block ``kb`` for this thread: A's of rows ``row`` and ``row + 8``
-        (their 128 K) and B's of the tile's 128 x 128 block. Rows past M read row M - 1
-        (their products are zero: TMA zero-fills A). Loaded, not yet used: multiplying
-        them here would wait for the loads."""
-        k = np.uint64(kb)
-        return (ep.a_block_scales[np.uint64(min(row, M - 1)), k], ep.a_block_scales[np.uint64(min(row + 8, M - 1)), k],
-                ep.b_block_scales[k, np.uint64(n_block)])
+    def load_b_scale(ep, n_block, kb, k_end):
+        """B's scale of the tile's 128 x 128 block in k-block ``kb`` (block 0's past ``k_end``)."""
+        return ep.b_block_scales[np.uint64(kb if kb < k_end else 0), np.uint64(n_block)]
 
-    first_scales = _scales_ahead(load_block_scales, SCALE_AHEAD)
+    first_b_scales = _scales_ahead(load_b_scale, SCALE_AHEAD)
 
     @cuda.jit(device=True, forceinline=True)
     def begin(c):
@@ -167,33 +168,33 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         (started afresh), waited for, then added, times its scales, into f32 ``sums``
         (ptxas serializes wgmmas whose accumulators are read while others are in flight,
         so a consumer cannot queue the next k-block first: the two consumers take turns
-        instead, see TAKE_TURNS). The scales are loaded SCALE_AHEAD k-blocks ahead, so the
-        L2's latency hides behind wgmmas. The sum comes back as a tuple like
+        instead, see TAKE_TURNS). A's scales arrive with the k-block in the ring (TMA) and
+        are read while its wgmmas run; B's, one per k-block, are loaded SCALE_AHEAD k-blocks
+        ahead, so the L2's latency hides behind wgmmas. The sum comes back as a tuple like
         ``acc`` (whose registers the next tile's wgmmas overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
-        row = tile.m0 + c.cw * WG_ROWS + c.row_in_wg
         n_block = tile.n0 // KBLOCK_SCALE
-        # The scales of the next SCALE_AHEAD k-blocks, in flight (past the last: block 0's).
-        ahead = first_scales(ep, row, n_block, item, p.M)
+        row_scales = smem + A_SCALES + 4 * (c.cw * WG_ROWS + c.row_in_wg)  # this thread's two rows
+        b_scales = first_b_scales(ep, n_block, item.k_begin, item.k_end)
         for kb in range(item.k_begin, item.k_end):
-            kn = kb + SCALE_AHEAD
-            later = load_block_scales(ep, row, n_block, kn if kn < item.k_end else 0, p.M)
+            b_later = load_b_scale(ep, n_block, kb + SCALE_AHEAD, item.k_end)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             if TAKE_TURNS:
                 nh.named_barrier_sync(TURN + c.cw, 256)
             acc = mma_stage(acc, smem, st, c.cw, True)
             if TAKE_TURNS:
                 nh.named_barrier_arrive(TURN + 1 - c.cw, 256)
+            a0 = nh.ld_shared_f32(row_scales + st.stage * A_SCALES_BYTES)
+            a1 = nh.ld_shared_f32(row_scales + st.stage * A_SCALES_BYTES + 32)
             nh.wgmma_wait_group(0)
             acc = nh.wgmma_fence_operand(acc)  # the reads below stay after the wait
             if c.lane == 0:
                 pipe.consumer_release(bars, st, peers)
             part = nh.tuple_as_array(acc)
-            scales = ahead[0]
-            s0, s1 = scales[0] * scales[2], scales[1] * scales[2]
+            s0, s1 = a0 * b_scales[0], a1 * b_scales[0]
             for e in range(BN // 2):  # register 4i + 2j + c holds row row_in_wg + 8j
                 sums[e] += part[e] * (s0 if e % 4 < 2 else s1)
-            ahead = ahead[1:] + (later,)
+            b_scales = b_scales[1:] + (b_later,)
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
 
@@ -201,11 +202,11 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
 
 
 def _scales_ahead(load, n):
-    """``first(ep, row, n_block, item, M)``: the tuple of ``load``'s scales of the item's first
-    ``n`` k-blocks (block 0's for those past its end)."""
+    """``first(ep, n_block, k_begin, k_end)``: the tuple of ``load(ep, n_block, kb, k_end)``
+    for the ``n`` k-blocks from ``k_begin``."""
 
     @cuda.jit(device=True, forceinline=True)
-    def first(ep, row, n_block, item, M):
+    def first(ep, n_block, k_begin, k_end):
         return ()
 
     for i in range(n):
@@ -215,9 +216,8 @@ def _scales_ahead(load, n):
 
 def _then_load(first, load, i):
     @cuda.jit(device=True, forceinline=True)
-    def first_then(ep, row, n_block, item, M):
-        kb = item.k_begin + i
-        return first(ep, row, n_block, item, M) + (load(ep, row, n_block, kb if kb < item.k_end else 0, M),)
+    def first_then(ep, n_block, k_begin, k_end):
+        return first(ep, n_block, k_begin, k_end) + (load(ep, n_block, k_begin + i, k_end),)
 
     return first_then
 
