@@ -24,10 +24,13 @@ from __future__ import annotations
 
 from numbers import Real
 
+from ._operands import describe
 from .errors import DtypeError, ShapeError
 from .kernels.gemm_config import KBLOCK_SCALE
 
-__all__ = ["fold_scales"]
+__all__ = ["fold_scales", "scale_signature", "scale_binder", "NUMBER"]
+
+NUMBER = "number"  # a scale given as a Python number: its signature (its value is a call's)
 
 _F32_NAMES = ("torch.float32", "float32", "<f4")
 
@@ -157,3 +160,31 @@ def fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale):
         else:
             col_scale = vec
     return alpha, row_scale, col_scale, None
+
+
+# --- the fast path of calls whose only epilogue keywords are the scales --------------------
+
+def scale_signature(x):
+    """``(signature, value)`` of a scale keyword: ``(None, 1.0)``, ``(NUMBER, the number)`` or,
+    for a device array, ``describe``'s (its layout, its address)."""
+    if x is None:
+        return None, 1.0
+    if isinstance(x, Real):
+        return NUMBER, float(x)
+    return describe(x)
+
+
+def scale_binder(scale_a, scale_b, block_scales):
+    """``bind(alpha, a_value, b_value) -> values``: a call's epilogue values (in
+    ``fusion_key_and_values``' order) from its scales' :func:`scale_signature` values, for
+    calls with the same layouts as this one's, whose only epilogue keywords are the scales.
+    ``fold_scales`` made every array scale a view at the array's own address: A's and B's
+    block-wise scales, or the row and column scale vectors."""
+    block = block_scales is not None
+    a_vec = not block and scale_a is not None and not isinstance(scale_a, Real)
+    b_vec = not block and scale_b is not None and not isinstance(scale_b, Real)
+
+    def bind(alpha, a, b):
+        return (alpha, 0.0, 0, a if a_vec else 0, b if b_vec else 0, 0, 0, a if block else 0, b if block else 0)
+
+    return bind

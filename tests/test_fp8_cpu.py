@@ -240,3 +240,51 @@ def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
 def test_bmm_refuses_fp8():
     with pytest.raises(DtypeError, match="bmm does not take fp8"):
         g.bmm(_a(), _b(), dtype="e4m3")
+
+
+def _ptr(x):
+    return x.__cuda_array_interface__["data"][0]
+
+
+def test_scaled_calls_bind_each_calls_scales(monkeypatch):
+    """Calls whose only epilogue keywords are the scales take a fast path after their layout's
+    first call: each call's numbers and arrays land where the first call's plan reads them."""
+    from numba_hopper._plan import A_BLOCK_SCALES, ALPHA, B_BLOCK_SCALES, COL_SCALE, ROW_SCALE
+
+    seen, firsts = [], []
+
+    class Plan:
+        def __call__(self, stream, values, graph=None):
+            seen.append(list(values))
+
+    def first(key, a, b, out, f, fvalues, *rest):
+        firsts.append(key)
+        entry = g._Entry(Plan(), (), None, a)
+        g._remember(key, entry)
+        entry.plan(0, [0, 0, 0, 0, *fvalues])
+        return out
+
+    monkeypatch.setattr(g, "_first_gemm", first)
+    g.clear_plans()
+    a, b, out = _a(k=KB), _b(k=KB), FakeCAI((M, N), "<f4", ptr=next(_addresses))
+
+    def call(sa, sb):
+        _call(a, b, out=out, scale_a=sa, scale_b=sb)
+        return seen[-1]
+
+    blocks = [(_block((M, 2)), _block((2, 1))) for _ in range(3)]
+    for sa, sb in blocks:
+        v = call(sa, sb)
+        assert (v[A_BLOCK_SCALES], v[B_BLOCK_SCALES]) == (_ptr(sa), _ptr(sb))
+        assert v[ALPHA] == 1.0 and v[ROW_SCALE] == v[COL_SCALE] == 0
+    for _ in range(2):
+        ra, rb = _v(M), _v(N)
+        v = call(ra, rb)
+        assert (v[ROW_SCALE], v[COL_SCALE], v[A_BLOCK_SCALES]) == (_ptr(ra), _ptr(rb), 0)
+    for x, y in ((2.0, 3.0), (0.5, 8.0), (1.5, 1.0)):
+        assert call(x, y)[ALPHA] == x * y
+    v = call(0.5, _v(N))  # a number and a vector
+    assert v[ALPHA] == 0.5 and v[COL_SCALE] != 0
+    # one first call per layout: block-wise, row-wise, numbers (their product is not 1: one
+    # kernel with alpha), a number with a vector
+    assert len(firsts) == 4, firsts
