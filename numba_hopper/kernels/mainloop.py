@@ -85,6 +85,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     TAKE_TURNS = cfg.block_scaled and cfg.consumers == 2
     TURN = 3  # named barriers 3 and 4 (0: __syncthreads, 1 and 2: each consumer's own)
     SCALE_AHEAD = 2  # k-blocks: the scales' loads (from L2) take about two k-blocks' wgmmas
+    # Grouped kernels: B's block scales have a group dimension, and so do a masked A's.
+    A_SCALES_BY_GROUP, B_SCALES_BY_GROUP = cfg.grouped == "masked", cfg.grouped is not None
 
     @cuda.jit(device=True, forceinline=True)
     def cluster_cta():
@@ -145,14 +147,28 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return acc, st
 
     @cuda.jit(device=True, forceinline=True)
-    def load_block_scales(ep, row, n_block, kb, M):
+    def a_scale(ep, g, r, k):
+        if A_SCALES_BY_GROUP:
+            return ep.a_block_scales[np.uint64(g), r, k]
+        return ep.a_block_scales[r, k]
+
+    @cuda.jit(device=True, forceinline=True)
+    def b_scale(ep, g, k, n):
+        if B_SCALES_BY_GROUP:
+            return ep.b_block_scales[np.uint64(g), k, n]
+        return ep.b_block_scales[k, n]
+
+    @cuda.jit(device=True, forceinline=True)
+    def load_block_scales(ep, g, row, n_block, kb, M):
         """The scales of k-block ``kb`` for this thread: A's of rows ``row`` and ``row + 8``
         (their 128 K) and B's of the tile's 128 x 128 block. Rows past M read row M - 1
-        (their products are zero: TMA zero-fills A). Loaded, not yet used: multiplying
-        them here would wait for the loads."""
+        (their products are zero: TMA zero-fills A; or, in a grouped kernel, not stored).
+        Loaded, not yet used: multiplying them here would wait for the loads. ``g``: a
+        grouped tile's group, the first index of B's scales (G, K/128, N/128) and, masked,
+        of A's (G, M, K/128); unused otherwise (a contiguous A's rows are global)."""
         k = np.uint64(kb)
-        return (ep.a_block_scales[np.uint64(min(row, M - 1)), k], ep.a_block_scales[np.uint64(min(row + 8, M - 1)), k],
-                ep.b_block_scales[k, np.uint64(n_block)])
+        return (a_scale(ep, g, np.uint64(min(row, M - 1)), k), a_scale(ep, g, np.uint64(min(row + 8, M - 1)), k),
+                b_scale(ep, g, k, np.uint64(n_block)))
 
     first_scales = _scales_ahead(load_block_scales, SCALE_AHEAD)
 
@@ -174,10 +190,10 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         row = tile.m0 + c.cw * WG_ROWS + c.row_in_wg
         n_block = tile.n0 // KBLOCK_SCALE
         # The scales of the next SCALE_AHEAD k-blocks, in flight (past the last: block 0's).
-        ahead = first_scales(ep, row, n_block, item, p.M)
+        ahead = first_scales(ep, tile.batch, row, n_block, item, p.M)
         for kb in range(item.k_begin, item.k_end):
             kn = kb + SCALE_AHEAD
-            later = load_block_scales(ep, row, n_block, kn if kn < item.k_end else 0, p.M)
+            later = load_block_scales(ep, tile.batch, row, n_block, kn if kn < item.k_end else 0, p.M)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             if TAKE_TURNS:
                 nh.named_barrier_sync(TURN + c.cw, 256)
@@ -201,11 +217,11 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
 
 
 def _scales_ahead(load, n):
-    """``first(ep, row, n_block, item, M)``: the tuple of ``load``'s scales of the item's first
-    ``n`` k-blocks (block 0's for those past its end)."""
+    """``first(ep, g, row, n_block, item, M)``: the tuple of ``load``'s scales of the item's
+    first ``n`` k-blocks (block 0's for those past its end)."""
 
     @cuda.jit(device=True, forceinline=True)
-    def first(ep, row, n_block, item, M):
+    def first(ep, g, row, n_block, item, M):
         return ()
 
     for i in range(n):
@@ -215,9 +231,9 @@ def _scales_ahead(load, n):
 
 def _then_load(first, load, i):
     @cuda.jit(device=True, forceinline=True)
-    def first_then(ep, row, n_block, item, M):
+    def first_then(ep, g, row, n_block, item, M):
         kb = item.k_begin + i
-        return first(ep, row, n_block, item, M) + (load(ep, row, n_block, kb if kb < item.k_end else 0, M),)
+        return first(ep, g, row, n_block, item, M) + (load(ep, g, row, n_block, kb if kb < item.k_end else 0, M),)
 
     return first_then
 
