@@ -428,20 +428,25 @@ def bmm_plan(ma, mb, mo, batch, strides, config):
     return Plan(mo.device, [gemm], scratch.size)
 
 
-def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, config, debug):
+def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, config, debug, alpha=False,
+                 block_scales=None):
     """The plan of a grouped GEMM (``numba_hopper.grouped``): ``groups`` products over the
     2-D views of item 0 of each operand and their batch strides ``(a, b, out)`` in elements.
 
     Contiguous: ``ma`` and ``mo`` are the whole (rows, K) and (rows, N) matrices (strides 0:
     one matrix, row coordinates global); masked: the (M, K) and (M, N) matrices of group 0.
-    ``row_scale``: a 1-D f32 view (rows, or G * M for masked) or None. The launch takes the
-    persistent grid: min(SMs, the host's bound on the tiles), whatever the sizes are.
+    ``row_scale``: a 1-D f32 view (rows, or G * M for masked) or None; ``alpha``: whether
+    the call's ALPHA value multiplies the output; ``block_scales``: fp8 block-wise ``(scale_a,
+    scale_b)`` f32 views (A's (rows, K/128), or (G, M, K/128) masked; B's (G, K/128, N/128)),
+    or None. The launch takes the persistent grid: min(SMs, the host's bound on the tiles),
+    whatever the sizes are.
     """
     from .kernels.epilogue import EpilogueConfig
 
     ecfg = None
-    if row_scale is not None or activation is not None:
-        ecfg = EpilogueConfig(row_scale=row_scale is not None, activation=activation)
+    if row_scale is not None or activation is not None or alpha or block_scales is not None:
+        ecfg = EpilogueConfig(alpha=alpha, row_scale=row_scale is not None, activation=activation,
+                              block_scales=block_scales is not None)
     cfg = grouped_config(ma, mb, mo, mode, groups, config, debug, ecfg)
     M, N = mo.shape
     tiles_m = -(-M // cfg.block_m)
@@ -452,6 +457,9 @@ def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, confi
     scratch = _Scratch()
     record = DebugRecord() if debug else None
     arrays = {"row_scale": Operand(row_scale, Src(ROW_SCALE))} if row_scale is not None else {}
+    if block_scales is not None:
+        arrays["a_block_scales"] = Operand(block_scales[0], Src(A_BLOCK_SCALES))
+        arrays["b_block_scales"] = Operand(block_scales[1], Src(B_BLOCK_SCALES))
     gemm = _Gemm(cfg, Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT)), _Batch(groups, *strides),
                  scratch, arrays=arrays, grid=grid, record=record, group_rows=Src(GROUP_ROWS))
     return Plan(mo.device, [gemm], scratch.size, record)
