@@ -456,6 +456,7 @@ def test_fp8_calls_reach_the_gpu_check(monkeypatch):
                        scale_b=_f32((G, 2, 1)))
     _reaches_gpu_check(monkeypatch, _f8((R, KB)), _f8_b(), _offsets(), dtype="e4m3", scale_a=0.5, scale_b=2)
     _reaches_gpu_check(monkeypatch, _f8((R, KB)), _f8_b(), _offsets(), dtype="e4m3")
+    _reaches_gpu_check(monkeypatch, _t((R, KB)), _t((G, KB, N)), _offsets(), scale_a=2.0)  # numbers: 16-bit too
 
 
 def _fp8_call(masked=False, **kw):
