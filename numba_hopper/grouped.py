@@ -233,7 +233,8 @@ def _block_scales(scales, va, masked, G, rows, N, K):
         if got != f"shape {shape}":
             raise ShapeError(f"grouped fp8 scales given as arrays are block-wise: scale_a of shape {a_shape} (one per "
                              f"row of a and 128 K) with scale_b of shape {b_shape} (one per 128 x 128 block of each "
-                             f"b[g]); {name} has {got} (per-tensor scales: Python numbers)")
+                             f"b[g]); {name} has {got} (per-tensor scales: Python numbers; row-wise and "
+                             f"one-element array scales are not supported)")
         check_dtype(f"{name}.dtype", v.dtype, ("f32",))
         if v.device != va.device:
             raise DeviceMismatchError(f"{name} is on device {v.device}, a on device {va.device}")

@@ -479,6 +479,7 @@ def _dv(shape, strides, dtype, device=0):
     (lambda m: (_f32((R, 3)), _scales(m)[1]), ShapeError, r"scale_a has shape \(300, 3\)"),
     (lambda m: (_scales(m)[0], _f32((2, 1))), ShapeError, r"scale_b of shape \(4, 2, 1\)"),
     (lambda m: (_f32((1,)), _f32((1,))), ShapeError, "per-tensor scales: Python numbers"),
+    (lambda m: (_f32((R,)), _f32((N,))), ShapeError, "row-wise .* not supported"),
     (lambda m: (_scales(m)[0], _t((G, 2, 1), "<f8")), DtypeError, "scale_b.dtype"),
     (lambda m: (_scales(m)[0], _f32((G, 2, 1), strides=(8, 4, -4))), LayoutError, "scale_b has negative strides"),
 ])
