@@ -28,8 +28,8 @@ twice the L2, CUDA events over ``reps`` calls, rounds interleaved and reversed e
 round, the median over rounds, a warm-up first. Each case is checked against float64 on a
 sample (three groups, the first 512 columns) before it is timed.
 
-    python benchmarks/bench_grouped.py            # the suite (~2-3 minutes on the H100)
-    python benchmarks/bench_grouped.py --quick    # one contiguous and one masked case
+    python benchmarks/bench_grouped.py            # the suite (bf16 ~2-3 minutes on the H100; fp8 not yet timed)
+    python benchmarks/bench_grouped.py --quick    # one contiguous and one masked case of each dtype
     python benchmarks/bench_grouped.py --json out.json --rounds 10
     python benchmarks/bench_grouped.py --dtypes e4m3   # the fp8 cases only
 """
