@@ -1,4 +1,5 @@
-"""numba_hopper.grouped_gemm vs torch._grouped_mm (bf16), same process, same inputs.
+"""numba_hopper.grouped_gemm vs torch._grouped_mm (bf16) and vs torch._scaled_mm per group (fp8
+e4m3, block-wise scales), same process, same inputs.
 
 Contiguous (mixture-of-experts prefill): ``a`` (rows, K), the experts' weights ``b`` as a
 (G, N, K) tensor's ``.transpose(1, 2)`` (the layout ``torch._grouped_mm`` takes), int32
@@ -13,14 +14,24 @@ group's valid rows (``out=`` slices of one (G, M, N) output; its sizes are known
 host here, which a real decode step would have to synchronize for). TFLOP/s count valid
 rows only, for both.
 
+FP8 (dtype "e4m3", DeepSeek-V3's recipe): the DeepSeek-V3 shapes above and the masked decode
+ones, with block-wise scales (scale_a 1 x 128 in torch's strides, (rows, K/128) or (G, M, K/128);
+scale_b (G, K/128, N/128), each group's 128 x 128 blocks). The reference is a Python loop of
+``torch._scaled_mm(a_g, b_g, scale_a=sa_g, scale_b=sb_g, out_dtype=torch.bfloat16)`` over the
+non-empty groups, with the same scales laid out as it asks (sa_g (M_g, K/128) strides (1, M_g),
+sb_g (K/128, N/128) strides (1, K/128), built before timing); where this PyTorch refuses, the
+record keeps its error (``ref_error``) and no reference time. Errors against float64 of the
+dequantized operands; the check bound is the block-wise one (5e-3 + 3e-4).
+
 Method: bench_gemm.py's (benchmarks/NOTES.md), with its helpers: input sets rotated to exceed
 twice the L2, CUDA events over ``reps`` calls, rounds interleaved and reversed every other
 round, the median over rounds, a warm-up first. Each case is checked against float64 on a
 sample (three groups, the first 512 columns) before it is timed.
 
-    python benchmarks/bench_grouped.py            # the suite (~2-3 minutes on the H100)
-    python benchmarks/bench_grouped.py --quick    # one contiguous and one masked case
+    python benchmarks/bench_grouped.py            # the suite (bf16 ~2-3 minutes on the H100; fp8 not yet timed)
+    python benchmarks/bench_grouped.py --quick    # one contiguous and one masked case of each dtype
     python benchmarks/bench_grouped.py --json out.json --rounds 10
+    python benchmarks/bench_grouped.py --dtypes e4m3   # the fp8 cases only
 """
 
 from __future__ import annotations
@@ -45,7 +56,10 @@ CONTIGUOUS = [
 # (name, G, M, N, K)
 MASKED = [("decode up G=16", 16, 256, 4096, 7168), ("decode down G=16", 16, 256, 7168, 2048)]
 QUICK = ("dsv3 up G=8", "decode up G=16")
+# fp8: the DeepSeek-V3 cases (mixtral's weights are bf16)
+FP8_CONTIGUOUS = [c for c in CONTIGUOUS if c[0].startswith("dsv3")]
 SAMPLE_COLS = 512
+FP8_TOL = 5e-3 + 3e-4  # tests/test_fp8_gpu.py's block_tolerance("bf16")
 
 
 def group_sizes(G, per_group, skewed):
@@ -138,10 +152,100 @@ def bench_masked(G, M, N, K, rounds, l2_bytes, device_time, seed=0):
     return _record(2.0 * sum(counts) * N * K, med, errors, "torch.mm loop over the valid rows", counts)
 
 
+def _fp8(x):
+    return x.to(torch.float8_e4m3fn)
+
+
+def _fp8_weights(G, N, K):
+    return _fp8(torch.randn(G, N, K, device="cuda") * 0.5).transpose(1, 2)
+
+
+def _col_major(shape):
+    """Positive float32 scales of ``shape`` with each matrix column-major (torch's strides)."""
+    return (torch.rand(*shape[:-2], shape[-1], shape[-2], device="cuda") + 0.5).transpose(-1, -2)
+
+
+def _dequantized(x, scales, axis):
+    """float64 ``x`` times its scales spread over 128-long blocks: along K (``axis`` 1, A's
+    1 x 128) or along K and N (``axis`` None, B's 128 x 128)."""
+    if axis == 1:
+        full = scales.double().repeat_interleave(128, 1)[:, :x.shape[1]]
+    else:
+        full = scales.double().repeat_interleave(128, 0)[:x.shape[0]].repeat_interleave(128, 1)[:, :x.shape[1]]
+    return x.double() * full
+
+
+def _fp8_sample_error(out, a, b, sa, sb, groups):
+    """:func:`_sample_error` for block-wise fp8: ``groups`` is ``[(g, rows of a and sa, rows of out)]``."""
+    got = torch.cat([out[o][:, :SAMPLE_COLS] for _, _, o in groups])
+    cols, blocks = slice(0, SAMPLE_COLS), slice(0, SAMPLE_COLS // 128)
+    ref = torch.cat([_dequantized(a[s], sa[s], 1) @ _dequantized(b[g][:, cols], sb[g][:, blocks], None)
+                     for g, s, _ in groups])
+    return _rel(got, ref)
+
+
+def bench_fp8(layout, G, rows_or_m, N, K, skewed, rounds, l2_bytes, device_time, seed=0):
+    """One fp8 block-wise case: contiguous (``rows_or_m`` rows per group, ``skewed`` sizes) or
+    masked (M = ``rows_or_m``, counts drawn from 0..M). Returns the record's timing fields."""
+    kb, nb = -(-K // 128), -(-N // 128)
+    if layout == "contiguous":
+        sizes = group_sizes(G, rows_or_m, skewed)
+        rows, ends = sum(sizes), list(itertools.accumulate(sizes))
+        offsets = torch.tensor(ends, device="cuda", dtype=torch.int32)
+        spans = [(g, slice(e - n, e), slice(e - n, e)) for g, (n, e) in enumerate(zip(sizes, ends)) if n]
+        a_shape, sa_shape, out_shape = (rows, K), (rows, kb), (rows, N)
+        flops = 2.0 * rows * N * K
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        sizes = torch.randint(0, rows_or_m + 1, (G,), generator=gen).tolist()
+        offsets = torch.tensor(sizes, device="cuda", dtype=torch.int32)
+        spans = [(g, (g, slice(0, c)), (g, slice(0, c))) for g, c in enumerate(sizes) if c]
+        a_shape, sa_shape, out_shape = (G, rows_or_m, K), (G, rows_or_m, kb), (G, rows_or_m, N)
+        flops = 2.0 * sum(sizes) * N * K
+    set_bytes = torch.Size(a_shape).numel() + G * N * K + 2 * torch.Size(out_shape).numel()  # fp8 in, bf16 out
+    sets = []
+    for _ in range(_nsets(set_bytes, l2_bytes)):
+        sa, sb = _col_major(sa_shape), _col_major((G, kb, nb))
+        # the reference's per-group scales, in torch._scaled_mm's strides, made once
+        per_group = [(g, rows, orows, sa[rows].t().contiguous().t(), sb[g].t().contiguous().t())
+                     for g, rows, orows in spans]
+        sets.append((_fp8(torch.randn(*a_shape, device="cuda") * 2), _fp8_weights(G, N, K), offsets, sa, sb,
+                     per_group))
+    masked = layout == "masked"
+
+    def ours(a, b, o, sa, sb, _):
+        return grouped_gemm(a, b, masked_m=o, scale_a=sa, scale_b=sb) if masked else \
+            grouped_gemm(a, b, o, scale_a=sa, scale_b=sb)
+
+    def ref(a, b, o, sa, sb, per_group):
+        out = torch.empty(*out_shape, device="cuda", dtype=torch.bfloat16)
+        for g, rows, orows, sa_g, sb_g in per_group:
+            out[orows] = torch._scaled_mm(a[rows], b[g], scale_a=sa_g, scale_b=sb_g, out_dtype=torch.bfloat16)
+        return out
+
+    a, b, o, sa, sb, per_group = sets[0]
+    largest = max(range(len(spans)), key=lambda i: sizes[spans[i][0]])
+    sample = [spans[i] for i in sorted({0, len(spans) - 1, largest})]
+    error = _fp8_sample_error(ours(*sets[0]), a, b, sa, sb, sample)
+    if not error < FP8_TOL:
+        raise AssertionError(f"fp8 {layout} G={G} {N}x{K}: relative error {error:.3g}")
+    fns, errors, ref_error = {"ours": ours}, {"ours": error, "ref": None}, None
+    try:
+        errors["ref"] = _fp8_sample_error(ref(*sets[0]), a, b, sa, sb, sample)
+        fns["ref"] = ref
+    except (RuntimeError, NotImplementedError, TypeError) as e:  # this PyTorch refuses block-wise scales
+        ref_error = f"{type(e).__name__}: {e}"
+    med = interleaved_medians(fns, sets, rounds, "ref" if "ref" in fns else "ours", device_time)
+    record = _record(flops, med, errors, "torch._scaled_mm loop over the non-empty groups", sizes)
+    return {**record, "ref_error": ref_error} if ref_error else record
+
+
 def _record(flops, med, errors, ref_name, sizes):
-    return {"ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
-            "ratio": med["ref"] / med["ours"], "rel_error": errors["ours"], "ref_rel_error": errors["ref"],
-            "ours_ms": med["ours"], "ref_ms": med["ref"], "reference": ref_name, "sizes": sizes}
+    """The timing fields of a record (the reference's None when it was not timed)."""
+    ref = med.get("ref")
+    return {"ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": ref and flops / ref / 1e9,
+            "ratio": ref and ref / med["ours"], "rel_error": errors["ours"], "ref_rel_error": errors["ref"],
+            "ours_ms": med["ours"], "ref_ms": ref, "reference": ref_name, "sizes": sizes}
 
 
 def main(argv=None):
@@ -151,6 +255,9 @@ def main(argv=None):
     p.add_argument("--device-time", action="store_true",
                    help="time the GPU alone (the host enqueues ahead during a sleep kernel)")
     p.add_argument("--json", help="results file (default benchmarks/results/grouped-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--dtypes", nargs="*", choices=["bf16", "e4m3"], default=["bf16", "e4m3"],
+                   help="bf16 cases (vs torch._grouped_mm / a torch.mm loop) and/or fp8 block-wise ones "
+                        "(vs a torch._scaled_mm loop)")
     args = p.parse_args(argv)
 
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
@@ -158,31 +265,46 @@ def main(argv=None):
 
     def done(r):
         records.append(r)
-        print(f"{r['name']:32s} {r['layout']:10s} ours {r['ours_tflops']:7.1f}  ref {r['ref_tflops']:7.1f} TFLOP/s"
-              f"  ratio {r['ratio']:.3f}  err {r['rel_error']:.2e}", flush=True)
+        ref = "refused" if r["ratio"] is None else f"{r['ref_tflops']:7.1f}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        print(f"{r['name']:32s} {r['layout']:10s} {r['dtype']:5s} ours {r['ours_tflops']:7.1f}  ref {ref} TFLOP/s"
+              f"  ratio {ratio}  err {r['rel_error']:.2e}" + (f"  ({r['ref_error']})" if r.get("ref_error") else ""),
+              flush=True)
 
-    for name, G, per_group, N, K in CONTIGUOUS:
-        if args.quick and name not in QUICK:
-            continue
-        for skewed in (False,) if args.quick else (False, True):
-            r = bench_contiguous(G, per_group, N, K, skewed, args.rounds, l2, args.device_time)
-            done({"name": f"{name} {'skewed' if skewed else 'balanced'}", "layout": "contiguous", "dtype": "bf16",
-                  "groups": G, "N": N, "K": K, **r})
-    for name, G, M, N, K in MASKED:
-        if args.quick and name not in QUICK:
-            continue
-        r = bench_masked(G, M, N, K, args.rounds, l2, args.device_time)
-        done({"name": name, "layout": "masked", "dtype": "bf16", "groups": G, "M": M, "N": N, "K": K, **r})
+    for dtype in args.dtypes:
+        for name, G, per_group, N, K in CONTIGUOUS if dtype == "bf16" else FP8_CONTIGUOUS:
+            if args.quick and name not in QUICK:
+                continue
+            for skewed in (False,) if args.quick else (False, True):
+                if dtype == "bf16":
+                    r = bench_contiguous(G, per_group, N, K, skewed, args.rounds, l2, args.device_time)
+                else:
+                    r = bench_fp8("contiguous", G, per_group, N, K, skewed, args.rounds, l2, args.device_time)
+                done({"name": f"{name} {'skewed' if skewed else 'balanced'}", "layout": "contiguous", "dtype": dtype,
+                      "groups": G, "N": N, "K": K, **r})
+        for name, G, M, N, K in MASKED:
+            if args.quick and name not in QUICK:
+                continue
+            if dtype == "bf16":
+                r = bench_masked(G, M, N, K, args.rounds, l2, args.device_time)
+            else:
+                r = bench_fp8("masked", G, M, N, K, False, args.rounds, l2, args.device_time)
+            done({"name": name, "layout": "masked", "dtype": dtype, "groups": G, "M": M, "N": N, "K": K, **r})
     out = save_results("grouped", {"timing": "device" if args.device_time else "wall (host call rate included)",
-                                   "calls": "grouped_gemm(a, b, offsets) vs torch._grouped_mm(a, b, offs=) (contiguous); "
-                                            "grouped_gemm(a, b, masked_m=) vs a torch.mm loop over the valid rows "
-                                            "(masked); bf16, b[g] column-major, fresh outputs",
+                                   "calls": "bf16: grouped_gemm(a, b, offsets) vs torch._grouped_mm(a, b, offs=) "
+                                            "(contiguous); grouped_gemm(a, b, masked_m=) vs a torch.mm loop over the "
+                                            "valid rows (masked); e4m3: grouped_gemm(..., scale_a=, scale_b=) "
+                                            "block-wise vs a torch._scaled_mm loop over the non-empty groups; "
+                                            "b[g] column-major, fresh outputs",
                                    "records": records}, args.json)
-    ratios = [r["ratio"] for r in records]
-    print(f"geomean ratio: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
-    print_table(records, [("name", "case", "s"), ("layout", "layout", "s"), ("ours_tflops", "ours TFLOP/s", ".1f"),
-                          ("ref_tflops", "reference TFLOP/s", ".1f"), ("ratio", "ratio", ".3f"),
-                          ("rel_error", "rel. error", ".2e")], out)
+    for dtype in args.dtypes:
+        ratios = [r["ratio"] for r in records if r["dtype"] == dtype and r["ratio"] is not None]
+        if ratios:
+            print(f"{dtype} geomean ratio: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
+    shown = [{**r, "ref_tflops": r["ref_tflops"] or float("nan"), "ratio": r["ratio"] or float("nan")} for r in records]
+    print_table(shown, [("name", "case", "s"), ("layout", "layout", "s"), ("dtype", "dtype", "s"),
+                        ("ours_tflops", "ours TFLOP/s", ".1f"), ("ref_tflops", "reference TFLOP/s", ".1f"),
+                        ("ratio", "ratio", ".3f"), ("rel_error", "rel. error", ".2e")], out)
 
 
 if __name__ == "__main__":

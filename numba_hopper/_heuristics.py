@@ -102,11 +102,11 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
 BLOCK_SCALED_TILE_COST = {(128, 128): 1.0, (128, 64): 0.7, (64, 128): 0.8}
 
 
-def block_scaled_tile(M, N, sms):
-    """``(block_m, block_n)`` of a block-wise scaled fp8 product: the fewest waves x tile
-    cost (ties to the first, the largest tile)."""
+def block_scaled_tile(M, N, sms, units=1):
+    """``(block_m, block_n)`` of ``units`` block-wise scaled fp8 products of M x N: the fewest
+    waves x tile cost (ties to the first, the largest tile)."""
     def estimate(tile):
-        return _ceil(_ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * BLOCK_SCALED_TILE_COST[tile]
+        return _ceil(units * _ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * BLOCK_SCALED_TILE_COST[tile]
 
     return min(BLOCK_SCALED_TILE_COST, key=estimate)
 
@@ -188,15 +188,21 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
     The group sizes are on the device, so the tile is chosen for their mean (contiguous:
     ``rows / groups``) or their bound (masked: M per group) as :func:`tile_shape` chooses
     it for ``groups`` products of that many rows: 64-row tiles for groups of <= 128 rows,
-    where a 128-row tile would be mostly padding. Not yet fitted to H100 timings.
+    where a 128-row tile would be mostly padding. Block-wise scaled fp8 groups take
+    :func:`block_scaled_tile`'s (at most 128 wide) for ``groups`` such products. Not yet
+    fitted to H100 timings.
     """
     limits = limits or device_limits(mo.device)
     if config is None:
         M, N = mo.shape
         rows = M if mode == "masked" else max(1, _ceil(M, groups))
-        block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
-                                      block_k=KBLOCK_BYTES // ma.itemsize)
-        b_major = "N" if tma_addressable(mb, row_major=True) else "K"
+        if epilogue is not None and epilogue.block_scales:
+            block_m, block_n = block_scaled_tile(rows, N, limits.sm_count, units=groups)
+        else:
+            block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
+                                          block_k=KBLOCK_BYTES // ma.itemsize)
+        # fp8 B is K-major (the caller checked): a (1, K) or (K, 1) view would pass both tests.
+        b_major = "N" if ma.dtype not in FP8_DTYPES and tma_addressable(mb, row_major=True) else "K"
         config = GemmConfig(block_m=block_m, block_n=block_n, stages=max_stages(
             ma.dtype, mo.dtype, block_n, limits.max_shared_per_block_optin, a_major="K", b_major=b_major,
             block_m=block_m, epilogue=epilogue))

@@ -28,6 +28,7 @@ from ._fusion import Fusion, is_array, numba_array, user_arg
 from ._heuristics import choose_config, grouped_config, max_stages, split_count, stream_k_schedule
 from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratch
 from .debug import DebugRecord
+from .errors import LayoutError
 from .kernels.descriptors import TENSORMAP_BYTES
 from .kernels.epilogue import EpilogueArgs, c_box_cols
 from .kernels.gemm_config import EPI_ROWS, GemmParams
@@ -152,6 +153,7 @@ class _Batch:
     b: int = 0
     c: int = 0
     k_split: int = 0  # k-blocks per unit when the units are K slices
+    a_scales: int = 0  # A's block-wise scales (masked groups: one (K blocks, M) matrix per unit)
 
 
 class _Gemm:
@@ -194,7 +196,8 @@ class _Gemm:
             c = self.c.at(values)
             maps.append(encode_template(_batched(c, 1, 0), (1, EPI_ROWS, cols), swizzle=cols * c.itemsize))
         if self.a_scales is not None:  # one k-block's scales of a tile's rows per box
-            maps.append(encode_template(_batched(self.a_scales.at(values), 1, 0), (1, 1, cfg.block_m)))
+            maps.append(encode_template(_batched(self.a_scales.at(values), batch.count, batch.a_scales),
+                                        (1, 1, cfg.block_m)))
         return tuple(m.words for m in maps)
 
     def _epilogue_args(self, values):
@@ -355,8 +358,8 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
     if "c" in arrays:  # C is read like the output: row-major
         c = _aligned(arrays.pop("c"), scratch, copies, row_major_only=True)
     a_scales = None
-    if "a_block_scales" in arrays:  # TMA reads them as (K blocks, M): M-major, as torch lays them out
-        a_scales = _aligned(arrays.pop("a_block_scales").t(), scratch, copies, row_major_only=True)
+    if "a_block_scales" in arrays:
+        a_scales, _ = _a_block_scales(arrays.pop("a_block_scales").view, scratch, copies)
     a, b = _aligned(a, scratch, copies), _aligned(b, scratch, copies)
     target, finish = d, []
     if not tma_addressable(d.view, True):
@@ -394,6 +397,28 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
                      user_srcs=user_srcs, record=record, **_stream_k(cfg, M, N, K, sms))
         steps = [*copies, gemm, *finish]
     return Plan(vo.device, steps, scratch.size, record)
+
+
+def _a_block_scales(view, scratch, copies):
+    """A's block-wise scales as the kernel's TMA reads them: ``(operand, batch stride)`` of
+    (K blocks, M) matrices with M contiguous (torch's layout of (M, K blocks)), from a 2-D
+    (M, K blocks) view or, masked groups, a 3-D (G, M, K blocks) one. Other layouts are
+    copied into aligned scratch first (one more kernel per call)."""
+    src = Src(A_BLOCK_SCALES)
+    if view.ndim == 2:
+        return _aligned(Operand(transpose(view), src), scratch, copies, row_major_only=True), 0
+    G, M, KB = view.shape
+    sg, sm, sk = view.strides
+    per_group = dataclasses.replace(view, shape=(KB, M), strides=(sk, sm))
+    if tma_addressable(per_group, row_major=True) and (sg * view.itemsize) % 16 == 0:
+        return Operand(per_group, src), sg
+    if sg == M * sm and (M * view.itemsize) % 16 == 0:  # the groups' rows merge into one M-major copy
+        merged = dataclasses.replace(view, shape=(G * M, KB), strides=(sm, sk))
+        copy = _aligned(Operand(transpose(merged), src), scratch, copies, row_major_only=True)
+        return Operand(dataclasses.replace(copy.view, shape=(KB, M)), copy.src), M
+    raise LayoutError(f"scale_a of shape {tuple(view.shape)} with strides {tuple(view.strides)}: masked groups "
+                      "need each group's scales M-major (strides (*, 1, M)) or the groups' rows contiguous, and M a "
+                      "multiple of 4")
 
 
 def split_k_config(cfg, shared_limit):
@@ -435,20 +460,25 @@ def bmm_plan(ma, mb, mo, batch, strides, config):
     return Plan(mo.device, [gemm], scratch.size)
 
 
-def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, config, debug):
+def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, config, debug, alpha=False,
+                 block_scales=None):
     """The plan of a grouped GEMM (``numba_hopper.grouped``): ``groups`` products over the
     2-D views of item 0 of each operand and their batch strides ``(a, b, out)`` in elements.
 
     Contiguous: ``ma`` and ``mo`` are the whole (rows, K) and (rows, N) matrices (strides 0:
     one matrix, row coordinates global); masked: the (M, K) and (M, N) matrices of group 0.
-    ``row_scale``: a 1-D f32 view (rows, or G * M for masked) or None. The launch takes the
-    persistent grid: min(SMs, the host's bound on the tiles), whatever the sizes are.
+    ``row_scale``: a 1-D f32 view (rows, or G * M for masked) or None; ``alpha``: whether
+    the call's ALPHA value multiplies the output; ``block_scales``: fp8 block-wise ``(scale_a,
+    scale_b)`` f32 views (A's (rows, K/128), or (G, M, K/128) masked; B's (G, K/128, N/128)),
+    or None. The launch takes the persistent grid: min(SMs, the host's bound on the tiles),
+    whatever the sizes are.
     """
     from .kernels.epilogue import EpilogueConfig
 
     ecfg = None
-    if row_scale is not None or activation is not None:
-        ecfg = EpilogueConfig(row_scale=row_scale is not None, activation=activation)
+    if row_scale is not None or activation is not None or alpha or block_scales is not None:
+        ecfg = EpilogueConfig(alpha=alpha, row_scale=row_scale is not None, activation=activation,
+                              block_scales=block_scales is not None)
     cfg = grouped_config(ma, mb, mo, mode, groups, config, debug, ecfg)
     M, N = mo.shape
     tiles_m = -(-M // cfg.block_m)
@@ -456,12 +486,17 @@ def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, confi
     if bound >= GROUP_WALK_END:
         raise ValueError(f"grouped GEMM: up to {bound} tiles, more than its 31-bit tile ids can number")
     grid = min(bound, device_limits(mo.device).sm_count)
-    scratch = _Scratch()
+    scratch, copies = _Scratch(), []
     record = DebugRecord() if debug else None
     arrays = {"row_scale": Operand(row_scale, Src(ROW_SCALE))} if row_scale is not None else {}
-    gemm = _Gemm(cfg, Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT)), _Batch(groups, *strides),
-                 scratch, arrays=arrays, grid=grid, record=record, group_rows=Src(GROUP_ROWS))
-    return Plan(mo.device, [gemm], scratch.size, record)
+    a_scales, a_scales_stride = None, 0
+    if block_scales is not None:
+        a_scales, a_scales_stride = _a_block_scales(block_scales[0], scratch, copies)
+        arrays["b_block_scales"] = Operand(block_scales[1], Src(B_BLOCK_SCALES))
+    gemm = _Gemm(cfg, Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT)),
+                 _Batch(groups, *strides, a_scales=a_scales_stride), scratch, a_scales=a_scales, arrays=arrays,
+                 grid=grid, record=record, group_rows=Src(GROUP_ROWS))
+    return Plan(mo.device, [*copies, gemm], scratch.size, record)
 
 
 def zero_fill_plan(vo, count=1, stride=0):

@@ -12,32 +12,39 @@ Two layouts, as PyTorch and DeepGEMM name them:
 - masked (``masked_m``, DeepGEMM's masked layout for decoding): ``a`` is (G, M, K) and
   ``out`` (G, M, N); only the first ``masked_m[g]`` rows of group g are computed.
 
+FP8 groups (e4m3/e5m2) take DeepSeek-V3's block-wise scales: each tile's mainloop reads
+B's scales at its group (and a masked A's at its group and row; a contiguous A's rows are
+global), ``kernels/mainloop.py``.
+
 The call path is ``gemm``'s (``matmul``): a plan per layout, addresses patched into the
 prepared launch, no descriptor encode and no synchronization per call.
 """
 
 from __future__ import annotations
 
+from numbers import Real
+
 from . import debug as _debug
 from ._arrays import ITEMSIZE, DeviceView, byte_span, device_view, is_row_major, tma_addressable, transpose
-from ._checks import check_dtype, check_out, check_out_dtype, overlap_pairs
+from ._checks import FP8_DTYPES, check_dtype, check_out, check_out_dtype, check_strides, default_out_dtype, overlap_pairs
 from ._operands import describe
-from ._plan import A, B, C, GROUP_ROWS, OUT, ROW_SCALE, Plan, grouped_plan
+from ._plan import A, A_BLOCK_SCALES, B, B_BLOCK_SCALES, C, GROUP_ROWS, OUT, ROW_SCALE, Plan, grouped_plan
 from .errors import DeviceMismatchError, DtypeError, LayoutError, ShapeError
 from .kernels.epilogue import ACTIVATIONS
+from .kernels.gemm_config import KBLOCK_SCALE
 from . import matmul as _matmul
 from .matmul import _first_run, _run
 
-assert ROW_SCALE == C + 1
-_NO_ARRAYS = (0,) * (GROUP_ROWS - ROW_SCALE - 1)  # the epilogue's arrays after the row scale
+assert ROW_SCALE == C + 1 and GROUP_ROWS == B_BLOCK_SCALES + 1 == A_BLOCK_SCALES + 2
+_NO_ARRAYS = (0,) * (A_BLOCK_SCALES - ROW_SCALE - 1)  # the epilogue's arrays between the row and block scales
 
 __all__ = ["grouped_gemm", "check_group_sizes"]
 
-GROUPED_INPUT_DTYPES = ("bf16", "f16")
+GROUPED_INPUT_DTYPES = ("bf16", "f16", *FP8_DTYPES)
 
 
 def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None, row_scale=None, activation=None,
-                 dtype=None, stream=None, config=None, debug=None):
+                 scale_a=None, scale_b=None, dtype=None, stream=None, config=None, debug=None):
     """Grouped ``out[rows of g] = act(row_scale * (a[rows of g] @ b[g]))`` for every group g, in one launch.
 
     Contiguous (``offsets``): ``a`` (rows, K) row-major, ``b`` (G, K, N) with each ``b[g]``
@@ -58,18 +65,38 @@ def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None,
 
     Fused: ``row_scale`` float32, one value per row of ``a`` (contiguous: (rows,); masked:
     (G, M)), e.g. the router's weights; ``activation`` one of ``gemm``'s (applied after the
-    scale). ``out_dtype``: "bf16", "f16" or "f32" (default the input's).
+    scale). ``out_dtype``: "bf16", "f16" or "f32" (default the input's; bf16 for fp8).
 
-    Layouts: inputs bf16 or fp16 (both the same); ``a`` and ``out`` C-contiguous rows
-    (``out`` wholly contiguous); every matrix TMA-addressable (16-byte-aligned base, batch
-    stride and leading dimension); N * out's item size and K a multiple of 16 bytes. No
-    operand is copied. ``dtype``, ``stream``, ``config`` as for ``gemm`` (``config``: the
-    tile and ring; grouped kernels take no cluster, split-K or stream-K).
+    FP8 (``a`` and ``b`` both ``float8_e4m3fn`` or both ``float8_e5m2``; numba/CuPy: uint8
+    with ``dtype="e4m3"``/``"e5m2"``), accumulated in float32:
 
-    Raises before launch (``numba_hopper.errors``): ``DtypeError`` (dtypes, fp8: not built
-    yet, ``offsets``/``masked_m`` not int32), ``ShapeError`` (shapes, group counts, K),
-    ``LayoutError``, ``DeviceMismatchError``, ``OverlapError``, ``UnsupportedDeviceError``;
-    host arrays raise TypeError.
+    - layout: fp8 wgmma reads K-major operands only: ``a`` row-major, and each ``b[g]``
+      column-major, i.e. ``b`` is ``w.transpose(1, 2)`` of a contiguous (G, N, K) weight
+      ``w`` (the usual expert-weight layout); K a multiple of 16. Anything else raises
+      ``LayoutError``; fp8 operands are never copied.
+    - ``scale_a``, ``scale_b``, block-wise (DeepSeek-V3's recipe, as ``gemm``'s): float32,
+      any strides (``torch._scaled_mm``'s column-major ones included). Contiguous:
+      ``scale_a`` (rows, ceil(K / 128)), one per row of ``a`` and 128 K; masked: (G, M,
+      ceil(K / 128)). ``scale_b`` (G, ceil(K / 128), ceil(N / 128)): one per 128 x 128 block
+      of each ``b[g]`` (K, N). Each 128-deep k-block's product is scaled and added to an f32
+      sum (tiles at most 128 wide); the accuracy is ``gemm``'s block-wise one.
+    - per-tensor: Python numbers, multiplied into the output (any input dtype). Without
+      scales an fp8 product is unscaled and not promoted (``gemm``'s fast accumulation).
+      Not supported: row-wise and one-element device-array scales, a number beside a
+      block-wise array, mixed e4m3 x e5m2 and fp8 outputs.
+
+    Layouts: inputs bf16 or fp16 (both the same), or fp8 as above; ``a`` and ``out``
+    C-contiguous rows (``out`` wholly contiguous); every matrix TMA-addressable
+    (16-byte-aligned base, batch stride and leading dimension); N * out's item size and K
+    bytes a multiple of 16. No operand is copied. ``dtype``, ``stream``, ``config`` as for
+    ``gemm`` (``config``: the tile and ring; grouped kernels take no cluster, split-K or
+    stream-K).
+
+    Raises before launch (``numba_hopper.errors``): ``DtypeError`` (dtypes, block-wise
+    scales with 16-bit inputs or not float32, ``offsets``/``masked_m`` not int32),
+    ``ShapeError`` (shapes, group counts, K, scale shapes), ``LayoutError``,
+    ``DeviceMismatchError``, ``OverlapError``, ``UnsupportedDeviceError``; host arrays
+    raise TypeError.
     """
     if debug is None:
         debug = _debug.DEFAULT
@@ -82,19 +109,37 @@ def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None,
     sig_s, ps = describe(sizes)
     sig_o, po = describe(out) if out is not None else (None, 0)
     sig_r, pr = describe(row_scale) if row_scale is not None else (None, 0)
+    if scale_a is None and scale_b is None:
+        alpha, sig_sa, psa, sig_sb, psb = 1.0, None, 0, None, 0
+    else:
+        (sig_sa, fa, psa), (sig_sb, fb, psb) = _scale_arg(scale_a), _scale_arg(scale_b)
+        alpha = fa * fb
     # The call's values after (scratch, a, b, out), at _plan's indices: alpha, beta, the
-    # epilogue's arrays (the row scale alone may be there), then the group sizes.
-    values = (1.0, 0.0, 0, pr, *_NO_ARRAYS, ps)
-    key = ("grouped", masked, sig_a, sig_b, sig_s, sig_o, sig_r, activation, out_dtype, dtype, config)
+    # epilogue's arrays (the row scale and the block scales alone may be there), then the
+    # group sizes.
+    values = (alpha, 0.0, 0, pr, *_NO_ARRAYS, psa, psb, ps)
+    key = ("grouped", masked, sig_a, sig_b, sig_s, sig_o, sig_r, sig_sa, sig_sb, alpha != 1.0, activation, out_dtype,
+           dtype, config)
     entry = None if debug else _matmul._plans.get(key)  # gemm's plan cache (and its bound)
     if entry is None:
-        return _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activation, dtype, stream, config,
-                              debug, values)
+        return _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activation, (scale_a, scale_b),
+                              dtype, stream, config, debug, values)
     return _run(entry, out, pa, pb, po, values, stream)
 
 
-def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activation, dtype, stream, config, debug,
-                   values):
+def _scale_arg(x):
+    """``(signature, factor, address)`` of a scale keyword: None, a number (a factor of the
+    output), or a device array (checked on a layout's first call)."""
+    if x is None:
+        return None, 1.0, 0
+    if isinstance(x, Real):
+        return "number", float(x), 0
+    sig, ptr = describe(x)
+    return sig, 1.0, ptr
+
+
+def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activation, scales, dtype, stream, config,
+                   debug, values):
     """A call with a new layout: check everything, build its plan, run it, keep it."""
     name = "masked_m" if masked else "offsets"
     va, vb, vs = device_view(a, dtype=dtype), device_view(b, dtype=dtype), device_view(sizes)
@@ -103,11 +148,10 @@ def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activati
         raise ShapeError(f"a must be {'(G, M, K)' if masked else '(rows, K)'} with {name}, got shape {va.shape}")
     if len(vb.shape) != 3:
         raise ShapeError(f"b must be (G, K, N), got shape {vb.shape}")
-    check_dtype("a.dtype", va.dtype, GROUPED_INPUT_DTYPES + ("e4m3", "e5m2"))
-    if va.dtype not in GROUPED_INPUT_DTYPES:
-        raise DtypeError(f"grouped_gemm takes bf16 or f16 inputs; fp8 grouped GEMM is not built yet (got {va.dtype})")
+    check_dtype("a.dtype", va.dtype, GROUPED_INPUT_DTYPES)
     if vb.dtype != va.dtype:
-        raise DtypeError(f"a and b must have the same dtype; got {va.dtype} and {vb.dtype}")
+        mixed = " (mixed e4m3 x e5m2 is not supported)" if {va.dtype, vb.dtype} == set(FP8_DTYPES) else ""
+        raise DtypeError(f"a and b must have the same dtype{mixed}; got {va.dtype} and {vb.dtype}")
     if vb.shape[0] != G or (masked and va.shape[0] != G):
         what = f"a has {va.shape[0]} groups, b {vb.shape[0]}" if masked else f"b has {vb.shape[0]} groups"
         raise ShapeError(f"{what}, {name} {G}: they must agree")
@@ -121,9 +165,10 @@ def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activati
             raise DeviceMismatchError(f"{other} is on device {v.device}, a on device {va.device}")
     rows = va.shape[-2]
     shape = (G, rows, N) if masked else (rows, N)
+    block_scales = _block_scales(scales, va, masked, G, rows, N, K)
     vo = None
     if out is None:
-        check_out_dtype("out_dtype", out_dtype or va.dtype)
+        check_out_dtype("out_dtype", out_dtype or default_out_dtype(va.dtype))
     else:
         vo = device_view(out, dtype=out_dtype)
         check_out(vo, shape, va.device, out_dtype)
@@ -146,10 +191,11 @@ def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activati
     if debug:
         _check_sizes_on_device(name, vs, rows)
 
-    out_bytes = vo.itemsize if vo else ITEMSIZE[out_dtype or va.dtype]
+    out_bytes = vo.itemsize if vo else ITEMSIZE[out_dtype or default_out_dtype(va.dtype)]
     if (N * out_bytes) % 16:  # (the rows of a tile that ends inside it: kernels/epilogue.py)
         raise LayoutError(f"grouped_gemm stores whole 16-byte chunks of output rows: N * {out_bytes} bytes must be "
                           f"a multiple of 16 (N = {N})")
+    alpha = values[0] != 1.0
 
     def plan_for(vo):
         if 0 in vo.shape or G == 0:
@@ -159,13 +205,42 @@ def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activati
                                                    vr.framework)
         strides = (sa, sb, rows * N) if masked else (0, sb, 0)
         return grouped_plan("masked" if masked else "contiguous", ma, mb, mo, G, strides, flat, activation, config,
-                            debug)
+                            debug, alpha=alpha, block_scales=block_scales)
 
     read = [("a", A, va), ("b", B, vb), (name, GROUP_ROWS, vs)] + ([("row_scale", ROW_SCALE, vr)] if vr else [])
+    if block_scales:
+        read += [("scale_a", A_BLOCK_SCALES, block_scales[0]), ("scale_b", B_BLOCK_SCALES, block_scales[1])]
     written = [("out", OUT, vo)] if vo else []
     spans = lambda arrays: tuple((n, i, byte_span(v)) for n, i, v in arrays)  # noqa: E731
     return _first_run(key, plan_for, a, out, vo, shape, out_dtype, va, (va.ptr, vb.ptr), values, stream,
                       overlap_pairs(spans(written), spans(read)), cache=not debug)
+
+
+def _block_scales(scales, va, masked, G, rows, N, K):
+    """The block-wise ``(scale_a, scale_b)`` views, checked, or None when the scales are
+    numbers or absent."""
+    if all(x is None or isinstance(x, Real) for x in scales):
+        return None
+    if va.dtype not in FP8_DTYPES:
+        raise DtypeError(f"block-wise scales are for fp8 operands; a and b are {va.dtype}")
+    kb, nb = -(-K // KBLOCK_SCALE), -(-N // KBLOCK_SCALE)
+    a_shape = (G, rows, kb) if masked else (rows, kb)
+    b_shape = (G, kb, nb)
+    views = []
+    for name, x, shape in (("scale_a", scales[0], a_shape), ("scale_b", scales[1], b_shape)):
+        v = None if x is None or isinstance(x, Real) else device_view(x)
+        got = "none" if x is None else "a number" if v is None else f"shape {tuple(v.shape)}"
+        if got != f"shape {shape}":
+            raise ShapeError(f"grouped fp8 scales given as arrays are block-wise: scale_a of shape {a_shape} (one per "
+                             f"row of a and 128 K) with scale_b of shape {b_shape} (one per 128 x 128 block of each "
+                             f"b[g]); {name} has {got} (per-tensor scales: Python numbers; row-wise and "
+                             f"one-element array scales are not supported)")
+        check_dtype(f"{name}.dtype", v.dtype, ("f32",))
+        if v.device != va.device:
+            raise DeviceMismatchError(f"{name} is on device {v.device}, a on device {va.device}")
+        check_strides(name, v)
+        views.append(v)
+    return tuple(views)
 
 
 def _check_sizes(name, vs):
@@ -180,7 +255,7 @@ def _check_sizes(name, vs):
 
 def _matrices(va, vb, masked):
     """``(a, b, a's batch stride, b's batch stride)``: the 2-D matrices of group 0, checked
-    for TMA (``a`` row-major, each ``b[g]`` row- or column-major)."""
+    for TMA (``a`` row-major, each ``b[g]`` row- or column-major; column-major for fp8)."""
     ma = DeviceView(va.ptr, va.shape[-2:], va.strides[-2:], va.dtype, va.itemsize, va.device, va.framework)
     mb = DeviceView(vb.ptr, vb.shape[1:], vb.strides[1:], vb.dtype, vb.itemsize, vb.device, vb.framework)
     sa = va.strides[0] if masked else 0
@@ -188,6 +263,10 @@ def _matrices(va, vb, masked):
     if not (is_row_major(ma) and tma_addressable(ma, True)) or (sa * va.itemsize) % 16:
         raise LayoutError(f"a must hold row-major (rows, K) matrices with a 16-byte-aligned base, row pitch and "
                           f"batch stride; got strides {va.strides} (elements) at {va.ptr:#x}")
+    if va.dtype in FP8_DTYPES and not is_row_major(transpose(mb)):  # fp8 wgmma has no transpose
+        raise LayoutError(f"fp8 operands must be K-major: each b[g] must be column-major (K, N), got b's strides "
+                          f"{vb.strides}; pass b as w.transpose(1, 2) of a contiguous (G, N, K) weight w (or "
+                          f"b.transpose(1, 2).contiguous().transpose(1, 2))")
     if not (tma_addressable(mb, True) or tma_addressable(mb, False)) or (sb * vb.itemsize) % 16 or (
             vb.shape[0] > 1 and sb < _extent(mb)):
         raise LayoutError(f"b must hold G row- or column-major (K, N) matrices (b[g] or a (G, N, K) tensor's "

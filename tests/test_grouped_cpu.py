@@ -160,7 +160,9 @@ def test_grouped_sass_has_hopper_instructions_and_no_spills(cfg):
     (dict(grouped="ragged"), "grouped must be"), (dict(grouped="masked", cluster_n=2), "without a cluster"),
     (dict(grouped="contiguous", block_n=128, stream_k=True), "without a cluster"),
     (dict(grouped="masked", epilogue=EpilogueConfig(bias="col")), "fuse only"),
-    (dict(grouped="masked", in_dtype="e4m3", a_major="K", b_major="K"), "fp8 grouped"),
+    (dict(grouped="masked", in_dtype="e4m3", a_major="K", b_major="N"), "K-major"),
+    (dict(grouped="contiguous", in_dtype="e4m3", a_major="K", b_major="K", block_n=256,
+          epilogue=EpilogueConfig(block_scales=True)), "block_n in"),
 ])
 def test_grouped_config_rejects_what_it_cannot_run(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -229,7 +231,8 @@ def test_good_calls_reach_the_gpu_check(monkeypatch):
     (lambda: (_t((R, K)), _t((K, N)), _offsets()), {}, ShapeError, r"\(G, K, N\)"),
     (lambda: (_t((G, R, K)), _t((G, K, N)), _offsets()), {}, ShapeError, r"\(rows, K\)"),
     (lambda: (_t((R, K), "<f4"), _t((G, K, N), "<f4"), _offsets()), dict(dtype=None), TypeError, "a.dtype"),
-    (lambda: (_t((R, K), "|u1"), _t((G, K, N), "|u1"), _offsets()), dict(dtype="e4m3"), DtypeError, "fp8"),
+    (lambda: (_t((R, K), "|u1"), _t((G, K, N), "|u1"), _offsets()), dict(dtype="e4m3"), LayoutError,
+     r"fp8 operands must be K-major.*w.transpose\(1, 2\)"),  # fp8 b[g] row-major
     (lambda: (_t((R, K), "<f2"), _t((G, K, N)), _offsets()), dict(dtype=None), DtypeError, "same dtype"),
     (lambda: (_t((R, K)), _t((G, K, N)), _offsets()), dict(out=_t((R, N + 8), "<f2")), ShapeError, "out has shape"),
     (lambda: (_t((R, K)), _t((G, K, N)), _offsets()), dict(out=_t((R, N), "<f2", strides=(2 * N + 16, 2))), LayoutError,
@@ -308,7 +311,7 @@ def fake_device(monkeypatch):
     calls, prepared = [], []
 
     def prepare_launch(kernel, grid, block, args, **kw):
-        prepared.append((grid, args[0]))
+        prepared.append((grid, *args))
         return _FakeLaunch(args, calls)
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: None)
@@ -334,7 +337,7 @@ def test_one_plan_per_layout_and_each_calls_addresses(fake_device, masked):
         addresses = {x.__cuda_array_interface__["data"][0] for x in (a, b, sizes, out)}
         assert addresses <= set(calls[-1].values())  # this call's a, b, out and sizes reached the kernel
     assert len(prepared) == 1 and len(calls) == 3  # one plan, three launches
-    grid, params = prepared[0]
+    grid, params, _ = prepared[0]
     assert params.batches == G and params.a_batched == int(masked) and params.b_batched == 1
     rows = 64 if masked else R
     assert (params.M, params.N, params.K) == (rows, N, K)
@@ -352,3 +355,206 @@ def test_a_new_layout_is_a_new_plan(fake_device):
     _call(_t((R, K)), _t((G, K, N), strides=(2 * N * K, 2, 2 * K)), _offsets(), out=_t((R, N), "<f2"))  # b[g] col-major
     _call(_t((R, K)), _t((G, K, N)), _offsets(), out=_t((R, N), "<f2"), activation=None)  # the first again
     assert len(prepared) == 3 and len(calls) == 4
+
+
+# --- fp8 groups: block-wise scales ---------------------------------------------------------
+
+BLOCKS = EpilogueConfig(block_scales=True)
+M3 = types.Array(types.float32, 3, "A")
+
+
+def _fp8_grouped(mode, block_m=128, block_n=128, epilogue=BLOCKS):
+    stages = max_stages("e4m3", "bf16", block_n, a_major="K", b_major="K", block_m=block_m, epilogue=epilogue)
+    return GemmConfig("e4m3", "bf16", "K", "K", block_m=block_m, block_n=block_n, stages=stages, epilogue=epilogue,
+                      grouped=mode)
+
+
+# (config, the epilogue's argument types): B's scales (G, K/128, N/128) in both modes (A's
+# come by TMA); with alpha + row scale + silu beside them.
+FP8_KERNELS = [
+    (_fp8_grouped("contiguous"), (M3,)),
+    (_fp8_grouped("masked"), (M3,)),
+    (_fp8_grouped("masked", 64, 128), (M3,)),
+    (_fp8_grouped("contiguous", 128, 64, EpilogueConfig(alpha=True, row_scale=True, activation="silu",
+                                                        block_scales=True)), (types.float32, *VEC, M3)),
+]
+
+
+@pytest.mark.parametrize("cfg,ep_types", FP8_KERNELS, ids=[f"{c.grouped}-{c.block_m}x{c.block_n}"
+                                                             f"{'-fused' if c.epilogue.alpha else ''}"
+                                                             for c, _ in FP8_KERNELS])
+def test_fp8_block_scaled_grouped_sass(cfg, ep_types):
+    """fp8 wgmma (four k32 steps per k-block, each started afresh), a full wait, one FFMA per
+    accumulator into the f32 sums, the guarded store beside the TMA one, no spills."""
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, ep_types))
+    assert r.sass.count(f"QGMMA.64x{cfg.block_n}x32.F32.E4M3.E4M3 ") == 4 and r.count("HGMMA") == 0, r.summary()
+    assert ", RZ, !UPT" in r.sass and "WARPGROUP.DEPBAR.LE gsb0, 0x0" in r.sass
+    assert r.count("FFMA") >= cfg.block_n // 2
+    assert r.count("UTMASTG") >= 1 and r.count("STG.E.128") >= 1, r.summary()
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+
+
+def test_fp8_per_tensor_grouped_sass():
+    """Without block scales: fp8 wgmma accumulating across k-blocks, alpha in the epilogue."""
+    cfg = _fp8_grouped("masked", 128, 256, EpilogueConfig(alpha=True))
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.float32,)))
+    assert r.sass.count("QGMMA.64x256x32.F32.E4M3.E4M3 ") == 4 and r.count("HGMMA") == 0, r.summary()
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+
+
+def _fp8_view(shape, strides):
+    from numba_hopper._arrays import DeviceView
+
+    return DeviceView(0x7F0000000000, shape, strides, "e4m3", 1, 0, "torch")
+
+
+@pytest.mark.parametrize("mode,rows,groups,N,tile", [
+    ("contiguous", 8 * 2048, 8, 4096, (128, 128)), ("contiguous", 32 * 512, 32, 7168, (128, 128)),
+    ("masked", 256, 16, 4096, (128, 128)),
+    ("masked", 64, 16, 4096, (64, 128)),  # 64 rows a group: the same waves of half the tile
+    ("masked", 128, 1, 7168, (128, 64)),  # 56 128-wide tiles would leave most SMs idle
+])
+def test_fp8_block_scaled_grouped_tiles_are_at_most_128_wide(mode, rows, groups, N, tile):
+    K = 7168
+    cfg = grouped_config(_fp8_view((rows, K), (K, 1)), _fp8_view((K, N), (1, K)), _view((rows, N)), mode, groups,
+                         None, False, BLOCKS, limits=LIMITS)
+    assert (cfg.block_m, cfg.block_n) == tile and cfg.block_scaled and cfg.grouped == mode
+    assert (cfg.in_dtype, cfg.a_major, cfg.b_major) == ("e4m3", "K", "K") and cfg.shared_bytes <= 227 * 1024
+
+
+# grouped_gemm()'s fp8 checks. KB = 256: two K blocks; N = 128: one N block.
+KB = 256
+
+
+def _f8(shape, strides=None):
+    return _t(shape, "|u1", strides)
+
+
+def _f8_b(g=G, k=KB, n=N):
+    """(G, K, N), each b[g] column-major: a contiguous (G, N, K) weight's transpose(1, 2)."""
+    return _f8((g, k, n), strides=(n * k, 1, k))
+
+
+def _f32(shape, strides=None):
+    return _t(shape, "<f4", strides)
+
+
+def _scales(masked=False, rows=R, g=G):
+    """Block-wise ``(scale_a, scale_b)`` in torch's strides (scale_a column-major per group)."""
+    sa = _f32((g, 64, 2), strides=(4 * 2 * 64, 4, 4 * 64)) if masked else _f32((rows, 2), strides=(4, 4 * rows))
+    return sa, _f32((g, 2, 1))
+
+
+def test_fp8_calls_reach_the_gpu_check(monkeypatch):
+    sa, sb = _scales()
+    _reaches_gpu_check(monkeypatch, _f8((R, KB)), _f8_b(), _offsets(), dtype="e4m3", scale_a=sa, scale_b=sb)
+    sa, sb = _scales(masked=True)
+    _reaches_gpu_check(monkeypatch, _f8((G, 64, KB)), _f8_b(), _offsets(), masked=True, dtype="e5m2", scale_a=sa,
+                       scale_b=sb, row_scale=_f32((G, 64)), activation="silu", out=_t((G, 64, N), "<f4"))
+    # row-major scales (DeepGEMM's), per-tensor numbers, no scales
+    _reaches_gpu_check(monkeypatch, _f8((R, KB)), _f8_b(), _offsets(), dtype="e4m3", scale_a=_f32((R, 2)),
+                       scale_b=_f32((G, 2, 1)))
+    _reaches_gpu_check(monkeypatch, _f8((R, KB)), _f8_b(), _offsets(), dtype="e4m3", scale_a=0.5, scale_b=2)
+    _reaches_gpu_check(monkeypatch, _f8((R, KB)), _f8_b(), _offsets(), dtype="e4m3")
+    _reaches_gpu_check(monkeypatch, _t((R, KB)), _t((G, KB, N)), _offsets(), scale_a=2.0)  # numbers: 16-bit too
+
+
+def _fp8_call(masked=False, **kw):
+    a = _f8((G, 64, KB)) if masked else _f8((R, KB))
+    kw.setdefault("dtype", "e4m3")
+    return _call(a, kw.pop("b", None) or _f8_b(), _offsets(), masked=masked, **kw)
+
+
+def _dv(shape, strides, dtype, device=0):
+    from numba_hopper._arrays import DeviceView
+
+    return DeviceView(next(_addresses), shape, strides, dtype, 4 if dtype == "f32" else 1, device, "cai")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("scales,exc,msg", [
+    (lambda m: (_scales(m)[0], None), ShapeError, "scale_b has none"),
+    (lambda m: (_scales(m)[0], 1.5), ShapeError, "scale_b has a number"),
+    (lambda m: (0.5, _scales(m)[1]), ShapeError, "scale_a has a number"),
+    (lambda m: (_f32((R, 3)), _scales(m)[1]), ShapeError, r"scale_a has shape \(300, 3\)"),
+    (lambda m: (_scales(m)[0], _f32((2, 1))), ShapeError, r"scale_b of shape \(4, 2, 1\)"),
+    (lambda m: (_f32((1,)), _f32((1,))), ShapeError, "per-tensor scales: Python numbers"),
+    (lambda m: (_f32((R,)), _f32((N,))), ShapeError, "row-wise .* not supported"),
+    (lambda m: (_scales(m)[0], _t((G, 2, 1), "<f8")), DtypeError, "scale_b.dtype"),
+    (lambda m: (_scales(m)[0], _f32((G, 2, 1), strides=(8, 4, -4))), LayoutError, "scale_b has negative strides"),
+])
+def test_bad_fp8_scales_are_refused(masked, scales, exc, msg):
+    sa, sb = scales(masked)
+    with pytest.raises(exc, match=msg):
+        _fp8_call(masked, scale_a=sa, scale_b=sb)
+
+
+def test_masked_scale_a_has_a_group_dimension():
+    with pytest.raises(ShapeError, match=r"scale_a of shape \(4, 64, 2\).*scale_a has shape \(256, 2\)"):
+        _fp8_call(True, scale_a=_f32((G * 64, 2)), scale_b=_f32((G, 2, 1)))
+
+
+def test_fp8_layouts_and_dtypes_are_checked():
+    sa, sb = _scales()
+    with pytest.raises(LayoutError, match="fp8 operands must be K-major"):  # each b[g] row-major
+        _fp8_call(b=_f8((G, KB, N)), scale_a=sa, scale_b=sb)
+    with pytest.raises(LayoutError, match="K bytes|16-byte"):  # K = 8: rows of 8 bytes
+        _call(_f8((R, 8)), _f8((G, 8, N), strides=(8 * N, 1, 8)), _offsets(), dtype="e4m3")
+    with pytest.raises(DtypeError, match="mixed e4m3 x e5m2"):
+        _call(_dv((R, KB), (KB, 1), "e4m3"), _dv((G, KB, N), (N * KB, 1, KB), "e5m2"), _offsets(), dtype=None)
+    with pytest.raises(DtypeError, match="block-wise scales are for fp8"):
+        _call(_t((R, KB)), _t((G, KB, N)), _offsets(), scale_a=sa, scale_b=sb)
+    with pytest.raises(DtypeError, match="fp8 outputs"):
+        _fp8_call(out_dtype="e4m3")
+    with pytest.raises(DeviceMismatchError, match="scale_b is on device 1"):
+        _fp8_call(scale_a=sa, scale_b=_dv((G, 2, 1), (2, 1, 1), "f32", device=1))
+
+
+def test_out_may_not_overlap_the_scales(monkeypatch):
+    monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
+    sa, sb = _scales()
+    with pytest.raises(OverlapError, match="out .* overlaps scale_a"):
+        _fp8_call(scale_a=sa, scale_b=sb, out=FakeCAI((R, N), "<u2", ptr=sa.__cuda_array_interface__["data"][0]),
+                  out_dtype="bf16")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fp8_block_scales_reach_the_kernel_each_call(fake_device, monkeypatch, masked):
+    """One plan; each call's scales (and operands) bound into the launch; a block-scaled fp8
+    kernel of the grouped mode, at most 128 wide, which reads A's scales through its last
+    tensor map (torch's strides: no copy) and B's among its epilogue arguments."""
+    from numba_hopper import _plan
+
+    calls, prepared = fake_device
+    configs = []
+    monkeypatch.setattr(_plan, "make_gemm_kernel", configs.append)
+    monkeypatch.setattr(_plan, "numba_array", lambda v: v)  # (no CUDA driver here)
+    first = None
+    for _ in range(3):
+        sa, sb = _scales(masked)
+        out = _t((G, 64, N) if masked else (R, N), "<u2")
+        _fp8_call(masked, scale_a=sa, scale_b=sb, out=out, out_dtype="bf16")
+        addresses = {x.__cuda_array_interface__["data"][0] for x in (sa, sb, out)}
+        assert addresses <= set(calls[-1].values())
+        first = first or sa.__cuda_array_interface__["data"][0]
+    assert len(prepared) == 1 and len(calls) == 3
+    cfg = configs[0]
+    assert cfg.grouped == ("masked" if masked else "contiguous") and cfg.block_scaled and cfg.block_n <= 128
+    assert (cfg.in_dtype, cfg.out_dtype, cfg.b_major) == ("e4m3", "bf16", "K") and not cfg.epilogue.alpha
+    params, ep = prepared[0][1], prepared[0][2]
+    assert len(params.maps) == cfg.tensormaps == 4 and int(params.addresses[-1]) == first
+    assert ep.b_block_scales.shape == (G, 2, 1)
+
+
+def test_fp8_per_tensor_numbers_fold_into_alpha(fake_device, monkeypatch):
+    from numba_hopper import _plan
+
+    calls, prepared = fake_device
+    configs = []
+    monkeypatch.setattr(_plan, "make_gemm_kernel", configs.append)
+    _fp8_call(scale_a=0.5, scale_b=3.0, out=_t((R, N), "<u2"), out_dtype="bf16")
+    _fp8_call(scale_a=2.0, scale_b=0.25, out=_t((R, N), "<u2"), out_dtype="bf16")  # same plan, new alpha
+    assert len(prepared) == 1 and configs[0].epilogue.alpha and not configs[0].block_scaled
+    assert prepared[0][2].alpha == 1.5 and 0.5 in calls[1].values()  # each call's alpha is bound
+    _fp8_call(out=_t((R, N), "<u2"), out_dtype="bf16")  # no scales: the plain fp8 kernel
+    assert len(prepared) == 2 and configs[1].epilogue is None

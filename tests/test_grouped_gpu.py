@@ -116,6 +116,16 @@ def test_contiguous_row_scale_and_activation(torch, activation):
     _check_contiguous(torch, out, a, b, sizes, scale, torch.nn.functional.silu if activation else None)
 
 
+def test_contiguous_per_tensor_numbers(torch):
+    """scale_a/scale_b numbers multiply the output of 16-bit groups too (the epilogue's alpha)."""
+    sizes = [300, 0, 129]
+    a, b, offsets = _contiguous(torch, sizes, 256, 128, torch.bfloat16, "NK")
+    out = torch.full((a.shape[0], 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    grouped_gemm(a, b, offsets, out=out, scale_a=0.5, scale_b=3.0)
+    torch.cuda.synchronize()
+    _check_contiguous(torch, out, a, b, sizes, scale=torch.full((a.shape[0],), 1.5, device="cuda"))
+
+
 def test_contiguous_new_output(torch):
     sizes = [200, 0, 57]
     a, b, offsets = _contiguous(torch, sizes, 256, 128, torch.float16, "KN", extra=0)

@@ -54,7 +54,8 @@ class GemmConfig:
     ``grouped``: None, or the grouped GEMM's scheduler to compile in (``kernels/scheduler.py``):
     "contiguous" (the groups' rows one after another in a 2-D A and output, cut by
     cumulative ends) or "masked" (a 3-D A and output, the first ``masked_m[g]`` rows of
-    group g valid); the group sizes are read on the device.
+    group g valid); the group sizes are read on the device. Its block-wise scales (fp8)
+    are B's (G, K/128, N/128) and A's (rows, K/128), or (G, M, K/128) masked.
     """
 
     in_dtype: str = "bf16"
@@ -120,14 +121,12 @@ class GemmConfig:
     def _check_grouped(self):
         if self.grouped not in GROUPED_MODES:
             raise ValueError(f"grouped must be None or one of {GROUPED_MODES}, got {self.grouped!r}")
-        if self.in_dtype in FP8_DTYPES:
-            raise ValueError("grouped kernels take bf16/f16 inputs (fp8 grouped GEMM is not built yet)")
         if self.cluster_size > 1 or self.stream_k or self.split_k > 1:
             raise ValueError("grouped kernels run without a cluster, stream_k or split_k")
         e = self.epilogue
         if e is not None and (e.col_scale or e.c_dtype or e.bias or e.aux_dtype or e.user is not None
                               or e.transposed):
-            raise ValueError("grouped kernels fuse only alpha, row_scale and an activation")
+            raise ValueError("grouped kernels fuse only alpha, row_scale, fp8 block-wise scales and an activation")
 
     # --- the CTA ---
     @property

@@ -88,6 +88,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     TAKE_TURNS = cfg.block_scaled and cfg.consumers == 2
     TURN = 3  # named barriers 3 and 4 (0: __syncthreads, 1 and 2: each consumer's own)
     SCALE_AHEAD = 2  # k-blocks: the scales' loads (from L2) take about two k-blocks' wgmmas
+    B_SCALES_BY_GROUP = cfg.grouped is not None  # grouped kernels: B's scales are (G, K/128, N/128)
 
     @cuda.jit(device=True, forceinline=True)
     def cluster_cta():
@@ -151,9 +152,13 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return acc, st
 
     @cuda.jit(device=True, forceinline=True)
-    def load_b_scale(ep, n_block, kb, k_end):
-        """B's scale of the tile's 128 x 128 block in k-block ``kb`` (block 0's past ``k_end``)."""
-        return ep.b_block_scales[np.uint64(kb if kb < k_end else 0), np.uint64(n_block)]
+    def load_b_scale(ep, g, n_block, kb, k_end):
+        """B's scale of the tile's 128 x 128 block in k-block ``kb`` (block 0's past ``k_end``);
+        ``g``: a grouped tile's group."""
+        k = np.uint64(kb if kb < k_end else 0)
+        if B_SCALES_BY_GROUP:
+            return ep.b_block_scales[np.uint64(g), k, np.uint64(n_block)]
+        return ep.b_block_scales[k, np.uint64(n_block)]
 
     first_b_scales = _scales_ahead(load_b_scale, SCALE_AHEAD)
 
@@ -175,9 +180,9 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         n_block = tile.n0 // KBLOCK_SCALE
         row_scales = smem + A_SCALES + 4 * (c.cw * WG_ROWS + c.row_in_wg)  # this thread's two rows
-        b_scales = first_b_scales(ep, n_block, item.k_begin, item.k_end)
+        b_scales = first_b_scales(ep, tile.batch, n_block, item.k_begin, item.k_end)
         for kb in range(item.k_begin, item.k_end):
-            b_later = load_b_scale(ep, n_block, kb + SCALE_AHEAD, item.k_end)
+            b_later = load_b_scale(ep, tile.batch, n_block, kb + SCALE_AHEAD, item.k_end)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             if TAKE_TURNS:
                 nh.named_barrier_sync(TURN + c.cw, 256)
@@ -202,11 +207,11 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
 
 
 def _scales_ahead(load, n):
-    """``first(ep, n_block, k_begin, k_end)``: the tuple of ``load(ep, n_block, kb, k_end)``
-    for the ``n`` k-blocks from ``k_begin``."""
+    """``first(ep, g, n_block, k_begin, k_end)``: the tuple of ``load(ep, g, n_block, kb,
+    k_end)`` for the ``n`` k-blocks from ``k_begin``."""
 
     @cuda.jit(device=True, forceinline=True)
-    def first(ep, n_block, k_begin, k_end):
+    def first(ep, g, n_block, k_begin, k_end):
         return ()
 
     for i in range(n):
@@ -216,8 +221,8 @@ def _scales_ahead(load, n):
 
 def _then_load(first, load, i):
     @cuda.jit(device=True, forceinline=True)
-    def first_then(ep, n_block, k_begin, k_end):
-        return first(ep, n_block, k_begin, k_end) + (load(ep, n_block, k_begin + i, k_end),)
+    def first_then(ep, g, n_block, k_begin, k_end):
+        return first(ep, g, n_block, k_begin, k_end) + (load(ep, g, n_block, k_begin + i, k_end),)
 
     return first_then
 
