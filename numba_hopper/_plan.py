@@ -197,7 +197,7 @@ class _Gemm:
             maps.append(encode_template(_batched(c, 1, 0), (1, EPI_ROWS, cols), swizzle=cols * c.itemsize))
         if self.a_scales is not None:  # one k-block's scales of a tile's rows per box
             maps.append(encode_template(_batched(self.a_scales.at(values), batch.count, batch.a_scales),
-                                        (1, 1, cfg.block_m)))
+                                        (1, 1, cfg.a_scales_box)))
         return tuple(m.words for m in maps)
 
     def _epilogue_args(self, values):

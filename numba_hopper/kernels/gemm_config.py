@@ -220,9 +220,21 @@ class GemmConfig:
         return -(-self.block_n // 64) * 64 * KBLOCK_BYTES
 
     @property
+    def a_scales_box(self):
+        """Rows of one TMA box of A's block-wise scales: the tile's, from the 16-byte boundary
+        at or before its first row (a TMA box starts 16-byte aligned along its contiguous
+        dimension, and a group of a grouped GEMM may start at any row), so 4 more."""
+        return self.block_m + 4
+
+    @property
+    def a_scales_box_bytes(self):
+        """Bytes one stage's box of A's scales brings (0 without block-wise scales)."""
+        return 4 * self.a_scales_box if self.block_scaled else 0
+
+    @property
     def a_scales_bytes(self):
-        """One stage's block-wise scales of A: one f32 per tile row (0 without them)."""
-        return 4 * self.block_m if self.block_scaled else 0
+        """One stage's slot of A's scales: its box, 128-byte aligned (0 without them)."""
+        return -(-self.a_scales_box_bytes // 128) * 128
 
     @property
     def c_buf_bytes(self):

@@ -84,8 +84,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
     # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
     # column (B), so all of their consumer warps must release it.
     empty_arrivals = 4 * CONSUMERS * (cfg.cluster_m + cfg.cluster_n - 1)
-    pipe = make_tma_pipeline(cfg.stages, empty_arrivals, cfg.a_tile_bytes + cfg.b_tile_bytes + cfg.a_scales_bytes,
-                             CLUSTER)
+    pipe = make_tma_pipeline(cfg.stages, empty_arrivals,
+                             cfg.a_tile_bytes + cfg.b_tile_bytes + cfg.a_scales_box_bytes, CLUSTER)
     mainloop = make_mainloop(cfg, pipe)
     scheduler = make_tile_scheduler(cfg)
     epilogue = make_epilogue(cfg)

@@ -113,9 +113,9 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             k0 = (k_first + kb) * BK
             load_a(smem + st.stage * A_TILE, tmaps.a, tile.m0, k0, b * p.a_batched, full, cta.rn, cta.a_mask)
             load_b(smem + B_OFF + st.stage * B_TILE, tmaps.b, tile.n0, k0, b * p.b_batched, full, cta.rm, cta.b_mask)
-            if BLOCK_SCALED:  # the tile rows' scales of this k-block (TMA zero-fills rows past M)
-                nh.tma_load_3d(smem + A_SCALES + st.stage * A_SCALES_BYTES, tmaps.a_scales, tile.m0, k_first + kb,
-                               b * p.a_batched, full)
+            if BLOCK_SCALED:  # the tile rows' scales of this k-block, from a 16-byte boundary
+                nh.tma_load_3d(smem + A_SCALES + st.stage * A_SCALES_BYTES, tmaps.a_scales, tile.m0 - tile.m0 % 4,
+                               k_first + kb, b * p.a_batched, full)
             st = pipe.advance(st)
         return st
 
@@ -179,7 +179,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         ``acc`` (whose registers the next tile's wgmmas overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         n_block = tile.n0 // KBLOCK_SCALE
-        row_scales = smem + A_SCALES + 4 * (c.cw * WG_ROWS + c.row_in_wg)  # this thread's two rows
+        # this thread's two rows in the box (which starts at the 16-byte boundary before m0)
+        row_scales = smem + A_SCALES + 4 * (tile.m0 % 4 + c.cw * WG_ROWS + c.row_in_wg)
         b_scales = first_b_scales(ep, tile.batch, n_block, item.k_begin, item.k_end)
         for kb in range(item.k_begin, item.k_end):
             b_later = load_b_scale(ep, tile.batch, n_block, kb + SCALE_AHEAD, item.k_end)
