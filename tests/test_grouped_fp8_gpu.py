@@ -16,6 +16,7 @@ from numba import cuda
 
 from numba_hopper import GemmConfig, grouped_gemm
 from test_fp8_gpu import FP8, TORCH_OUT, _block_reference, _rel, block_tolerance, tolerance
+from test_grouped_gpu import SIZES
 
 pytestmark = pytest.mark.gpu
 
@@ -106,16 +107,6 @@ def _check_masked(torch, out, a, b, counts, sa, sb, out_dtype="bf16"):
             ref = _block_reference(torch, a[g, :m], b[g], sa[g, :m], sb[g])
             _check_group(torch, out[g, :m], ref, block_tolerance(out_dtype), f"group {g} ({m} rows)")
         assert torch.isnan(out[g, m:]).all(), f"group {g}: rows at or past masked_m[g] = {m} were written"
-
-
-SIZES = {
-    "0-1-7-129-1000": [0, 1, 7, 129, 1000],
-    "skewed": [64, 0, 100, 100, 1000, 100, 100, 100],  # one empty group, one of 10x the others
-    "G=1": [777],
-    "many": [(37 * g) % 301 for g in range(40)],
-    "full tiles": [128, 256, 0, 384],
-    "all empty": [0, 0, 0],
-}
 
 
 @pytest.mark.parametrize("sizes", SIZES.values(), ids=SIZES.keys())
