@@ -111,6 +111,8 @@ class GemmConfig:
             # (twice the accumulators) fit in registers.
             raise ValueError(f"block-wise scales need fp8 inputs and block_n in (64, 128); got "
                              f"{self.in_dtype}, block_n = {self.block_n}")
+        if self.block_scaled and self.cluster_size > 1:  # (never run on a GPU)
+            raise ValueError("block-wise scales run without a cluster")
         if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:
             # 128 accumulators per thread leave no registers for a partial's loads: ptxas
             # issues all 32 float4 loads before the adds, and spills (SASS, CPU test).

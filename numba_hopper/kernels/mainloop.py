@@ -18,6 +18,11 @@ Clusters: CTA ``(rm, rn)`` of a ``cluster_m x cluster_n`` cluster loads part ``r
 A tile and part ``rm`` of its B tile and multicasts each to the CTAs that share that tile
 (``cp.async.bulk.tensor`` with ``.multicast::cluster``); a slot is then released to every
 producer that writes into it.
+
+Block-wise fp8 scales (``cfg.block_scaled``): a slot also holds A's scales of the tile's
+rows for its k-block (one more TMA box), and the consumers' ``mma`` is two-level: each
+k-block's product is waited for and added, scaled, into an f32 register sum
+(``mma_promoted``).
 """
 
 from __future__ import annotations
@@ -81,13 +86,13 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     A_SCALES, A_SCALES_BYTES = cfg.layout.a_scales, cfg.a_scales_bytes
     # Block-wise scales: each consumer waits for its k-block's wgmmas before it promotes them,
     # so the tensor cores idle while both promote, unless the two consumers take turns to
-    # issue: consumer 0's k-block kb, consumer 1's kb, consumer 0's kb + 1, ... The tensor
-    # cores run them in that order, so each consumer promotes while the other's run.
+    # issue: consumer 0's k-block kb, consumer 1's kb, consumer 0's kb + 1, ... so that each
+    # promotes while the other's wgmmas run (measured +0 to 7%: benchmarks/NOTES.md).
     # Consumer i waits for its turn at named barrier TURN + i (256 threads: its own wait,
     # the other's arrival).
     TAKE_TURNS = cfg.block_scaled and cfg.consumers == 2
     TURN = 3  # named barriers 3 and 4 (0: __syncthreads, 1 and 2: each consumer's own)
-    SCALE_AHEAD = 2  # k-blocks: the scales' loads (from L2) take about two k-blocks' wgmmas
+    SCALE_AHEAD = 2  # k-blocks: B's scales' loads (from L2) take about two k-blocks' wgmmas
     B_SCALES_BY_GROUP = cfg.grouped is not None  # grouped kernels: B's scales are (G, K/128, N/128)
 
     @cuda.jit(device=True, forceinline=True)
