@@ -1,6 +1,5 @@
 """Debug mode on a CPU: release kernels carry none of its code, debug kernels all of it."""
 
-import numpy as np
 import pytest
 from numba import cuda
 

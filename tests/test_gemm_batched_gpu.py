@@ -1,6 +1,5 @@
 """Issue 7 paths on the H100: split-K, 128-wide tiles for narrow N, batched GEMM (bmm)."""
 
-import numpy as np
 import pytest
 
 from numba_hopper import GemmConfig, bmm, gemm

@@ -5,7 +5,6 @@ import re
 import subprocess
 import tempfile
 
-import numpy as np
 import pytest
 from numba import cuda
 
