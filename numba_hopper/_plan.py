@@ -162,7 +162,8 @@ class _Gemm:
     ``fusion``: the fused epilogue of a single product, in kernel coordinates, with ``c`` and
     ``a_scales`` (:class:`Operand` s, or None; A's block-wise scales as (K blocks, M),
     row-major) placed apart from its other arrays (``arrays``: name -> Operand): the
-    kernel reads those two through tensor maps. ``grid``/``dp_tiles``: a stream-K launch's schedule, or a grouped one's grid.
+    kernel reads those two through tensor maps. ``grid``/``dp_tiles``: a stream-K launch's
+    schedule, or a grouped one's grid.
     ``group_rows``: where a grouped launch's group sizes are (a :class:`Src`).
     """
 

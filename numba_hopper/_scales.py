@@ -130,7 +130,8 @@ def _scale(name, x, n, side):
     if len(shape) == 2 and shape == ((n, 1) if side == 0 else (1, n)):
         return 1.0, _as_vector(x, n, strides[side])
     raise ShapeError(f"{name} has shape {shape}; expected a number or one element (per-tensor) or {n} values "
-                     f"(row-wise, {'one per row of a' if side == 0 else 'one per column of b'}; block-wise: see gemm's docstring)")
+                     f"(row-wise, {'one per row of a' if side == 0 else 'one per column of b'}; block-wise: "
+                     "see gemm's docstring)")
 
 
 def fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale):

@@ -26,7 +26,8 @@ from numbers import Real
 
 from . import debug as _debug
 from ._arrays import ITEMSIZE, DeviceView, byte_span, device_view, is_row_major, tma_addressable, transpose
-from ._checks import FP8_DTYPES, check_dtype, check_out, check_out_dtype, check_strides, default_out_dtype, overlap_pairs
+from ._checks import (FP8_DTYPES, check_dtype, check_out, check_out_dtype, check_strides, default_out_dtype,
+                      overlap_pairs)
 from ._operands import describe
 from ._plan import A, A_BLOCK_SCALES, B, B_BLOCK_SCALES, C, GROUP_ROWS, OUT, ROW_SCALE, Plan, grouped_plan
 from .errors import DeviceMismatchError, DtypeError, LayoutError, ShapeError

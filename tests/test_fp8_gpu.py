@@ -390,3 +390,35 @@ def test_fp8_block_wise_matches_torch_scaled_mm(torch, M, N, K):
     e_ours = _check_block(torch, ours, ref, "bf16", "ours")
     e_theirs = _rel(torch, theirs, ref)
     assert _rel(torch, ours, theirs) < block_tolerance("bf16"), (e_ours, e_theirs)
+
+
+@pytest.mark.parametrize("scaling", ["block", "rowwise"])
+def test_fp8_scaled_calls_never_wait_for_the_gpu(torch, scaling):
+    """A scaled call on a cached layout (its fast path: the scales' layouts) returns while the
+    stream is still busy, and reads its own operands and scales."""
+    import time
+
+    M, N, K = 512, 1024, 1024
+
+    def call_args(seed):
+        a, b = _operands(torch, M, N, K, seed=seed)
+        s = _block_scales(torch, M, N, K, seed=seed) if scaling == "block" else _scales(torch, "rowwise", M, N, seed)
+        return a, b, s
+
+    a, b, s = call_args(0)
+    gemm(a, b, scale_a=s[0], scale_b=s[1])  # the plan exists; the arrays below are new to it
+    a, b, s = call_args(1)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)  # ~0.5 s of spinning on the current stream
+    gate = torch.cuda.Event()
+    gate.record()
+    start = time.perf_counter()
+    out = gemm(a, b, scale_a=s[0], scale_b=s[1])
+    host = time.perf_counter() - start
+    assert not gate.query(), "gemm returned only after the queued sleep had finished"
+    assert host < 0.05, host
+    torch.cuda.synchronize()
+    if scaling == "block":
+        _check_block(torch, out, _block_reference(torch, a, b, *s), "bf16", "block, second call")
+    else:
+        _check(torch, out, _reference(torch, a, b, *s), "bf16", K, "rowwise, second call")
