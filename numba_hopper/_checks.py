@@ -6,12 +6,13 @@ from __future__ import annotations
 from ._arrays import DeviceView, is_row_major, tma_addressable, transpose
 from .errors import DeviceMismatchError, DtypeError, LayoutError, OverlapError, ShapeError
 
-__all__ = ["INPUT_DTYPES", "OUTPUT_DTYPES", "FP8_DTYPES", "default_out_dtype", "check_out_dtype", "check_dtype", "check_fp8_operands", "check_strides", "check_inputs", "check_out",
+__all__ = ["INPUT_DTYPES", "EPILOGUE_DTYPES", "OUTPUT_DTYPES", "FP8_DTYPES", "default_out_dtype", "check_out_dtype", "check_dtype", "check_fp8_operands", "check_strides", "check_inputs", "check_out",
            "overlap_pairs", "check_overlaps"]
 
 FP8_DTYPES = ("e4m3", "e5m2")
 INPUT_DTYPES = ("bf16", "f16", *FP8_DTYPES)
-OUTPUT_DTYPES = ("bf16", "f16", "f32")
+EPILOGUE_DTYPES = ("bf16", "f16", "f32")  # of the fused epilogue's arrays (c, bias, aux_out)
+OUTPUT_DTYPES = EPILOGUE_DTYPES + FP8_DTYPES
 
 
 def default_out_dtype(in_dtype):
@@ -21,9 +22,8 @@ def default_out_dtype(in_dtype):
 
 
 def check_out_dtype(what, dt):
-    if dt in FP8_DTYPES:
-        raise DtypeError(f"{what} {dt!r}: fp8 outputs (with an output scale and amax) are not supported yet; "
-                         f"use one of {OUTPUT_DTYPES}")
+    if dt == "u8":
+        raise DtypeError(f"{what} is uint8: for an fp8 output pass out_dtype='e4m3' or 'e5m2'")
     check_dtype(what, dt, OUTPUT_DTYPES)
 
 

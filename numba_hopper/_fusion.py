@@ -1,20 +1,22 @@
 """A GEMM call's fused-epilogue keywords: checked into a :class:`Fusion`, and read cheaply per call.
 
 ``out = act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``, with
-``aux_out`` the value before the activation and ``epilogue`` a user device function after it
+``aux_out`` the value before the activation, ``epilogue`` a user device function after it,
+``amax_out`` the largest ``|out|`` and ``scale_out`` a last factor (fp8 outputs)
 (``kernels/epilogue.py`` compiles each feature in only when it is asked for).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from numbers import Real
 
 from numba import cuda
 
 from ._arrays import DeviceView, device_view, transpose
-from ._checks import OUTPUT_DTYPES, check_dtype, check_strides
+from ._checks import EPILOGUE_DTYPES, FP8_DTYPES, check_dtype, check_strides
 from ._operands import describe
-from .errors import DeviceMismatchError, ShapeError
+from .errors import DeviceMismatchError, DtypeError, ShapeError
 from .kernels.epilogue import ACTIVATIONS, EpilogueConfig
 from .kernels.gemm_config import KBLOCK_SCALE
 
@@ -22,18 +24,21 @@ __all__ = ["NAMES", "fusion_args", "fusion_key_and_values", "Fusion", "check_fus
            "is_array"]
 
 NAMES = ("alpha", "beta", "c", "bias", "bias_dim", "activation", "aux_out", "epilogue", "epilogue_args",
-         "row_scale", "col_scale", "a_block_scales", "b_block_scales")
-# The arrays whose addresses a call passes, in the order of the call's values (after alpha, beta).
-ARRAYS = ("c", "row_scale", "col_scale", "bias", "aux_out", "a_block_scales", "b_block_scales")
+         "row_scale", "col_scale", "a_block_scales", "b_block_scales", "scale_out", "amax_out")
+# The arrays whose addresses a call passes, in the order of the call's values (after alpha,
+# beta); ``scale_out`` given as a number passes the number.
+ARRAYS = ("c", "row_scale", "col_scale", "bias", "aux_out", "a_block_scales", "b_block_scales", "scale_out",
+          "amax_out")
+NUMBER = "number"  # the signature of a scale given as a Python number (its value is a call's)
 
 
 def fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale, col_scale,
-                block_scales=None):
+                block_scales=None, scale_out=None, amax_out=None):
     """The epilogue keywords as a dict (``gemm`` calls this only when one of them is not its
     default: a plain GEMM runs the plain kernel). ``block_scales``: fp8 block-wise ``(scale_a,
     scale_b)`` (``_scales``), which the kernel reads with the epilogue's arrays."""
     return dict(zip(NAMES, (alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, tuple(epilogue_args),
-                            row_scale, col_scale, *(block_scales or (None, None)))))
+                            row_scale, col_scale, *(block_scales or (None, None)), scale_out, amax_out)))
 
 
 def fusion_key_and_values(f):
@@ -43,7 +48,7 @@ def fusion_key_and_values(f):
     key, values = [f["alpha"] != 1.0, f["beta"] != 0.0, f["bias_dim"], f["activation"], f["epilogue"]], []
     for name in ARRAYS:
         x = f[name] if name != "c" or f["beta"] != 0.0 else None
-        sig, ptr = describe(x) if x is not None else (None, 0)
+        sig, ptr = (NUMBER, float(x)) if isinstance(x, Real) else describe(x) if x is not None else (None, 0)
         key.append(sig)
         values.append(ptr)
     for x in f["epilogue_args"]:
@@ -73,6 +78,8 @@ class Fusion:
     col_scale: DeviceView | None
     a_block_scales: DeviceView | None = None
     b_block_scales: DeviceView | None = None
+    out_scale: float | DeviceView | None = None
+    amax: DeviceView | None = None
 
     def transposed(self):
         """The same epilogue for the kernel that computes ``out.T``."""
@@ -86,13 +93,14 @@ class Fusion:
             c_dtype=self.c and self.c.dtype, bias=self.bias and ("row", "col")[self.bias_dim],
             bias_dtype=self.bias.dtype if self.bias else "f32", activation=self.activation,
             aux_dtype=self.aux and self.aux.dtype, user=self.user, transposed=transposed,
-            block_scales=self.a_block_scales is not None)
+            block_scales=self.a_block_scales is not None, amax=self.amax is not None,
+            out_scale=None if self.out_scale is None else "number" if isinstance(self.out_scale, float) else "array")
 
 
-def check_fusion(f, M, N, K, device, dtype) -> Fusion:
-    """Check the epilogue keywords against an (M, N) output of a K-long product; return a
-    :class:`Fusion`."""
-    def view(name, x, shape, dtypes=OUTPUT_DTYPES):
+def check_fusion(f, M, N, K, device, dtype, out_dtype) -> Fusion:
+    """Check the epilogue keywords against an (M, N) output of ``out_dtype`` of a K-long
+    product; return a :class:`Fusion`."""
+    def view(name, x, shape, dtypes=EPILOGUE_DTYPES):
         v = device_view(x)
         if v.dtype == "u16" and dtype:
             v = v.with_dtype(dtype)
@@ -139,6 +147,7 @@ def check_fusion(f, M, N, K, device, dtype) -> Fusion:
         row_scale=f["row_scale"] if f["row_scale"] is None else view("row_scale", f["row_scale"], (M,), ("f32",)),
         col_scale=f["col_scale"] if f["col_scale"] is None else view("col_scale", f["col_scale"], (N,), ("f32",)),
         **_block_scale_views(f, M, N, K, view),
+        **_fp8_output_views(f, out_dtype, view),
     )
 
 
@@ -150,10 +159,32 @@ def _block_scale_views(f, M, N, K, view):
             "b_block_scales": view("scale_b", f["b_block_scales"], (kb, nb), ("f32",))}
 
 
-def numba_array(v: DeviceView):
-    """A numba device array over a view (16-bit floats as their uint16 bits), for a kernel."""
+def _fp8_output_views(f, out_dtype, view):
+    """``out_scale`` (a number or a one-element view) and ``amax``, checked."""
+    def one_element(name, x):
+        shape = tuple(device_view(x).shape)
+        if shape not in ((), (1,), (1, 1)):
+            raise ShapeError(f"{name} must hold one element (shape (), (1,) or (1, 1)); got shape {shape}")
+        return dataclasses.replace(view(name, x, shape, ("f32",)), shape=(1,), strides=(1,))
+
+    views = {}
+    scale, amax = f["scale_out"], f["amax_out"]
+    if scale is not None:
+        if out_dtype not in FP8_DTYPES:
+            raise DtypeError(f"scale_out scales an fp8 output (out_dtype 'e4m3' or 'e5m2'); this one is "
+                             f"{out_dtype}: fold the factor into alpha")
+        views["out_scale"] = float(scale) if isinstance(scale, Real) else one_element("scale_out", scale)
+    if amax is not None:
+        views["amax"] = one_element("amax_out", amax)
+    return views
+
+
+def numba_array(v: DeviceView, typestr=None):
+    """A numba device array over a view (16-bit floats as their uint16 bits, or ``typestr``),
+    for a kernel."""
     return cuda.from_cuda_array_interface(
-        {"shape": tuple(v.shape), "strides": v.byte_strides, "typestr": "<f4" if v.itemsize == 4 else "<u2",
+        {"shape": tuple(v.shape), "strides": v.byte_strides,
+         "typestr": typestr or ("<f4" if v.itemsize == 4 else "<u2"),
          "data": (v.ptr, False), "version": 3},
         owner=None, sync=False)
 

@@ -70,11 +70,13 @@ def empty_like(a, shape, dtype, framework):
 
         if dtype == "bf16":  # CuPy's own bfloat16 (ml_dtypes, CuPy >= 14) if ``a`` is one, else bits
             return cupy.empty(shape, dtype=a.dtype if a.dtype.name == "bfloat16" else cupy.uint16)
-        return cupy.empty(shape, dtype={"f16": cupy.float16, "f32": cupy.float32}[dtype])
+        return cupy.empty(shape, dtype={"f16": cupy.float16, "f32": cupy.float32, "e4m3": cupy.uint8,
+                                        "e5m2": cupy.uint8}[dtype])
     import numpy as np
     from numba import cuda
 
-    return cuda.device_array(shape, dtype={"bf16": np.uint16, "f16": np.float16, "f32": np.float32}[dtype])
+    return cuda.device_array(shape, dtype={"bf16": np.uint16, "f16": np.float16, "f32": np.float32, "e4m3": np.uint8,
+                                           "e5m2": np.uint8}[dtype])
 
 
 def current_torch_stream(device):

@@ -31,7 +31,7 @@ from .debug import DebugRecord
 from .errors import LayoutError
 from .kernels.descriptors import TENSORMAP_BYTES
 from .kernels.epilogue import EpilogueArgs, c_box_cols
-from .kernels.gemm_config import EPI_ROWS, GemmParams
+from .kernels.gemm_config import EPI_ROWS, FP8_DTYPES, GemmParams
 from .kernels.gemm_sm90 import make_gemm_kernel
 from .kernels.scheduler import GROUP_WALK_END
 from .launch import device_limits, max_active_clusters, prepare_launch
@@ -39,11 +39,12 @@ from .tensormap import encode_template
 
 __all__ = ["Plan", "gemm_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config", "gemm_cache_key",
            "SCRATCH", "A", "B", "OUT", "ALPHA", "BETA", "C", "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "A_BLOCK_SCALES",
-           "B_BLOCK_SCALES", "USER", "GROUP_ROWS"]
+           "B_BLOCK_SCALES", "OUT_SCALE", "AMAX", "USER", "GROUP_ROWS"]
 
 # Indices into a call's values (the order of ``_fusion.ARRAYS`` after BETA). USER + i: the
 # i-th array among the user epilogue's arguments.
-SCRATCH, A, B, OUT, ALPHA, BETA, C, ROW_SCALE, COL_SCALE, BIAS, AUX, A_BLOCK_SCALES, B_BLOCK_SCALES, USER = range(14)
+(SCRATCH, A, B, OUT, ALPHA, BETA, C, ROW_SCALE, COL_SCALE, BIAS, AUX, A_BLOCK_SCALES, B_BLOCK_SCALES, OUT_SCALE, AMAX,
+ USER) = range(16)
 GROUP_ROWS = USER  # a grouped call's group sizes (grouped calls take no user epilogue)
 
 
@@ -205,14 +206,14 @@ class _Gemm:
         """The kernel's :class:`EpilogueArgs` and where each call's values of it come from."""
         args, srcs = {}, {}
         for name in self.cfg.epilogue.arg_names:
-            if name in ("alpha", "beta"):
-                index = ALPHA if name == "alpha" else BETA
+            if name in ("alpha", "beta") or (name == "out_scale" and self.cfg.epilogue.out_scale == "number"):
+                index = {"alpha": ALPHA, "beta": BETA, "out_scale": OUT_SCALE}[name]
                 args[name], srcs[name] = np.float32(values[index]), Src(index)
             elif name == "user_args":
                 args[name], srcs[name] = tuple(map(user_arg, self.fusion.user_args)), list(self.user_srcs)
-            else:
+            else:  # (amax: the float32's bits, for an integer atomic max)
                 op = self.arrays[name]
-                args[name], srcs[name] = numba_array(op.at(values)), op.src
+                args[name], srcs[name] = numba_array(op.at(values), "<u4" if name == "amax" else None), op.src
         return EpilogueArgs(**args), [srcs.get(field) for field in EpilogueArgs._fields]
 
     def prepare(self, values):
@@ -334,7 +335,8 @@ def _aligned(op: Operand, scratch, copies, row_major_only=False):
 
 
 _FUSION_SRCS = {"c": Src(C), "row_scale": Src(ROW_SCALE), "col_scale": Src(COL_SCALE), "bias": Src(BIAS),
-                "aux": Src(AUX), "a_block_scales": Src(A_BLOCK_SCALES), "b_block_scales": Src(B_BLOCK_SCALES)}
+                "aux": Src(AUX), "a_block_scales": Src(A_BLOCK_SCALES), "b_block_scales": Src(B_BLOCK_SCALES),
+                "out_scale": Src(OUT_SCALE), "amax": Src(AMAX)}
 _SWAPPED = {"row_scale": "col_scale", "col_scale": "row_scale"}
 
 
@@ -343,13 +345,14 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
 
     A column-major ``out`` is computed as ``out.T = b.T @ a.T``: the same kernel on swapped,
     transposed operands. Operands TMA cannot address go through aligned scratch copies.
+    ``amax_out`` is zeroed (a memset on the stream) before the kernel raises it.
     """
     a, b, d = Operand(va, Src(A)), Operand(vb, Src(B)), Operand(vo, Src(OUT))
     scratch, copies = _Scratch(), []
     c, arrays, user_srcs = None, {}, ()
     if fusion:
         arrays = {name: Operand(getattr(fusion, name), src) for name, src in _FUSION_SRCS.items()
-                  if getattr(fusion, name) is not None}
+                  if isinstance(getattr(fusion, name), DeviceView)}
         user_srcs = _user_sources(fusion.user_args)
     transposed = is_col_major(vo)
     if transposed:  # the kernel's rows are the user's columns
@@ -379,8 +382,10 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
     sms = device_limits(vo.device).sm_count
     # Only plain calls split on their own: the choices are fitted to them. Scaled calls split when
     # asked (fp8 at M = 128 with 2 slices measured no better, benchmarks/NOTES.md).
-    auto_split = config is None and not fusion and not cfg.stream_k
+    auto_split = config is None and not fusion and not cfg.stream_k and cfg.out_dtype not in FP8_DTYPES
     splits = split_count(cfg, M, N, K, sms) if auto_split else cfg.split_k
+    if splits > 1 and cfg.out_dtype in FP8_DTYPES:
+        raise ValueError("split_k > 1 cannot write an fp8 output (its reduce writes 16- and 32-bit floats)")
     if splits > 1:
         cfg = split_k_config(cfg, device_limits(vo.device).max_shared_per_block_optin)
         ld = -(-N // 4) * 4
@@ -396,7 +401,8 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
     else:
         gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, a_scales=a_scales, arrays=arrays,
                      user_srcs=user_srcs, record=record, **_stream_k(cfg, M, N, K, sms))
-        steps = [*copies, gemm, *finish]
+        zero_amax = [_Memset(Src(AMAX), 4)] if fusion and fusion.amax is not None else []
+        steps = [*zero_amax, *copies, gemm, *finish]
     return Plan(vo.device, steps, scratch.size, record)
 
 

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 from numbers import Real
 
+from ._fusion import NUMBER
 from ._operands import describe
 from .errors import DtypeError, ShapeError
 from .kernels.gemm_config import KBLOCK_SCALE
 
 __all__ = ["fold_scales", "scale_signature", "scale_binder", "NUMBER"]
-
-NUMBER = "number"  # a scale given as a Python number: its signature (its value is a call's)
 
 _F32_NAMES = ("torch.float32", "float32", "<f4")
 
@@ -185,7 +184,7 @@ def scale_binder(scale_a, scale_b, block_scales):
     a_vec = not block and scale_a is not None and not isinstance(scale_a, Real)
     b_vec = not block and scale_b is not None and not isinstance(scale_b, Real)
 
-    def bind(alpha, a, b):
-        return (alpha, 0.0, 0, a if a_vec else 0, b if b_vec else 0, 0, 0, a if block else 0, b if block else 0)
+    def bind(alpha, a, b):  # (no scale_out, no amax_out)
+        return (alpha, 0.0, 0, a if a_vec else 0, b if b_vec else 0, 0, 0, a if block else 0, b if block else 0, 0, 0)
 
     return bind

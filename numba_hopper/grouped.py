@@ -36,7 +36,7 @@ from .kernels.gemm_config import KBLOCK_SCALE
 from . import matmul as _matmul
 from .matmul import _first_run, _run
 
-assert ROW_SCALE == C + 1 and GROUP_ROWS == B_BLOCK_SCALES + 1 == A_BLOCK_SCALES + 2
+assert ROW_SCALE == C + 1 and GROUP_ROWS == B_BLOCK_SCALES + 3 == A_BLOCK_SCALES + 4
 _NO_ARRAYS = (0,) * (A_BLOCK_SCALES - ROW_SCALE - 1)  # the epilogue's arrays between the row and block scales
 
 __all__ = ["grouped_gemm", "check_group_sizes"]
@@ -116,9 +116,9 @@ def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None,
         (sig_sa, fa, psa), (sig_sb, fb, psb) = _scale_arg(scale_a), _scale_arg(scale_b)
         alpha = fa * fb
     # The call's values after (scratch, a, b, out), at _plan's indices: alpha, beta, the
-    # epilogue's arrays (the row scale and the block scales alone may be there), then the
-    # group sizes.
-    values = (alpha, 0.0, 0, pr, *_NO_ARRAYS, psa, psb, ps)
+    # epilogue's arrays (the row scale and the block scales alone may be there; no output
+    # scale or amax), then the group sizes.
+    values = (alpha, 0.0, 0, pr, *_NO_ARRAYS, psa, psb, 0, 0, ps)
     key = ("grouped", masked, sig_a, sig_b, sig_s, sig_o, sig_r, sig_sa, sig_sb, alpha != 1.0, activation, out_dtype,
            dtype, config)
     entry = None if debug else _matmul._plans.get(key)  # gemm's plan cache (and its bound)
@@ -192,7 +192,10 @@ def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activati
     if debug:
         _check_sizes_on_device(name, vs, rows)
 
-    out_bytes = vo.itemsize if vo else ITEMSIZE[out_dtype or default_out_dtype(va.dtype)]
+    out_type = vo.dtype if vo else out_dtype or default_out_dtype(va.dtype)
+    if out_type in FP8_DTYPES:
+        raise DtypeError(f"grouped_gemm writes bf16, f16 or f32 outputs, not {out_type} (gemm writes fp8)")
+    out_bytes = ITEMSIZE[out_type]
     if (N * out_bytes) % 16:  # (the rows of a tile that ends inside it: kernels/epilogue.py)
         raise LayoutError(f"grouped_gemm stores whole 16-byte chunks of output rows: N * {out_bytes} bytes must be "
                           f"a multiple of 16 (N = {N})")

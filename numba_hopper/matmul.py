@@ -46,7 +46,7 @@ from ._checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, c
 from ._device import hopper_device_reason
 from ._fusion import check_fusion, fusion_args, fusion_key_and_values
 from ._operands import current_torch_stream, describe, empty_like
-from ._plan import A, AUX, B, C, OUT, Plan, bmm_plan, gemm_plan, zero_fill_plan
+from ._plan import A, AMAX, AUX, B, C, OUT, Plan, bmm_plan, gemm_plan, zero_fill_plan
 from ._scales import NUMBER, fold_scales, scale_binder, scale_signature
 from .errors import DtypeError, LayoutError, ShapeError, UnsupportedDeviceError
 from .kernels.gemm_config import GemmConfig
@@ -57,12 +57,13 @@ __all__ = ["gemm", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
 
 def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None,
          out_dtype=None, aux_out=None, epilogue=None, epilogue_args=(), row_scale=None, col_scale=None,
-         scale_a=None, scale_b=None, dtype=None, stream=None, config=None, debug=None):
+         scale_a=None, scale_b=None, scale_out=None, amax_out=None, dtype=None, stream=None, config=None,
+         debug=None):
     """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N), or with a fused
     epilogue ``act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``.
 
-    ``out_dtype``: "bf16", "f16" or "f32" (default: the input dtype, bf16 for fp8 inputs, or
-    ``out``'s dtype). ``dtype``: how to read ``uint16`` inputs ("bf16" or "f16") or ``uint8``
+    ``out_dtype``: "bf16", "f16", "f32", "e4m3" or "e5m2" (default: the input dtype, bf16 for
+    fp8 inputs, or ``out``'s dtype; fp8 outputs below). ``dtype``: how to read ``uint16`` inputs ("bf16" or "f16") or ``uint8``
     ones ("e4m3" or "e5m2"), for arrays without those dtypes.
     ``stream``: a numba, CuPy or PyTorch stream or a raw ``CUstream`` handle; default the
     current PyTorch stream for PyTorch inputs, else the default stream.
@@ -117,7 +118,18 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       Frobenius error against float64 of the dequantized operands by the output rounding
       (5e-3 bf16, 1e-3 f16/f32) plus 6.4e-7 * K. Block-wise products promote every 128 K, so
       their bound is the rounding plus 3e-4, whatever K (measured 1.2e-4 at K = 16384).
-    - not supported yet: fp8 outputs, mixed e4m3 x e5m2 and ``bmm`` (``DtypeError``). The
+    - fp8 outputs (``out_dtype="e4m3"``/``"e5m2"``; torch float8 tensors, or uint8 arrays
+      with ``out_dtype``), from any inputs: ``out = fp8(scale_out * z)``, where ``z`` is the
+      whole fused epilogue's value, converted with round-to-nearest and saturation to the
+      largest finite fp8 value (e4m3: 448, which has no infinity; a NaN stays NaN; torch's
+      ``.to(float8)`` does not saturate). ``scale_out``: a Python number or a one-element float32
+      device array (read by the kernel), as ``torch._scaled_mm``'s ``scale_result``; fp8
+      outputs only. Split-K does not write fp8 (such calls do not split).
+    - ``amax_out``: a one-element float32 device array that receives ``max |z|`` over the
+      output, before ``scale_out`` (what a delayed-scaling recipe records to pick the next
+      scale), for any output dtype. It is zeroed on the stream before the kernel (one memset:
+      a driver call, no wait), then raised by one atomic max per warp; a NaN in ``z`` makes it NaN.
+    - not supported yet: mixed e4m3 x e5m2 and ``bmm`` of fp8 operands (``DtypeError``). The
       per-tensor and row-wise tiles are the 16-bit ones (not yet tuned), and fp8 kernels are
       not prebuilt (``numba_hopper.prebuild``): they compile on first use, then come from the
       disk cache.
@@ -151,7 +163,8 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     scaled_key = None
     if (scale_a is not None or scale_b is not None) and not debug and alpha == 1.0 and beta == 0.0 and c is None \
             and bias is None and bias_dim is None and activation is None and aux_out is None and epilogue is None \
-            and row_scale is None and col_scale is None and not epilogue_args:
+            and row_scale is None and col_scale is None and not epilogue_args and scale_out is None \
+            and amax_out is None:
         # fp8's usual call: the scales alone, looked up by their layouts (fold_scales checks them once).
         (kind_a, value_a), (kind_b, value_b) = scale_signature(scale_a), scale_signature(scale_b)
         scale = (value_a if kind_a in (None, NUMBER) else 1.0) * (value_b if kind_b in (None, NUMBER) else 1.0)
@@ -164,11 +177,11 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
         alpha, row_scale, col_scale, block_scales = fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale)
     if (alpha == 1.0 and beta == 0.0 and c is None and bias is None and bias_dim is None and activation is None
             and aux_out is None and epilogue is None and row_scale is None and col_scale is None
-            and not epilogue_args and block_scales is None):
+            and not epilogue_args and block_scales is None and scale_out is None and amax_out is None):
         f, fkey, fvalues = None, None, ()
     else:
         f = fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale,
-                        col_scale, block_scales)
+                        col_scale, block_scales, scale_out, amax_out)
         fkey, fvalues = fusion_key_and_values(f)
     key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, fkey)
     entry = None if debug else _plans.get(key)
@@ -250,15 +263,17 @@ def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, de
     N = vb.shape[1]
     vo = _checked_out(out, (M, N), va, out_dtype)
     # ``dtype`` reads uint16 epilogue arrays as bf16/f16; an fp8 one names the operands only.
-    fusion = f and check_fusion(f, M, N, K, va.device, None if fp8 else dtype)
+    fusion = f and check_fusion(f, M, N, K, va.device, None if fp8 else dtype,
+                                vo.dtype if vo else out_dtype or default_out_dtype(va.dtype))
     if fusion and fusion.a_block_scales is not None:
         if not fp8:
             raise DtypeError(f"block-wise scales are for fp8 operands; a and b are {va.dtype}")
         if vo and is_col_major(vo):  # the kernel would compute out.T, whose A is b (128 x 128 blocks)
             raise LayoutError("block-wise scales need a row-major out; got a column-major one")
-    c, aux = fusion and fusion.c, fusion and fusion.aux
+    c, aux, amax = fusion and fusion.c, fusion and fusion.aux, fusion and fusion.amax
     read = [("a", A, va), ("b", B, vb)] + ([("c", C, c)] if c else [])
-    written = ([("out", OUT, vo)] if vo else []) + ([("aux_out", AUX, aux)] if aux else [])
+    written = ([("out", OUT, vo)] if vo else []) + ([("aux_out", AUX, aux)] if aux else []) + \
+        ([("amax_out", AMAX, amax)] if amax else [])
     in_place = {("out", "c")} if vo and c and _same_layout(vo, c) else ()
 
     def plan_for(vo):
@@ -342,7 +357,8 @@ def _output_maker(a, va, shape, dtype):
     if va.framework == "torch":
         import torch
 
-        tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
+        tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "e4m3": torch.float8_e4m3fn,
+               "e5m2": torch.float8_e5m2}[dtype]
         # empty_like of a broadcast one-element tensor: a contiguous array of the shape (it
         # overlaps itself, so no strides are kept), in half the host time of
         # torch.empty(shape, dtype=, device=), which parses its arguments.

@@ -504,7 +504,7 @@ def test_fp8_layouts_and_dtypes_are_checked():
         _call(_dv((R, KB), (KB, 1), "e4m3"), _dv((G, KB, N), (N * KB, 1, KB), "e5m2"), _offsets(), dtype=None)
     with pytest.raises(DtypeError, match="block-wise scales are for fp8"):
         _call(_t((R, KB)), _t((G, KB, N)), _offsets(), scale_a=sa, scale_b=sb)
-    with pytest.raises(DtypeError, match="fp8 outputs"):
+    with pytest.raises(DtypeError, match="gemm writes fp8"):
         _fp8_call(out_dtype="e4m3")
     with pytest.raises(DeviceMismatchError, match="scale_b is on device 1"):
         _fp8_call(scale_a=sa, scale_b=_dv((G, 2, 1), (2, 1, 1), "f32", device=1))
@@ -528,7 +528,7 @@ def test_fp8_block_scales_reach_the_kernel_each_call(fake_device, monkeypatch, m
     calls, prepared = fake_device
     configs = []
     monkeypatch.setattr(_plan, "make_gemm_kernel", configs.append)
-    monkeypatch.setattr(_plan, "numba_array", lambda v: v)  # (no CUDA driver here)
+    monkeypatch.setattr(_plan, "numba_array", lambda v, typestr=None: v)  # (no CUDA driver here)
     first = None
     for _ in range(3):
         sa, sb = _scales(masked)

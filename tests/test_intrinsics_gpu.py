@@ -425,6 +425,43 @@ def test_pack_bf16x2_and_f16x2_round_to_nearest_even_lo_in_low_half():
     np.testing.assert_array_equal(hf.copy_to_host(), want_hf)
 
 
+@cuda.jit
+def _fp8_kernel(lo, hi, e4m3, e5m2, bits, warp_max):
+    i = cuda.grid(1)
+    if i < lo.size:
+        e4m3[i] = nh.pack_e4m3x2(lo[i], hi[i])
+        e5m2[i] = nh.pack_e5m2x2(lo[i], hi[i])
+        bits[i] = nh.abs_bits(lo[i])
+        warp_max[i] = nh.redux_sync_max_u32(nh.abs_bits(lo[i]))
+
+
+def test_fp8_pack_matches_torch_and_warp_max_of_abs_bits():
+    """e4m3/e5m2 pairs round as torch's conversion does once saturated (lo in the low byte);
+    the bits of |x| order as |x|, so the warp's integer max is the bits of its largest |x|."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng()
+    n = 4096
+    lo = (rng.standard_normal(n) * 300).astype(np.float32)
+    hi = (rng.standard_normal(n) * 300).astype(np.float32)
+    lo[:4] = (1000.0, -1000.0, 1e5, np.nan)  # saturated by both, beyond e5m2's range, NaN
+    outs = [cuda.to_device(np.full(n, 0xDEAD, np.uint16)) for _ in range(2)]
+    bits, warp_max = (cuda.to_device(np.zeros(n, np.uint32)) for _ in range(2))
+    _fp8_kernel[16, 256](cuda.to_device(lo), cuda.to_device(hi), *outs, bits, warp_max)
+    for got, dtype, largest in zip(outs, (torch.float8_e4m3fn, torch.float8_e5m2), (448.0, 57344.0)):
+        def fp8(x):
+            return torch.from_numpy(x).clamp(-largest, largest).to(dtype).view(torch.uint8)
+
+        want = fp8(lo).numpy().astype(np.uint16) | (fp8(hi).numpy().astype(np.uint16) << 8)
+        got = got.copy_to_host()
+        nan = np.isnan(lo)
+        np.testing.assert_array_equal(got[~nan], want[~nan], err_msg=str(dtype))
+        low = torch.from_numpy((got[nan] & 0xFF).astype(np.uint8)).view(dtype).float()
+        assert torch.isnan(low).all()
+    np.testing.assert_array_equal(bits.copy_to_host(), np.abs(lo).view(np.uint32))
+    per_warp = np.abs(lo).view(np.uint32).reshape(-1, 32).max(axis=1)
+    np.testing.assert_array_equal(warp_max.copy_to_host().reshape(-1, 32), np.repeat(per_warp[:, None], 32, 1))
+
+
 # --- shared memory ------------------------------------------------------------------------------
 
 

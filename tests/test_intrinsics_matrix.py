@@ -13,7 +13,10 @@ from numba_hopper.intrinsics import (
     ldmatrix_x2_trans,
     ldmatrix_x4,
     ldmatrix_x4_trans,
+    abs_bits,
     pack_bf16x2,
+    pack_e4m3x2,
+    pack_e5m2x2,
     pack_f16x2,
     shared_address,
     stmatrix_x1,
@@ -78,6 +81,25 @@ def test_pack_puts_lo_in_the_low_half():
     assert re.search(rf"cvt\.rn\.f16x2\.f32\s+%r\d+, {hi}, {lo};", r.ptx), r.ptx
     assert re.search(rf"cvt\.rn\.bf16x2\.f32\s+%r\d+, {hi}, {lo};", r.ptx), r.ptx
     assert r.count("F2FP") >= 2  # SASS pack-convert
+
+
+@cuda.jit(launch_bounds=(32, 1))
+def _pack_fp8_kernel(out, bits, x):
+    lo = x[0]
+    hi = x[1]
+    out[0] = pack_e4m3x2(lo, hi)
+    out[1] = pack_e5m2x2(lo, hi)
+    bits[0] = abs_bits(lo)
+
+
+def test_fp8_pack_puts_lo_in_the_low_byte_and_saturates():
+    r = inspect_kernel(_pack_fp8_kernel, "void(uint16[::1], uint32[::1], float32[::1])")
+    m = re.search(r"ld\.global\.f32\s+(%f\d+), \[%rd\d+\];\s+ld\.global\.f32\s+(%f\d+), \[%rd\d+\+4\];", r.ptx)
+    lo, hi = m.group(1), m.group(2)
+    for t in ("e4m3x2", "e5m2x2"):
+        assert re.search(rf"cvt\.rn\.satfinite\.{t}\.f32\s+%rs\d+, {hi}, {lo};", r.ptx), r.ptx
+    assert "F2FP.SATFINITE.E4M3.F32.PACK_AB" in r.sass and "F2FP.SATFINITE.E5M2.F32.PACK_AB" in r.sass
+    assert "and.b32 %r" in r.ptx and ", 0x7fffffff;" in r.ptx  # abs_bits
 
 
 def test_stmatrix_wrong_arity_is_a_typing_error():

@@ -10,6 +10,7 @@ from numba_hopper.intrinsics import (
     fence_proxy_async_shared_cluster,
     named_barrier_arrive,
     named_barrier_sync,
+    redux_sync_max_u32,
     setmaxnreg_dec,
     setmaxnreg_inc,
 )
@@ -88,3 +89,12 @@ def test_sync_instructions_reach_ptx_and_sass():
     assert r.count("BAR.ARV") == 1
     assert r.count("BAR.SYNC") >= 2
     assert r.spill_bytes == 0
+
+
+def test_redux_sync_max_is_one_warp_reduction():
+    @cuda.jit
+    def k(out, x):
+        out[cuda.threadIdx.x] = redux_sync_max_u32(x[cuda.threadIdx.x])
+
+    r = inspect_kernel(k, "void(uint32[::1], uint32[::1])")
+    assert "redux.sync.max.u32" in r.ptx and r.count("REDUX.MAX") >= 1

@@ -1,4 +1,4 @@
-"""Synchronization: setmaxnreg, proxy fences, elect.sync, named barriers, trap.
+"""Synchronization: setmaxnreg, proxy fences, elect.sync, named barriers, warp reductions, trap.
 
 ``setmaxnreg_inc``/``setmaxnreg_dec`` only take effect when the kernel has a register cap
 at entry: declare it with ``@cuda.jit(launch_bounds=(threads, 1))``; otherwise ptxas drops
@@ -16,6 +16,7 @@ __all__ = [
     "elect_sync",
     "named_barrier_sync",
     "named_barrier_arrive",
+    "redux_sync_max_u32",
     "trap",
 ]
 
@@ -74,6 +75,12 @@ def named_barrier_arrive(barrier_id: u32, nthreads: u32):
     """PTX ISA 9.7.13.1 bar.arrive: arrive at barrier ``barrier_id`` without waiting (producer
     side).
     """
+
+
+@ptx_asm("redux.sync.max.u32 {out}, {x}, 0xffffffff;")
+def redux_sync_max_u32(x: u32) -> u32:
+    """PTX ISA 9.7.13.11 redux.sync: the maximum of ``x`` over the warp's 32 lanes (all must
+    call it)."""
 
 
 @ptx_asm("trap;")

@@ -2,8 +2,9 @@
 
 The store (:func:`make_epilogue`), per consumer warpgroup and output tile: accumulators
 -> output dtype -> shared memory (``stmatrix``, 128-byte-swizzled like the output's tensor
-map, so the writes are bank-conflict free) -> ``fence.proxy.async`` -> one thread issues a
-TMA store of a 64 x 64 (16-bit) or 64 x 32 (f32) sub-tile. Two sub-tile buffers per
+map, so the writes are bank-conflict free; 8-byte stores for f32, 2-byte ones for fp8 pairs)
+-> ``fence.proxy.async`` -> one thread issues a TMA store of a 64 x 64 (16-bit, fp8) or
+64 x 32 (f32) sub-tile. Two sub-tile buffers per
 consumer alternate, so a store drains while the next sub-tile is written, and the last
 stores of a tile drain while the next tile's main loop runs. TMA clips stores outside the
 tensor, so partial tiles need no code.
@@ -27,6 +28,13 @@ output tile:
     aux[r, c] = v                                      (the pre-activation value, if asked)
     v = activation(v)
     v = user(v, r, c, *user_args)                      (a @cuda.jit(device=True) function)
+    amax = max(amax, |v|)                              (if asked)
+    v = v * out_scale                                  (if asked; fp8 outputs saturate)
+
+``amax`` is a thread's running maximum over every tile it stores, kept as the bits of
+``|v|`` (which order as the floats do, NaN highest); at the end each warp reduces it
+(``redux.sync``) and one lane raises the global value with an atomic max: one atomic per
+warp per CTA, not per element or tile.
 
 Every feature is a compile-time flag of :class:`EpilogueConfig`, so a kernel carries only
 the code it uses; the run-time values reach the kernel as one :class:`EpilogueArgs`. The
@@ -55,16 +63,17 @@ from numba import cuda
 from .. import intrinsics as nh
 from ..intrinsics import (bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, ld_shared_v2_f32, st_shared_v2_f32,
                           tanh_approx)
-from .gemm_config import ELEMENT_BYTES, EPI_BUF_BYTES, EPI_ROWS, WG_ROWS
+from .gemm_config import ELEMENT_BYTES, EPI_BUF_BYTES, EPI_ROWS, FP8_DTYPES, WG_ROWS
 
-__all__ = ["EpilogueConfig", "EpilogueArgs", "ACTIVATIONS", "Epilogue", "make_epilogue", "epilogue_argument_type",
-           "c_box_cols"]
+__all__ = ["EpilogueConfig", "EpilogueArgs", "ACTIVATIONS", "Epilogue", "EpilogueState", "make_epilogue",
+           "epilogue_argument_type", "c_box_cols"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
 FLOAT_DTYPES = ("bf16", "f16", "f32")
 
 # float32 constants: a Python float would promote the math to float64.
 _ZERO, _ONE, _HALF = np.float32(0), np.float32(1), np.float32(0.5)
+_NO_AMAX = np.uint32(0)  # the bits of +0.0
 _SQRT_HALF = np.float32(math.sqrt(0.5))
 _GELU_K = np.float32(math.sqrt(2 / math.pi))
 _GELU_KC = np.float32(math.sqrt(2 / math.pi) * 0.044715)
@@ -76,7 +85,10 @@ class EpilogueConfig:
 
     ``c_dtype``: dtype of ``C`` (None: no ``beta * C``); ``bias``: None, "row" (``bias[r]``,
     length M) or "col" (``bias[c]``, length N); ``aux_dtype``: dtype of the pre-activation
-    output (None: none); ``user``: a ``@cuda.jit(device=True)`` function or None.
+    output (None: none); ``user``: a ``@cuda.jit(device=True)`` function or None;
+    ``out_scale``: None, "number" (a float32 argument) or "array" (a one-element float32
+    array, read on the device); ``amax``: whether to raise a one-element array to the
+    largest ``|v|`` stored.
     """
 
     alpha: bool = False
@@ -90,6 +102,8 @@ class EpilogueConfig:
     user: object = None
     transposed: bool = False
     block_scales: bool = False
+    out_scale: str | None = None
+    amax: bool = False
 
     def __post_init__(self):
         if self.activation not in (None,) + ACTIVATIONS:
@@ -101,13 +115,15 @@ class EpilogueConfig:
                 raise ValueError(f"{name} must be None or one of {FLOAT_DTYPES}, got {getattr(self, name)!r}")
         if self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias_dtype must be one of {FLOAT_DTYPES}, got {self.bias_dtype!r}")
+        if self.out_scale not in (None, "number", "array"):
+            raise ValueError(f"out_scale must be None, 'number' or 'array', got {self.out_scale!r}")
 
     @property
     def scale_only(self) -> bool:
         """Whether it only multiplies (``alpha``, ``row_scale``, ``col_scale``): then split-K's
         reduce can apply it after summing the K slices."""
-        return (self.c_dtype, self.bias, self.activation, self.aux_dtype, self.user) == (None,) * 5 and \
-            not self.block_scales
+        return (self.c_dtype, self.bias, self.activation, self.aux_dtype, self.user, self.out_scale) == (None,) * 6 \
+            and not (self.block_scales or self.amax)
 
     @property
     def arg_names(self) -> tuple:
@@ -115,12 +131,14 @@ class EpilogueConfig:
 
         ``alpha``/``beta``: float32; ``row_scale``/``col_scale``: float32 vectors; ``bias``:
         a vector (uint16 bits or float32); ``aux``: a 2-D array (likewise); ``user_args``: a
-        tuple; ``b_block_scales``: a float32 (ceil(K / 128), ceil(N / 128)) matrix. (C and A's
-        block-wise scales arrive through tensor maps, not here.)
+        tuple; ``b_block_scales``: a float32 (ceil(K / 128), ceil(N / 128)) matrix; ``out_scale``:
+        a float32, or a one-element float32 array; ``amax``: a one-element uint32 array (a
+        float32's bits). (C and A's block-wise scales arrive through tensor maps, not here.)
         """
         present = (("beta", self.c_dtype), ("alpha", self.alpha),
                    ("row_scale", self.row_scale), ("col_scale", self.col_scale), ("bias", self.bias),
-                   ("aux", self.aux_dtype), ("user_args", self.user), ("b_block_scales", self.block_scales))
+                   ("aux", self.aux_dtype), ("user_args", self.user), ("b_block_scales", self.block_scales),
+                   ("out_scale", self.out_scale), ("amax", self.amax))
         return tuple(name for name, used in present if used)
 
     def column_bytes(self, block_n):
@@ -129,7 +147,8 @@ class EpilogueConfig:
 
 
 EpilogueArgs = namedtuple("EpilogueArgs", ["beta", "alpha", "row_scale", "col_scale", "bias", "aux", "user_args",
-                                           "b_block_scales"], defaults=(0, 0, 0, 0, 0, 0, (), 0))
+                                           "b_block_scales", "out_scale", "amax"],
+                          defaults=(0, 0, 0, 0, 0, 0, (), 0, 0, 0))
 EpilogueArgs.__doc__ = """The fused epilogue's run-time arguments (the fields of
 :attr:`EpilogueConfig.arg_names`; an unused field is 0, or ``()`` for ``user_args``)."""
 
@@ -157,6 +176,7 @@ def _f32(x):
 
 _LOAD = {"bf16": bf16_to_f32, "f16": f16_to_f32, "f32": _f32}
 _STORE = {"bf16": f32_to_bf16, "f16": f32_to_f16, "f32": _f32}
+_PACK = {"bf16": nh.pack_bf16x2, "f16": nh.pack_f16x2, "e4m3": nh.pack_e4m3x2, "e5m2": nh.pack_e5m2x2}
 
 
 @cuda.jit(device=True, forceinline=True)
@@ -290,11 +310,16 @@ def epilogue_math(ecfg: EpilogueConfig, block_n: int) -> EpilogueMath:
     return EpilogueMath(tile_terms, stage_columns, column_terms, apply)
 
 
-Epilogue = namedtuple("Epilogue", ["init", "begin_tile", "store_tile", "drain"])
+Epilogue = namedtuple("Epilogue", ["init", "start", "begin_tile", "store_tile", "drain"])
+EpilogueState = namedtuple("EpilogueState", ["stores", "amax"])
+EpilogueState.__doc__ = """A consumer's epilogue across its tiles: ``stores``, its sub-tile stores so far
+(they pick the buffers and their phases), and ``amax``, the bits of the largest ``|value|``
+it has stored (0 unless the epilogue tracks it)."""
 # What a sub-tile's store reads besides the fragment: a fused epilogue's coordinates and
 # terms (the distance from the output buffer to C's, the sub-tile's first output row and
 # column, the row terms of rows row_in_wg and row_in_wg + 8, the staged column terms).
-_Subtile = namedtuple("_Subtile", ["c_offset", "row0", "col0", "M", "N", "ep", "row_terms", "row_terms_8", "columns"])
+_Subtile = namedtuple("_Subtile", ["c_offset", "row0", "col0", "M", "N", "ep", "row_terms", "row_terms_8", "columns",
+                                   "out_scale"])
 # One tile's store, passed through the unrolled sub-tile steps.
 _TileStore = namedtuple("_TileStore", ["frag", "smem", "c", "row0", "n0", "batch", "tmap_d", "tmap_c", "M", "N", "ep",
                                        "terms"])
@@ -309,23 +334,29 @@ def make_epilogue(cfg) -> Epilogue:
     (:class:`~.gemm_config.Consumer`).
 
     - ``init(smem)``: (one thread, before the block's barrier) C's mbarriers, if any;
-    - ``begin_tile(smem, c, tile, stores, tmap_c, params, ep) -> terms``: as the tile's main
+    - ``start() -> state``: a consumer's :class:`EpilogueState` before its first tile;
+    - ``begin_tile(smem, c, tile, state, tmap_c, params, ep) -> terms``: as the tile's main
       loop starts, the loads of its row and column terms and of its first C sub-tiles;
-    - ``store_tile(frag, smem, c, tile, stores, tmap_d, tmap_c, params, ep, terms) ->
-      stores``: the tile from the accumulator fragment ``frag`` to global memory; ``stores``
-      counts the consumer's sub-tile stores (it picks the buffers and their phases);
-    - ``drain(c)``: wait for the consumer's last stores.
+    - ``store_tile(frag, smem, c, tile, state, tmap_d, tmap_c, params, ep, terms) ->
+      state``: the tile from the accumulator fragment ``frag`` to global memory;
+    - ``drain(c, state, ep)``: wait for the consumer's last stores; with ``amax``, raise
+      ``ep.amax`` to the warp's largest ``|value|``.
     """
     BN, OUT_T, CONSUMERS = cfg.block_n, cfg.out_dtype, cfg.consumers
     GROUPED, MASKED = cfg.grouped is not None, cfg.grouped == "masked"
     D_BATCHED = cfg.grouped != "contiguous"  # a contiguous grouped output is one matrix
     OUT_BYTES = ELEMENT_BYTES[OUT_T]
+    FP8_OUT = OUT_T in FP8_DTYPES
     EPI = cfg.epilogue
     FUSED, HAS_C = EPI is not None, cfg.has_c
+    AMAX = FUSED and EPI.amax
+    SCALE_OUT, SCALE_OUT_ARRAY = FUSED and EPI.out_scale is not None, FUSED and EPI.out_scale == "array"
     EPI_COLS = cfg.epi_cols
     EPI_CHUNKS = BN // EPI_COLS
     EPI_ROW_BYTES = cfg.epi_swizzle
     EPI_GROUPS = EPI_COLS // 16  # stmatrix 16-column groups of a 16-bit sub-tile
+    COL_GROUPS = EPI_COLS // 8  # 8-column groups of a sub-tile (f32, fp8)
+    SWIZZLE_MASK = EPI_ROW_BYTES // 16 - 1
     ROW_CHUNKS = EPI_ROW_BYTES // 16  # 16-byte chunks of a sub-tile row
     CHUNK_COLS = 16 // ELEMENT_BYTES[OUT_T]
     layout = cfg.layout
@@ -336,21 +367,35 @@ def make_epilogue(cfg) -> Epilogue:
     C_BOXES = EPI_COLS // C_BOX_COLS
     c_f32_pair, c_quad = _residual_reader(cfg) if HAS_C else (None, None)
     tile_terms, stage_columns, column_terms, apply = epilogue_math(EPI, BN) if FUSED else (None,) * 4
-    pack = nh.pack_bf16x2 if OUT_T == "bf16" else nh.pack_f16x2
+    pack = _PACK.get(OUT_T)
 
     @cuda.jit(device=True, forceinline=True)
     def pair(frag, k, row_in_wg, j, col, c, ct, at):
-        """Registers ``k``, ``k + 1`` (sub-tile row ``row_in_wg + 8j``, columns ``col``, ``col`` + 1), as stored.
+        """Registers ``k``, ``k + 1`` (sub-tile row ``row_in_wg + 8j``, columns ``col``, ``col`` + 1), as
+        stored, and the bits of the larger of their in-bounds ``|value|`` (before the output
+        scale; 0 without ``amax``).
 
         ``c``: C's f32 pair there (if any); ``ct``: the two columns' terms (:func:`columns`);
         ``at``: the sub-tile's ``_Subtile`` (None without a fused epilogue).
         """
         if not FUSED:
-            return frag[k], frag[k + 1]
+            return frag[k], frag[k + 1], _NO_AMAX
         row, col = at.row0 + row_in_wg + 8 * j, at.col0 + col
         rt = at.row_terms if j == 0 else at.row_terms_8
-        return (apply(frag[k], c[0], rt, ct[0], row, col, at.M, at.N, at.ep),
-                apply(frag[k + 1], c[1], rt, ct[1], row, col + 1, at.M, at.N, at.ep))
+        v0 = apply(frag[k], c[0], rt, ct[0], row, col, at.M, at.N, at.ep)
+        v1 = apply(frag[k + 1], c[1], rt, ct[1], row, col + 1, at.M, at.N, at.ep)
+        m = _NO_AMAX
+        if AMAX and row < at.M:  # the padding of partial tiles holds bias and C terms too
+            m = max(nh.abs_bits(v0) if col < at.N else _NO_AMAX, nh.abs_bits(v1) if col + 1 < at.N else _NO_AMAX)
+        if SCALE_OUT:
+            v0, v1 = v0 * at.out_scale, v1 * at.out_scale
+        return v0, v1, m
+
+    @cuda.jit(device=True, forceinline=True)
+    def out_scale(ep):
+        if SCALE_OUT_ARRAY:
+            return ep.out_scale[0]
+        return ep.out_scale if SCALE_OUT else _ONE
 
     @cuda.jit(device=True, forceinline=True)
     def columns(q, col, at):
@@ -363,12 +408,27 @@ def make_epilogue(cfg) -> Epilogue:
 
         Fragment of m64nNk16 (thread t, warp w = t // 32, lane l): register 4i + 2j + c
         holds row 16w + l//4 + 8j, column 8i + 2(l%4) + c. 128B swizzle: the 16-byte
-        chunk ``c`` of row ``r`` lives at chunk ``c ^ (r % 8)`` (64B: ``c ^ ((r // 2) % 4)``).
-        A fused epilogue (:func:`pair`) maps each pair of values on the way.
+        chunk ``c`` of row ``r`` lives at chunk ``c ^ (r % 8)`` (64B: ``c ^ ((r // 2) % 4)``,
+        32B: ``c ^ ((r // 4) % 2)``). A fused epilogue (:func:`pair`) maps each pair of values
+        on the way. Returns the bits of the largest in-bounds ``|value|`` (0 without ``amax``).
         """
-        if OUT_T == "f32":
-            for ii in range(4):  # 8-column groups of this 32-column sub-tile
-                i = 4 * q + ii
+        amax = _NO_AMAX
+        if FP8_OUT:  # a pair is 2 bytes: st.shared.u16 at its place in the swizzled row
+            for ii in range(COL_GROUPS):
+                i = COL_GROUPS * q + ii
+                for j in range(2):
+                    r = row_in_wg + 8 * j
+                    col = 8 * ii + 2 * (lane % 4)
+                    off = r * EPI_ROW_BYTES + col
+                    addr = buf + (off ^ (((off >> 7) & SWIZZLE_MASK) << 4))
+                    k = 4 * i + 2 * j
+                    c = c_f32_pair(buf, addr, r, col, at) if HAS_C else (frag[k], frag[k])
+                    v0, v1, m = pair(frag, k, row_in_wg, j, col, c, columns(q, col, at), at)
+                    amax = max(amax, m)
+                    nh.st_shared_u16(addr, pack(v0, v1))
+        elif OUT_T == "f32":
+            for ii in range(COL_GROUPS):
+                i = COL_GROUPS * q + ii
                 for j in range(2):
                     r = row_in_wg + 8 * j
                     byte = 32 * ii + 8 * (lane % 4)
@@ -376,7 +436,8 @@ def make_epilogue(cfg) -> Epilogue:
                     col = 8 * ii + 2 * (lane % 4)
                     k = 4 * i + 2 * j
                     c = c_f32_pair(buf, addr, r, col, at) if HAS_C else (frag[k], frag[k])
-                    v0, v1 = pair(frag, k, row_in_wg, j, col, c, columns(q, col, at), at)
+                    v0, v1, m = pair(frag, k, row_in_wg, j, col, c, columns(q, col, at), at)
+                    amax = max(amax, m)
                     nh.st_shared_v2_f32(addr, v0, v1)
         else:
             # stmatrix.x4: matrix m (its row addresses from lanes 8m..8m+7) is the 8x8 block
@@ -407,7 +468,9 @@ def make_epilogue(cfg) -> Epilogue:
                     pack(v[2][0], v[2][1]),
                     pack(v[3][0], v[3][1]),
                 )
+                amax = max(amax, v[0][2], v[1][2], v[2][2], v[3][2])
                 nh.stmatrix_x4(addr, regs[0], regs[1], regs[2], regs[3])
+        return amax
 
     @cuda.jit(device=True, forceinline=True)
     def load_c(smem, cw, s, tmap, row0, col0, bc):
@@ -422,9 +485,9 @@ def make_epilogue(cfg) -> Epilogue:
                            bar)
 
     @cuda.jit(device=True, forceinline=True)
-    def store_subtile(q, stores, ts):
-        """Sub-tile ``q`` of a tile (the consumer's ``stores``-th) to global memory; ``stores + 1``."""
-        c, smem = ts.c, ts.smem
+    def store_subtile(q, state, ts):
+        """Sub-tile ``q`` of a tile (the consumer's ``state.stores``-th) to global memory; the next state."""
+        c, smem, stores = ts.c, ts.smem, state.stores
         buf = smem + EPI_OFF + (2 * c.cw + stores % 2) * EPI_BUF_BYTES
         if c.leader:
             nh.bulk_wait_group_read(1)  # the store that last read buf is done
@@ -435,8 +498,8 @@ def make_epilogue(cfg) -> Epilogue:
             if HAS_C:
                 nh.mbarrier_wait_parity(smem + C_BAR_OFF + 8 * slot, (stores // 2) % 2)
             at = _Subtile(smem + C_OFF + slot * C_BUF - buf, ts.row0, ts.n0 + q * EPI_COLS, ts.M, ts.N, ts.ep,
-                          ts.terms[0], ts.terms[1], smem + VEC_OFF + c.cw * VEC_BYTES)
-        write_subtile(ts.frag, buf, q, c.row_in_wg, c.lane, at)
+                          ts.terms[0], ts.terms[1], smem + VEC_OFF + c.cw * VEC_BYTES, out_scale(ts.ep))
+        amax = write_subtile(ts.frag, buf, q, c.row_in_wg, c.lane, at)
         nh.fence_proxy_async()
         nh.named_barrier_sync(1 + c.cw, 128)
         if c.leader:
@@ -444,13 +507,13 @@ def make_epilogue(cfg) -> Epilogue:
             nh.bulk_commit_group()
         if HAS_C and c.leader and q + 2 < EPI_CHUNKS:  # every thread has read C sub-tile q: refill its buffer
             load_c(smem, c.cw, stores + 2, ts.tmap_c, ts.row0, ts.n0 + (q + 2) * EPI_COLS, ts.batch)
-        return stores + 1
+        return EpilogueState(stores + 1, max(state.amax, amax))
 
     @cuda.jit(device=True, forceinline=True)
-    def store_subtile_guarded(q, stores, ts):
+    def store_subtile_guarded(q, state, ts):
         """Sub-tile ``q`` as :func:`store_subtile`, but only its first ``ts.rows`` rows, copied
         from the swizzled buffer to global memory by every thread (grouped kernels)."""
-        c, smem = ts.c, ts.smem
+        c, smem, stores = ts.c, ts.smem, state.stores
         buf = smem + EPI_OFF + (2 * c.cw + stores % 2) * EPI_BUF_BYTES
         if c.leader:
             nh.bulk_wait_group_read(0)  # no TMA store of this consumer still reads either buffer
@@ -458,8 +521,8 @@ def make_epilogue(cfg) -> Epilogue:
         at = None
         if FUSED:
             at = _Subtile(0, ts.row0, ts.n0 + q * EPI_COLS, ts.M, ts.N, ts.ep, ts.terms[0], ts.terms[1],
-                          smem + VEC_OFF + c.cw * VEC_BYTES)
-        write_subtile(ts.frag, buf, q, c.row_in_wg, c.lane, at)
+                          smem + VEC_OFF + c.cw * VEC_BYTES, out_scale(ts.ep))
+        amax = write_subtile(ts.frag, buf, q, c.row_in_wg, c.lane, at)
         nh.named_barrier_sync(1 + c.cw, 128)  # the sub-tile is in shared memory
         col0 = ts.n0 + q * EPI_COLS
         for i in range(ROW_CHUNKS // 2):  # 64 rows x ROW_CHUNKS 16-byte chunks over 128 threads
@@ -473,7 +536,7 @@ def make_epilogue(cfg) -> Epilogue:
                 else:
                     v = nh.ld_shared_v4_u32(buf + r * 64 + ((k ^ ((r // 2) % 4)) * 16))
                 nh.st_global_v4_u32(ts.d + np.uint64(((ts.row0 + r) * ts.N + col) * OUT_BYTES), v[0], v[1], v[2], v[3])
-        return stores + 1
+        return EpilogueState(stores + 1, max(state.amax, amax))
 
     # q must be a constant in each sub-tile's code: LLVM leaves a loop over a fused epilogue
     # rolled, and a run-time q would index the fragment, moving it to local memory. The
@@ -488,7 +551,11 @@ def make_epilogue(cfg) -> Epilogue:
                 nh.mbarrier_init(smem + C_BAR_OFF + 8 * slot, 1)
 
     @cuda.jit(device=True, forceinline=True)
-    def begin_tile(smem, c, tile, stores, tmap_c, p, ep):
+    def start():
+        return EpilogueState(0, _NO_AMAX)
+
+    @cuda.jit(device=True, forceinline=True)
+    def begin_tile(smem, c, tile, state, tmap_c, p, ep):
         row0 = tile.m0 + c.cw * WG_ROWS
         if MASKED:  # row vectors are (G, M) in one: group g's rows start at g * M
             terms = tile_terms(tile.batch * p.M + row0 + c.row_in_wg, tile.n0, c.t, p.batches * p.M, p.N,
@@ -497,34 +564,38 @@ def make_epilogue(cfg) -> Epilogue:
             terms = tile_terms(row0 + c.row_in_wg, tile.n0, c.t, p.M, p.N, ep) if FUSED else ()
         if HAS_C and c.leader:  # C's first two sub-tiles land during the main loop
             for q in range(min(2, EPI_CHUNKS)):
-                load_c(smem, c.cw, stores + q, tmap_c, row0, tile.n0 + q * EPI_COLS, tile.batch)
+                load_c(smem, c.cw, state.stores + q, tmap_c, row0, tile.n0 + q * EPI_COLS, tile.batch)
         return terms
 
     @cuda.jit(device=True, forceinline=True)
-    def store_tile(frag, smem, c, tile, stores, tmap_d, tmap_c, p, ep, terms):
+    def store_tile(frag, smem, c, tile, state, tmap_d, tmap_c, p, ep, terms):
         if FUSED:  # the previous tile's reads of the staged columns are behind its last barrier
             stage_columns(smem + VEC_OFF + c.cw * VEC_BYTES, c.t, terms[2])
         row0 = tile.m0 + c.cw * WG_ROWS
         if not GROUPED:
-            return subtiles(stores, _TileStore(frag, smem, c, row0, tile.n0, tile.batch, tmap_d, tmap_c, p.M, p.N,
-                                               ep, terms))
+            return subtiles(state, _TileStore(frag, smem, c, row0, tile.n0, tile.batch, tmap_d, tmap_c, p.M, p.N,
+                                              ep, terms))
         batch = tile.batch if D_BATCHED else 0
         rows = tile.row_end - row0  # the same for the whole warpgroup: its barriers agree
         if rows >= WG_ROWS:
-            return subtiles(stores, _TileStore(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M, p.N, ep,
-                                               terms))
+            return subtiles(state, _TileStore(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M, p.N, ep,
+                                              terms))
         if rows > 0:
             d = p.addresses[2] + np.uint64(batch * p.M * p.N * OUT_BYTES)  # (u64 + i64 would be a float)
-            return guarded_subtiles(stores, _GuardedStore(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M,
-                                                          p.N, ep, terms, rows, d))
-        return stores
+            return guarded_subtiles(state, _GuardedStore(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M,
+                                                         p.N, ep, terms, rows, d))
+        return state
 
     @cuda.jit(device=True, forceinline=True)
-    def drain(c):
+    def drain(c, state, ep):
         if c.leader:
             nh.bulk_wait_group(0)
+        if AMAX:  # one atomic per warp (module doc)
+            m = nh.redux_sync_max_u32(state.amax)
+            if c.lane == 0:
+                cuda.atomic.max(ep.amax, 0, m)
 
-    return Epilogue(init, begin_tile, store_tile, drain)
+    return Epilogue(init, start, begin_tile, store_tile, drain)
 
 
 def _residual_reader(cfg):

@@ -138,18 +138,18 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 nh.fence_proxy_tensormap_acquire(tmaps.c)
         acc = nh.wgmma_accumulator(BN, "f32")
         st = PipelineState(0, 0)
-        stores = 0
+        stored = epilogue.start()
         mainloop.begin(c)
         item = scheduler.first(work)
         while item.tile < work.num_tiles:
             tile = scheduler.origin(work, item, cta.rm, cta.rn)
-            terms = epilogue.begin_tile(smem, c, tile, stores, tmaps.c, p, ep)
+            terms = epilogue.begin_tile(smem, c, tile, stored, tmaps.c, p, ep)
             acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile, ep)
             frag = nh.tuple_as_array(acc)
             if scheduler.fixup(frag, work, item, p.workspace, c):
-                stores = epilogue.store_tile(frag, smem, c, tile, stores, tmaps.d, tmaps.c, p, ep, terms)
+                stored = epilogue.store_tile(frag, smem, c, tile, stored, tmaps.d, tmaps.c, p, ep, terms)
             item = scheduler.next(work, item)
-        epilogue.drain(c)
+        epilogue.drain(c, stored, ep)
 
     @cuda.jit(launch_bounds=(THREADS, 1))
     def gemm_kernel(p, ep):
