@@ -174,7 +174,8 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epilogue=epilogue)
     else:
         base, stages = config, config.stages
-    cfg = dataclasses.replace(base, in_dtype=va.dtype, out_dtype=vo.dtype, a_major=a_major,
+    cfg = dataclasses.replace(base, in_dtype=va.dtype, b_dtype=vb.dtype if vb.dtype != va.dtype else None,
+                              out_dtype=vo.dtype, a_major=a_major,
                               b_major=b_major, stages=stages, debug=debug, epilogue=epilogue)
     if cfg.shared_bytes > limits.max_shared_per_block_optin:
         raise ValueError(f"config needs {cfg.shared_bytes} bytes of shared memory with these operands, more than "

@@ -90,9 +90,9 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       per function), so keep it small: it runs in the registers of the epilogue.
     - ``row_scale`` (length M), ``col_scale`` (length N): float32 vectors.
 
-    FP8 (``a`` and ``b`` both ``float8_e4m3fn`` or both ``float8_e5m2``; numba/CuPy: uint8
-    arrays with ``dtype="e4m3"``/``"e5m2"``), accumulated in float32, output bf16 by default
-    (as ``torch._scaled_mm``), or f16/f32:
+    FP8 (``a`` and ``b`` each ``float8_e4m3fn`` or ``float8_e5m2``, mixed included; numba/CuPy:
+    uint8 arrays with ``dtype="e4m3"``/``"e5m2"`` for both), accumulated in float32, output
+    bf16 by default (as ``torch._scaled_mm``), or f16/f32/fp8:
 
     - layout: fp8 wgmma reads K-major operands only, so ``a`` must be row-major (M, K) and
       ``b`` column-major (K, N): ``w.t()`` of a row-major (N, K) weight ("TN"), with K a
@@ -129,7 +129,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       output, before ``scale_out`` (what a delayed-scaling recipe records to pick the next
       scale), for any output dtype. It is zeroed on the stream before the kernel (one memset:
       a driver call, no wait), then raised by one atomic max per warp; a NaN in ``z`` makes it NaN.
-    - not supported yet: mixed e4m3 x e5m2 and ``bmm`` of fp8 operands (``DtypeError``). The
+    - not supported yet: ``bmm`` of fp8 operands (``DtypeError``). The
       per-tensor and row-wise tiles are the 16-bit ones (not yet tuned), and fp8 kernels are
       not prebuilt (``numba_hopper.prebuild``): they compile on first use, then come from the
       disk cache.

@@ -112,11 +112,24 @@ def test_fp8_layouts_are_refused_before_launch(a, b, msg):
         _call(a(), b())
 
 
-def test_mixed_fp8_dtypes_are_refused():
+def test_mixed_fp8_dtypes_reach_the_gpu_check(monkeypatch):
     from numba_hopper._arrays import device_view
 
-    with pytest.raises(DtypeError, match="mixed e4m3 x e5m2"):
-        gemm(device_view(_a(), dtype="e4m3"), device_view(_b(), dtype="e5m2"))
+    monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
+    for ta, tb in (("e4m3", "e5m2"), ("e5m2", "e4m3")):
+        with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
+            gemm(device_view(_a(), dtype=ta), device_view(_b(), dtype=tb))
+    with pytest.raises(DtypeError, match="same dtype"):
+        gemm(device_view(_a(), dtype="e4m3"), device_view(FakeCAI((K, N), "<u2", ptr=next(_addresses)), dtype="bf16"))
+
+
+def test_mixed_fp8_kernel():
+    cfg = GemmConfig("e4m3", "bf16", "K", "K", block_n=128, stages=4, b_dtype="e5m2")
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
+    assert "QGMMA.64x128x32.F32.E4M3.E5M2 " in r.sass, r.summary()
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    with pytest.raises(ValueError, match="b_dtype is for fp8"):
+        GemmConfig("bf16", "bf16", b_dtype="e5m2")
 
 
 @pytest.mark.parametrize("kw,exc,msg", [

@@ -116,6 +116,29 @@ def test_fp8_output_dtypes(torch, fp8, out_dtype):
     _check(torch, out, _reference(torch, a, b, sa, sb), out_dtype, K, f"{fp8} -> {out_dtype}")
 
 
+@pytest.mark.parametrize("fp8_a,fp8_b", [("e4m3", "e5m2"), ("e5m2", "e4m3")])
+@pytest.mark.parametrize("scaling", ["tensor", "block"])
+def test_mixed_fp8_operands(torch, fp8_a, fp8_b, scaling):
+    """e4m3 x e5m2 (FP8 training's gradient products), against float64 and torch._scaled_mm."""
+    M, N, K = 1000, 1500, 2048 + 80
+    a, _ = _operands(torch, M, N, K, fp8_a)
+    _, b = _operands(torch, M, N, K, fp8_b, seed=3)
+    if scaling == "block":
+        sa, sb = _block_scales(torch, M, N, K)
+        ref, tol = _block_reference(torch, a, b, sa, sb), block_tolerance("bf16")
+    else:
+        sa, sb = _scales(torch, "tensor", M, N)
+        ref, tol = _reference(torch, a, b, sa, sb), tolerance("bf16", K)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm(a, b, out, scale_a=sa, scale_b=sb)
+    assert not torch.isnan(out).any()
+    err = _rel(torch, out, ref)
+    assert err < tol, f"{fp8_a} x {fp8_b} {scaling}: relative error {err:.3g} >= {tol:.3g}"
+    if scaling == "tensor" and K % 16 == 0:
+        theirs = _scaled_mm(torch, a, b, sa, sb, torch.bfloat16, False)
+        assert _rel(torch, out, theirs) < tol
+
+
 def test_fp8_default_output_is_bf16(torch):
     a, b = _operands(torch, 256, 384, 512)
     got = gemm(a, b)

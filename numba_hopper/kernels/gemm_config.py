@@ -49,8 +49,9 @@ class GemmConfig:
     code at all), or the fused epilogue to compile in. ``stream_k``: compile in the
     stream-K fix-up (tiles whose K loop several CTAs share, see ``kernels/scheduler.py``).
     ``split_k``: the host's K slices, summed by a second kernel (not a kernel parameter).
-    ``in_dtype`` "e4m3"/"e5m2" (fp8, both operands of that type): k = 32 wgmma, which
-    reads K-major operands only (no transpose bits), so both majors must be "K".
+    ``in_dtype`` "e4m3"/"e5m2" (fp8): k = 32 wgmma, which reads K-major operands only (no
+    transpose bits), so both majors must be "K"; ``b_dtype``: B's fp8 type where it differs
+    from A's (None: ``in_dtype``; e4m3 x e5m2 products, as in FP8 training's backward pass).
     ``grouped``: None, or the grouped GEMM's scheduler to compile in (``kernels/scheduler.py``):
     "contiguous" (the groups' rows one after another in a 2-D A and output, cut by
     cumulative ends) or "masked" (a 3-D A and output, the first ``masked_m[g]`` rows of
@@ -73,10 +74,13 @@ class GemmConfig:
     stream_k: bool = False
     epilogue: EpilogueConfig | None = None
     grouped: str | None = None
+    b_dtype: str | None = None
 
     def __post_init__(self):
         if self.in_dtype not in INPUT_BYTES:
             raise ValueError(f"in_dtype must be one of {tuple(INPUT_BYTES)}, got {self.in_dtype!r}")
+        if self.b_dtype is not None and (self.b_dtype not in FP8_DTYPES or self.in_dtype not in FP8_DTYPES):
+            raise ValueError(f"b_dtype is for fp8 products of mixed types; got {self.in_dtype} x {self.b_dtype}")
         if self.in_dtype in FP8_DTYPES and (self.a_major, self.b_major) != ("K", "K"):
             raise ValueError(f"fp8 wgmma reads K-major operands only: a_major and b_major must be 'K', got "
                              f"{self.a_major!r}, {self.b_major!r}")
@@ -129,6 +133,11 @@ class GemmConfig:
         if e is not None and (e.col_scale or e.c_dtype or e.bias or e.aux_dtype or e.user is not None
                               or e.transposed):
             raise ValueError("grouped kernels fuse only alpha, row_scale, fp8 block-wise scales and an activation")
+
+    @property
+    def b_type(self):
+        """B's element type (``in_dtype`` unless ``b_dtype`` says otherwise)."""
+        return self.b_dtype or self.in_dtype
 
     # --- the CTA ---
     @property

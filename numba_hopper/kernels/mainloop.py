@@ -62,7 +62,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
       ``ep``) each k-block's product is scaled into an f32 sum, returned in ``acc``'s place.
     """
     BM, BN = cfg.block_m, cfg.block_n
-    IN_T = cfg.in_dtype
+    IN_T, B_T = cfg.in_dtype, cfg.b_type
     BK = cfg.block_k
     # wgmmas per k-block: k16 (16-bit) or k32 (fp8), 32 bytes of K each, 4 per 128-byte row.
     K_STEPS = BK // (32 if IN_T in FP8_DTYPES else 16)
@@ -135,7 +135,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
                 acc,
                 a_desc + np.uint64(kk * A_KSTEP // 16),
                 b_desc + np.uint64(kk * B_KSTEP // 16),
-                scale_d, IN_T, IN_T, 1, 1, TNSP_A, TNSP_B,
+                scale_d, IN_T, B_T, 1, 1, TNSP_A, TNSP_B,
             )
         nh.wgmma_commit_group()
         return acc
