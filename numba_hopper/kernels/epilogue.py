@@ -355,8 +355,9 @@ def make_epilogue(cfg) -> Epilogue:
     EPI_CHUNKS = BN // EPI_COLS
     EPI_ROW_BYTES = cfg.epi_swizzle
     EPI_GROUPS = EPI_COLS // 16  # stmatrix 16-column groups of a 16-bit sub-tile
-    COL_GROUPS = EPI_COLS // 8  # 8-column groups of a sub-tile (f32, fp8)
+    COL_GROUPS = EPI_COLS // 8  # 8-column groups of a sub-tile
     SWIZZLE_MASK = EPI_ROW_BYTES // 16 - 1
+    ROW_SHIFT = {128: 0, 64: 1, 32: 2}[EPI_ROW_BYTES]  # log2 of the rows in 128 bytes
     ROW_CHUNKS = EPI_ROW_BYTES // 16  # 16-byte chunks of a sub-tile row
     CHUNK_COLS = 16 // ELEMENT_BYTES[OUT_T]
     layout = cfg.layout
@@ -398,6 +399,13 @@ def make_epilogue(cfg) -> Epilogue:
         return ep.out_scale if SCALE_OUT else _ONE
 
     @cuda.jit(device=True, forceinline=True)
+    def swizzled(buf, r, byte):
+        """The address of byte ``byte`` of row ``r`` of an output sub-tile in ``buf``, as TMA
+        swizzles it: 16-byte chunk c at chunk c ^ ((r >> ROW_SHIFT) & SWIZZLE_MASK), the row
+        bits above 128 bytes (the row's part is the same for every chunk a thread writes)."""
+        return buf + r * EPI_ROW_BYTES + (((byte >> 4) ^ ((r >> ROW_SHIFT) & SWIZZLE_MASK)) << 4) + (byte & 15)
+
+    @cuda.jit(device=True, forceinline=True)
     def columns(q, col, at):
         """The staged terms of sub-tile ``q``'s columns ``col`` and ``col + 1`` (fused only)."""
         return column_terms(at.columns, q * EPI_COLS + col) if FUSED else (0, 0)
@@ -409,36 +417,26 @@ def make_epilogue(cfg) -> Epilogue:
         Fragment of m64nNk16 (thread t, warp w = t // 32, lane l): register 4i + 2j + c
         holds row 16w + l//4 + 8j, column 8i + 2(l%4) + c. 128B swizzle: the 16-byte
         chunk ``c`` of row ``r`` lives at chunk ``c ^ (r % 8)`` (64B: ``c ^ ((r // 2) % 4)``,
-        32B: ``c ^ ((r // 4) % 2)``). A fused epilogue (:func:`pair`) maps each pair of values
-        on the way. Returns the bits of the largest in-bounds ``|value|`` (0 without ``amax``).
+        32B: ``c ^ ((r // 4) % 2)``: :func:`swizzled`). A fused epilogue (:func:`pair`) maps
+        each pair of values on the way. Returns the bits of the largest in-bounds ``|value|``
+        (0 without ``amax``).
         """
         amax = _NO_AMAX
-        if FP8_OUT:  # a pair is 2 bytes: st.shared.u16 at its place in the swizzled row
+        if OUT_T == "f32" or FP8_OUT:  # a pair is 8 or 2 bytes, stored at its place in the swizzled row
             for ii in range(COL_GROUPS):
                 i = COL_GROUPS * q + ii
                 for j in range(2):
                     r = row_in_wg + 8 * j
                     col = 8 * ii + 2 * (lane % 4)
-                    off = r * EPI_ROW_BYTES + col
-                    addr = buf + (off ^ (((off >> 7) & SWIZZLE_MASK) << 4))
+                    addr = swizzled(buf, r, col * OUT_BYTES)
                     k = 4 * i + 2 * j
                     c = c_f32_pair(buf, addr, r, col, at) if HAS_C else (frag[k], frag[k])
                     v0, v1, m = pair(frag, k, row_in_wg, j, col, c, columns(q, col, at), at)
                     amax = max(amax, m)
-                    nh.st_shared_u16(addr, pack(v0, v1))
-        elif OUT_T == "f32":
-            for ii in range(COL_GROUPS):
-                i = COL_GROUPS * q + ii
-                for j in range(2):
-                    r = row_in_wg + 8 * j
-                    byte = 32 * ii + 8 * (lane % 4)
-                    addr = buf + r * 128 + (((byte // 16) ^ (r % 8)) * 16) + byte % 16
-                    col = 8 * ii + 2 * (lane % 4)
-                    k = 4 * i + 2 * j
-                    c = c_f32_pair(buf, addr, r, col, at) if HAS_C else (frag[k], frag[k])
-                    v0, v1, m = pair(frag, k, row_in_wg, j, col, c, columns(q, col, at), at)
-                    amax = max(amax, m)
-                    nh.st_shared_v2_f32(addr, v0, v1)
+                    if FP8_OUT:
+                        nh.st_shared_u16(addr, pack(v0, v1))
+                    else:
+                        nh.st_shared_v2_f32(addr, v0, v1)
         else:
             # stmatrix.x4: matrix m (its row addresses from lanes 8m..8m+7) is the 8x8 block
             # at rows 8*(m%2), columns 8*(m//2) of a 16x16 block = registers 8P+2m, 8P+2m+1.
@@ -447,10 +445,7 @@ def make_epilogue(cfg) -> Epilogue:
             for p in range(EPI_GROUPS):  # 16-column groups of this sub-tile
                 base = 8 * (EPI_GROUPS * q + p)
                 chunk = 2 * p + m // 2
-                if EPI_ROW_BYTES == 128:
-                    addr = buf + r * 128 + ((chunk ^ (r % 8)) * 16)
-                else:  # 64-byte swizzle: chunk c of row r lives at chunk c ^ ((r // 2) % 4)
-                    addr = buf + r * 64 + ((chunk ^ ((r // 2) % 4)) * 16)
+                addr = swizzled(buf, r, 16 * chunk)
                 col = 16 * p + 2 * (lane % 4)
                 f = (frag[base], frag[base])
                 c = c_quad(buf, addr, row_in_wg, col, at) if HAS_C else (f, f, f, f)
@@ -531,10 +526,7 @@ def make_epilogue(cfg) -> Epilogue:
             k = idx % ROW_CHUNKS
             col = col0 + k * CHUNK_COLS
             if r < ts.rows and col < ts.N:  # N is a multiple of CHUNK_COLS (the host checks)
-                if EPI_ROW_BYTES == 128:
-                    v = nh.ld_shared_v4_u32(buf + r * 128 + ((k ^ (r % 8)) * 16))
-                else:
-                    v = nh.ld_shared_v4_u32(buf + r * 64 + ((k ^ ((r // 2) % 4)) * 16))
+                v = nh.ld_shared_v4_u32(swizzled(buf, r, 16 * k))
                 nh.st_global_v4_u32(ts.d + np.uint64(((ts.row0 + r) * ts.N + col) * OUT_BYTES), v[0], v[1], v[2], v[3])
         return EpilogueState(stores + 1, max(state.amax, amax))
 
