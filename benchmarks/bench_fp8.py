@@ -10,6 +10,10 @@ with strides (1, M), scale_b (K/128, N/128) with strides (1, K/128), the layouts
 (``promoted_f32_error``: our block-wise kernel with unit scales and an f32 output, against
 float64) and without it (``unpromoted_f32_error``: the per-tensor kernel, same operands).
 
+``--out-dtype e4m3`` times fp8 outputs instead: ``gemm(..., out_dtype="e4m3", scale_out=s,
+amax_out=amax)`` against ``_scaled_mm(..., out_dtype=torch.float8_e4m3fn, scale_result=s)``
+(cuBLASLt computes no amax there: ours does more work).
+
 The reference runs ``_scaled_mm``'s default (``use_fast_accum=False``: cuBLASLt promotes
 the fp8 accumulator into f32, which this kernel does for block-wise scales only);
 ``--fast-accum`` times its unpromoted variant, the like-for-like one for the others.
@@ -43,11 +47,14 @@ QUICK = ("4096^3", "128x7168x16384")
 SCALINGS = ("tensor", "rowwise", "blockwise")
 
 
-def tolerance(K, scaling):
-    """Relative error bound of a bf16-output fp8 product: rounding plus fp8 wgmma's ~14-bit
+ROUNDING = {"bf16": 5e-3, "e4m3": 5e-2}  # the output's (e4m3: 3 mantissa bits, RMS about 2^-4 / sqrt(3))
+
+
+def tolerance(K, scaling, out_dtype="bf16"):
+    """Relative error bound of an fp8 product: the output's rounding plus fp8 wgmma's ~14-bit
     accumulation, which grows with K unless promoted every 128 K (block-wise;
     tests/test_fp8_gpu.py derives the terms)."""
-    return 5e-3 + (3e-4 if scaling == "blockwise" else 6.4e-7 * K)
+    return ROUNDING[out_dtype] + (3e-4 if scaling == "blockwise" else 6.4e-7 * K)
 
 
 def _operands(M, N, K):
@@ -94,10 +101,12 @@ def _rel(got, ref):
     return ((got.double() - ref).norm() / ref.norm()).item()
 
 
-def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accum=False, configs=("default",)):
+def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accum=False, configs=("default",),
+                out_dtype="bf16"):
     """Our TFLOP/s (the first of ``configs``: bench_gemm's names; all of them under
     ``configs_tflops``) and ``_scaled_mm``'s, timed in interleaved rounds."""
-    set_bytes = M * K + K * N + 2 * M * N  # fp8 operands, a bf16 output
+    fp8_out = out_dtype == "e4m3"
+    set_bytes = M * K + K * N + (1 if fp8_out else 2) * M * N  # fp8 operands and the output
     nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
     sets = []
     for _ in range(nsets):
@@ -105,18 +114,22 @@ def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accu
         ours, theirs = _scales(scaling, M, N, K)
         sets.append((a, b, ours, theirs))
 
+    out_scale, amax = torch.tensor(0.25, device="cuda"), torch.zeros(1, device="cuda")
+    fp8_kw = {"out_dtype": "e4m3", "scale_out": out_scale, "amax_out": amax} if fp8_out else {}
+    ref_kw = {"out_dtype": torch.float8_e4m3fn, "scale_result": out_scale} if fp8_out else {"out_dtype": torch.bfloat16}
+
     def ours(config):
-        return lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1], config=config)
+        return lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1], config=config, **fp8_kw)
 
     fns = {name: ours(_config(name)) for name in configs}
     fns["ours"] = fns.pop(configs[0])
-    fns["ref"] = (lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], out_dtype=torch.bfloat16,
-                                                      use_fast_accum=fast_accum))
+    fns["ref"] = (lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], use_fast_accum=fast_accum,
+                                                      **ref_kw))
 
     a, b, s, t = sets[0]
-    ref = _reference(a, b, *s)
+    ref = _reference(a, b, *s) * (out_scale.item() if fp8_out else 1.0)
     errors = {name: _rel(fn(a, b, s, t), ref) for name, fn in fns.items()}
-    if not max(e for name, e in errors.items() if name != "ref") < tolerance(K, scaling):
+    if not max(e for name, e in errors.items() if name != "ref") < tolerance(K, scaling, out_dtype):
         raise AssertionError(f"{M}x{N}x{K} {scaling}: relative errors {errors}")
     extra = _promotion_errors(a, b) if scaling == "blockwise" else {}
     med = interleaved_medians(fns, sets, rounds, "ref", device_time)
@@ -141,6 +154,8 @@ def main(argv=None):
                    help="our kernels (bench_gemm.py's names, e.g. default m64-n128 n64); the first is the record's")
     p.add_argument("--shapes", nargs="+", help="names from the suite (default: all, or --quick's)")
     p.add_argument("--scalings", default=",".join(SCALINGS), help="comma-separated subset of " + ", ".join(SCALINGS))
+    p.add_argument("--out-dtype", choices=("bf16", "e4m3"), default="bf16",
+                   help="e4m3: fp8 outputs with an output scale (and our amax) on both sides")
     p.add_argument("--json", help="results file (default benchmarks/results/fp8-<gpu>-<date>-<commit>.json)")
     args = p.parse_args(argv)
 
@@ -151,18 +166,27 @@ def main(argv=None):
     records = []
     for name, M, N, K in suite:
         for scaling in scalings:
-            r = bench_shape(M, N, K, scaling, args.rounds, l2, args.device_time, args.fast_accum, args.configs)
-            records.append({"name": name, "M": M, "N": N, "K": K, "scaling": scaling, **r})
+            try:
+                r = bench_shape(M, N, K, scaling, args.rounds, l2, args.device_time, args.fast_accum, args.configs,
+                                args.out_dtype)
+            except (RuntimeError, NotImplementedError) as e:  # _scaled_mm refuses some scalings with fp8 outputs
+                print(f"{name:24s} {scaling:8s} skipped: {str(e).splitlines()[0]}", flush=True)
+                continue
+            records.append({"name": name, "M": M, "N": N, "K": K, "scaling": scaling, "out_dtype": args.out_dtype,
+                            **r})
             print(f"{name:24s} {scaling:8s} ours {r['ours_tflops']:7.1f}  _scaled_mm {r['ref_tflops']:7.1f} TFLOP/s"
                   f"  ratio {r['ratio']:.3f}  err {r['rel_error']:.2e}"
                   + "".join(f"  {c} {t:.1f}" for c, t in r.get("configs_tflops", {}).items()), flush=True)
     out = save_results("fp8", {"timing": "device" if args.device_time else "wall (host call rate included)",
-                               "calls": "gemm(a, b, scale_a=, scale_b=) vs torch._scaled_mm(..., out_dtype=bf16, "
-                                        f"use_fast_accum={args.fast_accum}), e4m3 TN, fresh outputs",
+                               "calls": f"gemm(a, b, scale_a=, scale_b=) vs torch._scaled_mm(..., out_dtype="
+                                        f"{args.out_dtype}, use_fast_accum={args.fast_accum}), e4m3 TN, fresh outputs"
+                                        + (", scale_out/scale_result 0.25, our amax_out" if args.out_dtype == "e4m3"
+                                           else ""),
                                "records": records}, args.json)
     for scaling in scalings:
         ratios = [r["ratio"] for r in records if r["scaling"] == scaling]
-        print(f"geomean ratio, {scaling}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
+        if ratios:
+            print(f"geomean ratio, {scaling}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
     print_table(records, [("name", "shape", "s"), ("scaling", "scaling", "s"), ("ours_tflops", "ours TFLOP/s", ".1f"),
                           ("ref_tflops", "_scaled_mm TFLOP/s", ".1f"), ("ratio", "ratio", ".3f"),
                           ("rel_error", "rel. error", ".2e")], out)
