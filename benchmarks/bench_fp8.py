@@ -26,6 +26,7 @@ against a float64 reference of the dequantized operands before it is timed.
     python benchmarks/bench_fp8.py            # the suite
     python benchmarks/bench_fp8.py --quick    # 4096^3 and 128x7168x16384 only
     python benchmarks/bench_fp8.py --json out.json --rounds 10
+    python benchmarks/bench_fp8.py --scalings blockwise --configs default n192   # the opt-in 128x192 tile
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ def main(argv=None):
                    help="time _scaled_mm with use_fast_accum=True (no promotion of the fp8 accumulator, like ours) "
                         "rather than its default")
     p.add_argument("--configs", nargs="+", default=["default"],
-                   help="our kernels (bench_gemm.py's names, e.g. default m64-n128 n64); the first is the record's")
+                   help="our kernels (bench_gemm.py's names, e.g. default m64-n128 n64; n192 is the opt-in 128x192 "
+                        "tile, which block-wise products never get by default); the first is the record's")
     p.add_argument("--shapes", nargs="+", help="names from the suite (default: all, or --quick's)")
     p.add_argument("--scalings", default=",".join(SCALINGS), help="comma-separated subset of " + ", ".join(SCALINGS))
     p.add_argument("--out-dtype", choices=("bf16", "e4m3"), default="bf16",

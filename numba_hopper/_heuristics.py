@@ -94,7 +94,8 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
     return best
 
 
-# Block-wise fp8 tiles (the promoted sums double the accumulators, so at most 128 wide):
+# Block-wise fp8 tiles (the promoted sums double the accumulators; 192-wide tiles exist as
+# an opt-in config, unmeasured, so not chosen here):
 # relative time of one tile, from bench_fp8.py --configs (benchmarks/NOTES.md): 128 x 64
 # tiles win when they fill a wave that 128 x 128 ones leave half empty (M = 128: 0.65x vs
 # 0.57x of _scaled_mm at 128x7168x16384), not otherwise (4096x2112x7168: 0.47x vs 0.58x);

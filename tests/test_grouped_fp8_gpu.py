@@ -15,7 +15,7 @@ import pytest
 from numba import cuda
 
 from numba_hopper import GemmConfig, grouped_gemm
-from test_fp8_gpu import FP8, TORCH_OUT, _block_reference, _rel, block_tolerance, tolerance
+from test_fp8_gpu import FP8, TORCH_OUT, _block_reference, _rel, block_tolerance, contrast_column_blocks, tolerance
 from test_grouped_gpu import SIZES
 
 pytestmark = pytest.mark.gpu
@@ -120,8 +120,8 @@ def test_contiguous_block_wise(torch, sizes, layout):
     _check_contiguous(torch, out, a, b, sizes, sa, sb)
 
 
-# Every tile a block-wise product runs on (at most 128 wide), with both output widths.
-@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (64, 64)])
+# Every tile a block-wise product runs on (192-wide ones when asked for), with both output widths.
+@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (64, 64), (128, 192), (64, 192)])
 @pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
 def test_contiguous_block_wise_tiles(torch, block_m, block_n, out_dtype):
     sizes = [0, 1, 7, 129, 1000, 65, 63]
@@ -129,6 +129,20 @@ def test_contiguous_block_wise_tiles(torch, block_m, block_n, out_dtype):
     a, b, offsets, sa, sb = _contiguous(torch, sizes, N, K, layout="rows")
     out = _nan_out(torch, (a.shape[0], N), out_dtype)
     grouped_gemm(a, b, offsets, out=out, scale_a=sa, scale_b=sb, config=GemmConfig(block_m=block_m, block_n=block_n))
+    torch.cuda.synchronize()
+    _check_contiguous(torch, out, a, b, sizes, sa, sb, out_dtype)
+
+
+# 128x192 tiles read two of b[g]'s 128-column scale blocks (tests/test_fp8_gpu.py,
+# test_fp8_block_wise_192_wide_tiles), here 16x apart, in every group.
+@pytest.mark.parametrize("N,K", [(192, 128), (320, 384), (384, 1000), (576, 128), (1000, 384)], ids=str)
+@pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
+def test_contiguous_block_wise_192_wide_tiles(torch, N, K, out_dtype):
+    sizes = [0, 1, 129, 1000, 65, 128]
+    a, b, offsets, sa, sb = _contiguous(torch, sizes, N, K)
+    contrast_column_blocks(torch, sb)
+    out = _nan_out(torch, (a.shape[0], N), out_dtype)
+    grouped_gemm(a, b, offsets, out=out, scale_a=sa, scale_b=sb, config=GemmConfig(block_m=128, block_n=192))
     torch.cuda.synchronize()
     _check_contiguous(torch, out, a, b, sizes, sa, sb, out_dtype)
 
@@ -189,7 +203,7 @@ def test_masked_block_wise(torch, counts, layout, out_dtype):
     _check_masked(torch, out, a, b, counts, sa, sb, out_dtype)
 
 
-@pytest.mark.parametrize("block_m,block_n", [(64, 128), (128, 64)])
+@pytest.mark.parametrize("block_m,block_n", [(64, 128), (128, 64), (128, 192)])
 def test_masked_block_wise_tiles(torch, block_m, block_n):
     counts = [3, 0, 200, 64, 130]
     M, N, K = 200, 256, 1024 + 48

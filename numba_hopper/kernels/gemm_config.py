@@ -34,6 +34,10 @@ GROUPED_MODES = ("contiguous", "masked")
 BLOCK_MS = (64, 128)
 BLOCK_NS = (32, 64, 128, 160, 192, 256)
 STREAM_K_MAX_BLOCK_N = 192
+# Block-wise scaled tile widths: the promoted sums double the accumulators, which fit in the
+# consumers' registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests).
+# 192 is an opt-in config, not yet measured on a GPU nor chosen by the heuristics.
+BLOCK_SCALED_NS = (64, 128, 192)
 SWIZZLE_ALIGN = 1024  # a 128B-swizzled tile starts on a 1024-byte boundary (the swizzle's period)
 
 
@@ -110,11 +114,15 @@ class GemmConfig:
             raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}x{self.cluster_n}")
         if self.stream_k and (self.cluster_size > 1 or self.split_k > 1 or self.epilogue is not None):
             raise ValueError("stream_k runs without a cluster, split_k or a fused epilogue")
-        if self.block_scaled and (self.in_dtype not in FP8_DTYPES or KBLOCK_SCALE % self.block_n or self.block_n < 64):
-            # A tile's columns then share one 128-column scale block, and the promoted sums
-            # (twice the accumulators) fit in registers.
-            raise ValueError(f"block-wise scales need fp8 inputs and block_n in (64, 128); got "
+        if self.block_scaled and (self.in_dtype not in FP8_DTYPES or self.block_n not in BLOCK_SCALED_NS):
+            raise ValueError(f"block-wise scales need fp8 inputs and block_n in {BLOCK_SCALED_NS}; got "
                              f"{self.in_dtype}, block_n = {self.block_n}")
+        if self.block_scaled and self.block_n > KBLOCK_SCALE and self.epilogue.column_bytes(self.block_n):
+            # Beside 96 sums and 96 accumulators, the staged column terms' shared-memory
+            # addresses (hoisted out of the tile loop) spill: 120 B with col_scale and a
+            # column bias (SASS; either alone leaves 3 registers of 240).
+            raise ValueError("block-wise scales on 192-wide tiles run without column vectors (col_scale, "
+                             "a column bias)")
         if self.block_scaled and self.cluster_size > 1:  # (never run on a GPU)
             raise ValueError("block-wise scales run without a cluster")
         if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:

@@ -41,7 +41,7 @@ from numba import cuda
 from .. import intrinsics as nh
 from .descriptors import publish_tensormap, tensormap_slot
 from .epilogue import EpilogueArgs, make_epilogue
-from .gemm_config import Consumer, GemmConfig, GemmParams
+from .gemm_config import KBLOCK_SCALE, Consumer, GemmConfig, GemmParams
 from .mainloop import make_mainloop
 from .pipeline import PipelineState, make_tma_pipeline
 from .scheduler import make_tile_scheduler
@@ -78,6 +78,14 @@ def register_budget(cfg: GemmConfig):
 def _build_gemm_kernel(cfg: GemmConfig):
     BN, CONSUMERS, THREADS, CLUSTER, MAPS = cfg.block_n, cfg.consumers, cfg.threads, cfg.cluster_size, cfg.tensormaps
     HAS_C, SCALED = cfg.has_c, cfg.block_scaled
+    # Grouped kernels branch on a consumer warpgroup's rows (a tile that crosses its group's
+    # end). Unless ptxas sees that the warpgroup index is warp-uniform, as it does for lane 0's
+    # thread index broadcast by shfl.sync (PTX ISA, "shfl.sync"), it moves the consumers' loop
+    # state out of uniform registers, and a 192-wide block-scaled tile's consumers spill
+    # (124 + 220 B). Only there: elsewhere the broadcast moves other values between the
+    # register files (a bf16 128x256 grouped kernel with silu then spills 12 + 36 B), and the
+    # measured kernels stay as they were.
+    UNIFORM_WARPGROUP = cfg.grouped is not None and SCALED and BN > KBLOCK_SCALE
     PRODUCER_REGS, CONSUMER_REGS = register_budget(cfg)
     BARRIERS = cfg.layout.barriers
     SCRATCH = cfg.layout.epi  # the epilogue's buffers, free until the first tile's store
@@ -129,7 +137,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     def consumer(p, ep, smem, tid, tmaps, cta, work):
         if CONSUMERS == 2:
             nh.setmaxnreg_inc(CONSUMER_REGS)
-        wg = tid // 128
+        wg = (cuda.shfl_sync(0xFFFFFFFF, tid, 0) if UNIFORM_WARPGROUP else tid) // 128
         t = tid - 128 * wg
         c = Consumer(wg - 1, t, t % 32, 16 * (t // 32) + (t % 32) // 4, t == 0)
         if c.leader:

@@ -22,7 +22,9 @@ producer that writes into it.
 Block-wise fp8 scales (``cfg.block_scaled``): a slot also holds A's scales of the tile's
 rows for its k-block (one more TMA box), and the consumers' ``mma`` is two-level: each
 k-block's product is waited for and added, scaled, into an f32 register sum
-(``mma_promoted``).
+(``mma_promoted``). The sums double the accumulators, so block-scaled tiles are at most 192
+wide (96 + 96 registers per thread); a 192-wide tile takes B's scales of two 128-column
+blocks.
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     TURN = 3  # named barriers 3 and 4 (0: __syncthreads, 1 and 2: each consumer's own)
     SCALE_AHEAD = 2  # k-blocks: B's scales' loads (from L2) take about two k-blocks' wgmmas
     B_SCALES_BY_GROUP = cfg.grouped is not None  # grouped kernels: B's scales are (G, K/128, N/128)
+    # A 192-wide tile spans two of B's 128-column scale blocks; a 64- or 128-wide one, at a
+    # multiple of its width, lies in one (and compiles none of the second block's code).
+    TWO_B_BLOCKS = BN > KBLOCK_SCALE
+    CHUNK_REGS = 32  # accumulator registers of 64 columns: 8 columns per 4 registers
 
     @cuda.jit(device=True, forceinline=True)
     def cluster_cta():
@@ -173,13 +179,23 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             nh.named_barrier_arrive(TURN, 256)
 
     @cuda.jit(device=True, forceinline=True)
+    def promote(sums, part, begin, end, s0, s1):
+        """``sums[e] += part[e] * scale`` for accumulator registers ``begin`` to ``end``:
+        ``s0`` on this thread's first row, ``s1`` on its second. Register 4i + 2j + c holds
+        row row_in_wg + 8j, column 8i + 2 * (lane % 4) + c (PTX ISA 9.7.15.5.1.1, the
+        accumulator D's fragment)."""
+        for e in range(begin, end):
+            sums[e] += part[e] * (s0 if e % 4 < 2 else s1)
+
+    @cuda.jit(device=True, forceinline=True)
     def mma_promoted(acc, smem, bars, st, p, item, c, peers, tile, ep):
         """Two-level accumulation (block-wise scales): each k-block's product in ``acc``
         (started afresh), waited for, then added, times its scales, into f32 ``sums``
         (ptxas serializes wgmmas whose accumulators are read while others are in flight,
         so a consumer cannot queue the next k-block first: the two consumers take turns
         instead, see TAKE_TURNS). A's scales arrive with the k-block in the ring (TMA) and
-        are read while its wgmmas run; B's, one per k-block, are loaded SCALE_AHEAD k-blocks
+        are read while its wgmmas run; B's, one per k-block (two for a 192-wide tile, whose
+        columns span two 128-column blocks: TWO_B_BLOCKS), are loaded SCALE_AHEAD k-blocks
         ahead, so the L2's latency hides behind wgmmas. The sum comes back as a tuple like
         ``acc`` (whose registers the next tile's wgmmas overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
@@ -187,8 +203,18 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         # this thread's two rows in the box (which starts at the 16-byte boundary before m0)
         row_scales = smem + A_SCALES + 4 * (tile.m0 % 4 + c.cw * WG_ROWS + c.row_in_wg)
         b_scales = first_b_scales(ep, tile.batch, n_block, item.k_begin, item.k_end)
+        if TWO_B_BLOCKS:
+            # The tile's columns from 128 - n0 % 128 on lie in the next block. n0 is a multiple
+            # of 64 (of 192), so its first 64 columns lie in this block, its last 64 in the
+            # next, and its middle 64 in the next iff n0 % 128 == 64. Past B's last block the
+            # columns are padding (TMA clips their stores): they take the last block's scale.
+            n_next = min(n_block + 1, ep.b_block_scales.shape[-1] - 1)
+            mid_next = tile.n0 % KBLOCK_SCALE != 0
+            b_next_scales = first_b_scales(ep, tile.batch, n_next, item.k_begin, item.k_end)
         for kb in range(item.k_begin, item.k_end):
             b_later = load_b_scale(ep, tile.batch, n_block, kb + SCALE_AHEAD, item.k_end)
+            if TWO_B_BLOCKS:
+                b_next_later = load_b_scale(ep, tile.batch, n_next, kb + SCALE_AHEAD, item.k_end)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             if TAKE_TURNS:
                 nh.named_barrier_sync(TURN + c.cw, 256)
@@ -203,8 +229,15 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
                 pipe.consumer_release(bars, st, peers)
             part = nh.tuple_as_array(acc)
             s0, s1 = a0 * b_scales[0], a1 * b_scales[0]
-            for e in range(BN // 2):  # register 4i + 2j + c holds row row_in_wg + 8j
-                sums[e] += part[e] * (s0 if e % 4 < 2 else s1)
+            if TWO_B_BLOCKS:  # one selection per k-block, still one FFMA per register
+                t0, t1 = a0 * b_next_scales[0], a1 * b_next_scales[0]
+                m0, m1 = (t0, t1) if mid_next else (s0, s1)
+                promote(sums, part, 0, CHUNK_REGS, s0, s1)
+                promote(sums, part, CHUNK_REGS, 2 * CHUNK_REGS, m0, m1)
+                promote(sums, part, 2 * CHUNK_REGS, BN // 2, t0, t1)
+                b_next_scales = b_next_scales[1:] + (b_next_later,)
+            else:
+                promote(sums, part, 0, BN // 2, s0, s1)
             b_scales = b_scales[1:] + (b_later,)
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
