@@ -48,7 +48,10 @@ def fusion_key_and_values(f):
     key, values = [f["alpha"] != 1.0, f["beta"] != 0.0, f["bias_dim"], f["activation"], f["epilogue"]], []
     for name in ARRAYS:
         x = f[name] if name != "c" or f["beta"] != 0.0 else None
-        sig, ptr = (NUMBER, float(x)) if isinstance(x, Real) else describe(x) if x is not None else (None, 0)
+        if name == "scale_out" and isinstance(x, Real):
+            sig, ptr = NUMBER, float(x)
+        else:
+            sig, ptr = describe(x) if x is not None else (None, 0)
         key.append(sig)
         values.append(ptr)
     for x in f["epilogue_args"]:
