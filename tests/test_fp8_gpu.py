@@ -352,8 +352,8 @@ def test_fp8_block_wise_tiles(torch, block_m, block_n, out_dtype):
 # 192-wide tiles (opt-in) span two of B's 128-column scale blocks: a tile at n0 = 0 mod 384
 # takes the next block from its column 128 on, one at 192 mod 384 from its column 64 on;
 # past B's last block (N = 192 + 1..64, 1000) its padding columns take the last one. Ragged M.
-@pytest.mark.parametrize("M,N,K", [(129, 192, 128), (1000, 320, 384), (129, 384, 1000), (1000, 576, 128),
-                                   (129, 1000, 384), (1000, 1000, 1000), (64, 200, 384)], ids=str)
+@pytest.mark.parametrize("M,N,K", [(129, 192, 128), (1000, 320, 384), (129, 384, 1008), (1000, 576, 128),
+                                   (129, 1000, 384), (1000, 1000, 1008), (64, 200, 384)], ids=str)
 @pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
 def test_fp8_block_wise_192_wide_tiles(torch, M, N, K, out_dtype):
     a, b = _operands(torch, M, N, K)
