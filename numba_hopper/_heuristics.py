@@ -94,22 +94,25 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
     return best
 
 
-# Block-wise fp8 tiles (the promoted sums double the accumulators; 192-wide tiles exist as
-# an opt-in config, unmeasured, so not chosen here):
-# relative time of one tile, from bench_fp8.py --configs (benchmarks/NOTES.md): 128 x 64
-# tiles win when they fill a wave that 128 x 128 ones leave half empty (M = 128: 0.65x vs
-# 0.57x of _scaled_mm at 128x7168x16384), not otherwise (4096x2112x7168: 0.47x vs 0.58x);
-# 64-row tiles have one consumer, which idles the tensor cores while it promotes.
-BLOCK_SCALED_TILE_COST = {(128, 128): 1.0, (128, 64): 0.7, (64, 128): 0.8}
+# Block-wise fp8 tiles (the promoted sums double the accumulators): relative time of one
+# tile, from bench_fp8.py --configs (benchmarks/NOTES.md). 128 x 64 tiles win when they fill
+# a wave that 128 x 128 ones leave half empty (M = 128: 0.65x vs 0.57x of _scaled_mm at
+# 128x7168x16384), not otherwise (4096x2112x7168: 0.47x vs 0.58x); 64-row tiles have one
+# consumer, which idles the tensor cores while it promotes. A 128 x 192 tile does 1.5x a
+# 128 x 128 one's work about 12% faster per FLOP (4096x24576x1536, where both fill their
+# waves: 1023 vs 928 TFLOP/s), so it wins where it wastes no more of a wave (8192^3: +11%,
+# 4096x2112x7168: +23%) and loses where it does (4096^3: 704 tiles in 6 waves, -6%).
+BLOCK_SCALED_TILE_COST = {(128, 128): 1.0, (128, 64): 0.7, (64, 128): 0.8, (128, 192): 1.34}
 
 
-def block_scaled_tile(M, N, sms, units=1):
+def block_scaled_tile(M, N, sms, units=1, wide=True):
     """``(block_m, block_n)`` of ``units`` block-wise scaled fp8 products of M x N: the fewest
-    waves x tile cost (ties to the first, the largest tile)."""
+    waves x tile cost (ties to the first, the largest tile). ``wide``: whether 192-wide tiles
+    may run (not with column vectors in the epilogue)."""
     def estimate(tile):
         return _ceil(units * _ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * BLOCK_SCALED_TILE_COST[tile]
 
-    return min(BLOCK_SCALED_TILE_COST, key=estimate)
+    return min((t for t in BLOCK_SCALED_TILE_COST if wide or t[1] <= 128), key=estimate)
 
 
 def stream_k_schedule(tiles, k_blocks, sms):
@@ -163,7 +166,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     if config is None:
         M, N = vo.shape
         if epilogue is not None and epilogue.block_scales:
-            block_m, block_n = block_scaled_tile(M, N, limits.sm_count)
+            block_m, block_n = block_scaled_tile(M, N, limits.sm_count, wide=not epilogue.column_bytes(192))
         else:
             block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
                                           block_k=KBLOCK_BYTES // va.itemsize)
@@ -191,15 +194,15 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
     ``rows / groups``) or their bound (masked: M per group) as :func:`tile_shape` chooses
     it for ``groups`` products of that many rows: 64-row tiles for groups of <= 128 rows,
     where a 128-row tile would be mostly padding. Block-wise scaled fp8 groups take
-    :func:`block_scaled_tile`'s (at most 128 wide) for ``groups`` such products. Not yet
-    fitted to H100 timings.
+    :func:`block_scaled_tile`'s (at most 128 wide: 192-wide grouped tiles are unmeasured)
+    for ``groups`` such products. Not yet fitted to H100 timings.
     """
     limits = limits or device_limits(mo.device)
     if config is None:
         M, N = mo.shape
         rows = M if mode == "masked" else max(1, _ceil(M, groups))
         if epilogue is not None and epilogue.block_scales:
-            block_m, block_n = block_scaled_tile(rows, N, limits.sm_count, units=groups)
+            block_m, block_n = block_scaled_tile(rows, N, limits.sm_count, units=groups, wide=False)
         else:
             block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
                                           block_k=KBLOCK_BYTES // ma.itemsize)

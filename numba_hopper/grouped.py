@@ -80,8 +80,8 @@ def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None,
       ``scale_a`` (rows, ceil(K / 128)), one per row of ``a`` and 128 K; masked: (G, M,
       ceil(K / 128)). ``scale_b`` (G, ceil(K / 128), ceil(N / 128)): one per 128 x 128 block
       of each ``b[g]`` (K, N). Each 128-deep k-block's product is scaled and added to an f32
-      sum (tiles at most 128 wide by default; 192-wide ones, an opt-in ``config``, as
-      ``gemm``'s); the accuracy is ``gemm``'s block-wise one.
+      sum (tiles at most 128 wide by default; 192-wide ones, not yet measured here, as an
+      opt-in ``config``); the accuracy is ``gemm``'s block-wise one.
     - per-tensor: Python numbers, multiplied into the output (any input dtype). Without
       scales an fp8 product is unscaled and not promoted (``gemm``'s fast accumulation).
       Not supported: row-wise and one-element device-array scales, a number beside a

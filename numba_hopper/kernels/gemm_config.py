@@ -36,7 +36,6 @@ BLOCK_NS = (32, 64, 128, 160, 192, 256)
 STREAM_K_MAX_BLOCK_N = 192
 # Block-wise scaled tile widths: the promoted sums double the accumulators, which fit in the
 # consumers' registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests).
-# 192 is an opt-in config, not yet measured on a GPU nor chosen by the heuristics.
 BLOCK_SCALED_NS = (64, 128, 192)
 SWIZZLE_ALIGN = 1024  # a 128B-swizzled tile starts on a 1024-byte boundary (the swizzle's period)
 
