@@ -62,6 +62,7 @@ def test_a_new_tensor_at_a_freed_address(torch):
     assert _err(torch, out, a.double() @ b.double()) < 1e-4
 
 
+@pytest.mark.serial
 def test_calls_interleaved_on_two_streams(torch):
     """Same layout (one plan), distinct operands, two streams whose work overlaps in time."""
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
@@ -109,6 +110,7 @@ def test_split_k_and_unaligned_operands_on_fresh_operands(torch):
         assert _err(torch, out, a.double() @ b.double()) < 1e-4
 
 
+@pytest.mark.serial
 def test_a_call_never_waits_for_the_gpu(torch):
     a, b = (torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     numba_hopper.gemm(a, b)  # the plan exists; the operands below are new to it

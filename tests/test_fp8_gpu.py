@@ -439,6 +439,7 @@ def test_fp8_block_wise_matches_torch_scaled_mm(torch, M, N, K):
 
 
 @pytest.mark.parametrize("scaling", ["block", "rowwise"])
+@pytest.mark.serial
 def test_fp8_scaled_calls_never_wait_for_the_gpu(torch, scaling):
     """A scaled call on a cached layout (its fast path: the scales' layouts) returns while the
     stream is still busy, and reads its own operands and scales."""

@@ -4,7 +4,7 @@ import pytest
 
 from numba_hopper import gemm
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.serial]
 
 
 def test_default_is_torchs_current_stream_and_no_device_sync():

@@ -258,6 +258,7 @@ def test_debug_mode_checks_the_sizes(torch):
     _check_contiguous(torch, out, a, b, [10, 20])
 
 
+@pytest.mark.serial
 def test_a_call_never_waits_for_the_gpu(torch):
     sizes = [500, 700, 0, 900]
     a, b, offsets = _contiguous(torch, sizes, 1024, 1024, torch.bfloat16, "NK")

@@ -9,7 +9,7 @@ import pytest
 
 from numba_hopper import _kernel_cache as kc
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.serial]
 
 # A new process, empty kernel cache: 2048^3 bf16 into a NaN-filled ``out``; prints one JSON line.
 CHILD = r"""

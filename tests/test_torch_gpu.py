@@ -102,6 +102,7 @@ def test_cuda_graph_capture_and_replay_with_new_data():
         assert torch.isfinite(static_y).all() and cases.rel_error(static_y, ref) < 2e-2
 
 
+@pytest.mark.serial
 def test_linear_call_never_waits_for_the_gpu():
     x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)
