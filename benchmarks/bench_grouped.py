@@ -32,6 +32,7 @@ sample (three groups, the first 512 columns) before it is timed.
     python benchmarks/bench_grouped.py --quick    # one contiguous and one masked case of each dtype
     python benchmarks/bench_grouped.py --json out.json --rounds 10
     python benchmarks/bench_grouped.py --dtypes e4m3   # the fp8 cases only
+    python benchmarks/bench_grouped.py --dtypes e4m3 --configs default n192   # our tile choice vs 128x192
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import math
 
 import torch
 
-from bench_gemm import interleaved_medians, print_table, save_results  # also puts the checkout on sys.path
+from bench_gemm import _config, interleaved_medians, print_table, save_results  # also puts the checkout on sys.path
 from numba_hopper import grouped_gemm
 
 # (name, G, rows per group, N, K)
@@ -93,14 +94,14 @@ def _nsets(set_bytes, l2_bytes):
     return max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
 
 
-def bench_contiguous(G, per_group, N, K, skewed, rounds, l2_bytes, device_time):
+def bench_contiguous(G, per_group, N, K, skewed, rounds, l2_bytes, device_time, configs=("default",)):
     sizes = group_sizes(G, per_group, skewed)
     rows = sum(sizes)
     ends = list(itertools.accumulate(sizes))
     offsets = torch.tensor(ends, device="cuda", dtype=torch.int32)
     sets = [(torch.randn(rows, K, device="cuda", dtype=torch.bfloat16), _weights(G, N, K), offsets)
             for _ in range(_nsets(2 * (rows * K + G * N * K + rows * N), l2_bytes))]
-    fns = {"ours": lambda a, b, o: grouped_gemm(a, b, o)}
+    fns = _ours(lambda config: lambda a, b, o: grouped_gemm(a, b, o, config=config), configs)
     if hasattr(torch, "_grouped_mm"):
         ref_name = "torch._grouped_mm"
         fns["ref"] = lambda a, b, o: torch._grouped_mm(a, b, offs=o)
@@ -120,14 +121,13 @@ def bench_contiguous(G, per_group, N, K, skewed, rounds, l2_bytes, device_time):
     sample = [(g, slice(ends[g] - sizes[g], ends[g]), slice(ends[g] - sizes[g], ends[g]))
               for g in sorted({nonempty[0], nonempty[-1], max(nonempty, key=sizes.__getitem__)})]
     errors = {name: _sample_error(fn(a, b, o), a, b, sample) for name, fn in fns.items()}
-    if not errors["ours"] < 1e-2:
-        raise AssertionError(f"contiguous G={G} {N}x{K}: relative error {errors['ours']:.3g} ({ref_name}: "
-                             f"{errors['ref']:.3g})")
+    if not max(e for name, e in errors.items() if name != "ref") < 1e-2:
+        raise AssertionError(f"contiguous G={G} {N}x{K}: relative errors {errors}")
     med = interleaved_medians(fns, sets, rounds, "ref", device_time)
-    return _record(2.0 * rows * N * K, med, errors, ref_name, sizes)
+    return _record(2.0 * rows * N * K, med, errors, ref_name, sizes, configs)
 
 
-def bench_masked(G, M, N, K, rounds, l2_bytes, device_time, seed=0):
+def bench_masked(G, M, N, K, rounds, l2_bytes, device_time, seed=0, configs=("default",)):
     gen = torch.Generator().manual_seed(seed)
     counts = torch.randint(0, M + 1, (G,), generator=gen).tolist()
     masked_m = torch.tensor(counts, device="cuda", dtype=torch.int32)
@@ -141,15 +141,15 @@ def bench_masked(G, M, N, K, rounds, l2_bytes, device_time, seed=0):
                 torch.mm(a[g, :c], b[g], out=out[g, :c])
         return out
 
-    fns = {"ours": lambda a, b, m: grouped_gemm(a, b, masked_m=m), "ref": loop}
+    fns = {**_ours(lambda config: lambda a, b, m: grouped_gemm(a, b, masked_m=m, config=config), configs), "ref": loop}
     a, b, m = sets[0]
     nonempty = [g for g in range(G) if counts[g]]
     sample = [(g, (g, slice(0, counts[g])), (g, slice(0, counts[g]))) for g in nonempty[:3]]
     errors = {name: _sample_error(fn(a, b, m), a, b, sample) for name, fn in fns.items()}
-    if not errors["ours"] < 1e-2:
-        raise AssertionError(f"masked G={G} {N}x{K}: relative error {errors['ours']:.3g} (loop: {errors['ref']:.3g})")
+    if not max(e for name, e in errors.items() if name != "ref") < 1e-2:
+        raise AssertionError(f"masked G={G} {N}x{K}: relative errors {errors}")
     med = interleaved_medians(fns, sets, rounds, "ref", device_time)
-    return _record(2.0 * sum(counts) * N * K, med, errors, "torch.mm loop over the valid rows", counts)
+    return _record(2.0 * sum(counts) * N * K, med, errors, "torch.mm loop over the valid rows", counts, configs)
 
 
 def _fp8(x):
@@ -184,7 +184,7 @@ def _fp8_sample_error(out, a, b, sa, sb, groups):
     return _rel(got, ref)
 
 
-def bench_fp8(layout, G, rows_or_m, N, K, skewed, rounds, l2_bytes, device_time, seed=0):
+def bench_fp8(layout, G, rows_or_m, N, K, skewed, rounds, l2_bytes, device_time, seed=0, configs=("default",)):
     """One fp8 block-wise case: contiguous (``rows_or_m`` rows per group, ``skewed`` sizes) or
     masked (M = ``rows_or_m``, counts drawn from 0..M). Returns the record's timing fields."""
     kb, nb = -(-K // 128), -(-N // 128)
@@ -213,9 +213,11 @@ def bench_fp8(layout, G, rows_or_m, N, K, skewed, rounds, l2_bytes, device_time,
                      per_group))
     masked = layout == "masked"
 
-    def ours(a, b, o, sa, sb, _):
-        return grouped_gemm(a, b, masked_m=o, scale_a=sa, scale_b=sb) if masked else \
-            grouped_gemm(a, b, o, scale_a=sa, scale_b=sb)
+    def ours(config):
+        def call(a, b, o, sa, sb, _):
+            return grouped_gemm(a, b, masked_m=o, scale_a=sa, scale_b=sb, config=config) if masked else \
+                grouped_gemm(a, b, o, scale_a=sa, scale_b=sb, config=config)
+        return call
 
     def ref(a, b, o, sa, sb, per_group):
         out = torch.empty(*out_shape, device="cuda", dtype=torch.bfloat16)
@@ -226,26 +228,38 @@ def bench_fp8(layout, G, rows_or_m, N, K, skewed, rounds, l2_bytes, device_time,
     a, b, o, sa, sb, per_group = sets[0]
     largest = max(range(len(spans)), key=lambda i: sizes[spans[i][0]])
     sample = [spans[i] for i in sorted({0, len(spans) - 1, largest})]
-    error = _fp8_sample_error(ours(*sets[0]), a, b, sa, sb, sample)
-    if not error < FP8_TOL:
-        raise AssertionError(f"fp8 {layout} G={G} {N}x{K}: relative error {error:.3g}")
-    fns, errors, ref_error = {"ours": ours}, {"ours": error, "ref": None}, None
+    fns = _ours(ours, configs)
+    errors = {name: _fp8_sample_error(fn(*sets[0]), a, b, sa, sb, sample) for name, fn in fns.items()}
+    if not max(errors.values()) < FP8_TOL:
+        raise AssertionError(f"fp8 {layout} G={G} {N}x{K}: relative errors {errors}")
+    errors["ref"], ref_error = None, None
     try:
         errors["ref"] = _fp8_sample_error(ref(*sets[0]), a, b, sa, sb, sample)
         fns["ref"] = ref
     except (RuntimeError, NotImplementedError, TypeError) as e:  # this PyTorch refuses block-wise scales
         ref_error = f"{type(e).__name__}: {e}"
     med = interleaved_medians(fns, sets, rounds, "ref" if "ref" in fns else "ours", device_time)
-    record = _record(flops, med, errors, "torch._scaled_mm loop over the non-empty groups", sizes)
+    record = _record(flops, med, errors, "torch._scaled_mm loop over the non-empty groups", sizes, configs)
     return {**record, "ref_error": ref_error} if ref_error else record
 
 
-def _record(flops, med, errors, ref_name, sizes):
-    """The timing fields of a record (the reference's None when it was not timed)."""
+def _ours(call, configs):
+    """``{name: fn}`` of our kernels: ``call(config)`` for each of ``configs`` (bench_gemm's
+    names), the first named "ours"."""
+    fns = {name: call(_config(name)) for name in configs}
+    fns["ours"] = fns.pop(configs[0])
+    return fns
+
+
+def _record(flops, med, errors, ref_name, sizes, configs):
+    """The timing fields of a record (the reference's None when it was not timed); with more
+    than one of ``configs``, each one's TFLOP/s under ``configs_tflops``."""
     ref = med.get("ref")
+    extra = {"configs_tflops": {c: flops / med["ours" if i == 0 else c] / 1e9 for i, c in enumerate(configs)}} \
+        if len(configs) > 1 else {}
     return {"ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": ref and flops / ref / 1e9,
             "ratio": ref and ref / med["ours"], "rel_error": errors["ours"], "ref_rel_error": errors["ref"],
-            "ours_ms": med["ours"], "ref_ms": ref, "reference": ref_name, "sizes": sizes}
+            "ours_ms": med["ours"], "ref_ms": ref, "reference": ref_name, "sizes": sizes, **extra}
 
 
 def main(argv=None):
@@ -258,6 +272,8 @@ def main(argv=None):
     p.add_argument("--dtypes", nargs="*", choices=["bf16", "e4m3"], default=["bf16", "e4m3"],
                    help="bf16 cases (vs torch._grouped_mm / a torch.mm loop) and/or fp8 block-wise ones "
                         "(vs a torch._scaled_mm loop)")
+    p.add_argument("--configs", nargs="+", default=["default"],
+                   help="our kernels, named as in bench_gemm.py (the first is 'ours'; e.g. default n192)")
     args = p.parse_args(argv)
 
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
@@ -268,8 +284,8 @@ def main(argv=None):
         ref = "refused" if r["ratio"] is None else f"{r['ref_tflops']:7.1f}"
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         print(f"{r['name']:32s} {r['layout']:10s} {r['dtype']:5s} ours {r['ours_tflops']:7.1f}  ref {ref} TFLOP/s"
-              f"  ratio {ratio}  err {r['rel_error']:.2e}" + (f"  ({r['ref_error']})" if r.get("ref_error") else ""),
-              flush=True)
+              f"  ratio {ratio}  err {r['rel_error']:.2e}" + (f"  ({r['ref_error']})" if r.get("ref_error") else "")
+              + "".join(f"  {c} {t:.1f}" for c, t in r.get("configs_tflops", {}).items()), flush=True)
 
     for dtype in args.dtypes:
         for name, G, per_group, N, K in CONTIGUOUS if dtype == "bf16" else FP8_CONTIGUOUS:
@@ -277,18 +293,20 @@ def main(argv=None):
                 continue
             for skewed in (False,) if args.quick else (False, True):
                 if dtype == "bf16":
-                    r = bench_contiguous(G, per_group, N, K, skewed, args.rounds, l2, args.device_time)
+                    r = bench_contiguous(G, per_group, N, K, skewed, args.rounds, l2, args.device_time,
+                                         configs=args.configs)
                 else:
-                    r = bench_fp8("contiguous", G, per_group, N, K, skewed, args.rounds, l2, args.device_time)
+                    r = bench_fp8("contiguous", G, per_group, N, K, skewed, args.rounds, l2, args.device_time,
+                                  configs=args.configs)
                 done({"name": f"{name} {'skewed' if skewed else 'balanced'}", "layout": "contiguous", "dtype": dtype,
                       "groups": G, "N": N, "K": K, **r})
         for name, G, M, N, K in MASKED:
             if args.quick and name not in QUICK:
                 continue
             if dtype == "bf16":
-                r = bench_masked(G, M, N, K, args.rounds, l2, args.device_time)
+                r = bench_masked(G, M, N, K, args.rounds, l2, args.device_time, configs=args.configs)
             else:
-                r = bench_fp8("masked", G, M, N, K, False, args.rounds, l2, args.device_time)
+                r = bench_fp8("masked", G, M, N, K, False, args.rounds, l2, args.device_time, configs=args.configs)
             done({"name": name, "layout": "masked", "dtype": dtype, "groups": G, "M": M, "N": N, "K": K, **r})
     out = save_results("grouped", {"timing": "device" if args.device_time else "wall (host call rate included)",
                                    "calls": "bf16: grouped_gemm(a, b, offsets) vs torch._grouped_mm(a, b, offs=) "
