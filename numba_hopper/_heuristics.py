@@ -12,7 +12,7 @@ from ._arrays import tma_addressable
 from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
-__all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "block_scaled_tile", "stream_k_schedule",
+__all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "narrow_config", "block_scaled_tile", "stream_k_schedule",
            "cluster_pays", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
@@ -60,6 +60,44 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64):
         return waves * bn * (TILE_COST_MANY_WAVES if waves > MANY_WAVES else TILE_COST)[bn]
 
     return 128, min((bn for bn in sorted(TILE_COST, reverse=True) if not (fused and bn % 64)), key=estimate)
+
+
+# Decode products with at most this many rows (tokens) may run swapped (:func:`narrow_tokens`).
+NARROW_M = 16
+
+
+def narrow_tokens(M, N, K, sms, block_k=64):
+    """``block_n`` (8 or 16) of a plain product of M <= NARROW_M rows computed swapped,
+    ``out.T = b.T @ a.T``: the weight's rows on the 64-row side and the tokens on wgmma's
+    narrow N, so a k-block moves 64 x 8 or 64 x 16 of A through TMA and wgmma instead of 64
+    x 64 (mostly zero-filled rows), as cuBLAS's decode kernels do. None where the 64-row
+    tiling would not run 64-wide in one slice: the swapped kernel has no K slices, and
+    wider tiles (many output columns) stream at their own, higher rate. Emulated with
+    32-wide swapped tiles (benchmarks/NOTES.md, session 13): 0.85-0.96x of the unswapped
+    kernel's time at 8-32 x 2048-5632 x 2048-5632 without K slices, 1.09x with them.
+    """
+    if M > NARROW_M:
+        return None
+    if small_m_tiling(M, N, K, 1, sms, can_split=_splits_small_m(M, 1, False), block_k=block_k) != (64, 1):
+        return None
+    return 8 if M <= 8 else 16
+
+
+def narrow_config(va, vb, vo, limits):
+    """The column-major kernel of a plain 16-bit product ``vo = va @ vb`` computed swapped,
+    where :func:`narrow_tokens` takes it, or None. The tokens (``va``) and the output must
+    be row-major and TMA-addressable: the kernel reads ``va`` as its K-major B and stores the
+    output without a copy. (The caller checks that the call has no epilogue or config.)"""
+    if va.dtype not in ("bf16", "f16") or vb.dtype != va.dtype or vo.dtype not in ("bf16", "f16") \
+            or not (tma_addressable(va, row_major=True) and tma_addressable(vo, row_major=True)):
+        return None
+    (M, K), N = va.shape, vb.shape[1]
+    block_n = narrow_tokens(M, N, K, limits.sm_count)
+    if block_n is None:
+        return None
+    kw = dict(block_m=64, b_major="K", out_major="M")
+    stages = max_stages(va.dtype, vo.dtype, block_n, limits.max_shared_per_block_optin, **kw)
+    return GemmConfig(block_n=block_n, stages=stages, **kw)
 
 
 def _splits_small_m(M, units, fused):
@@ -161,7 +199,9 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     # fp8 operands are K-major (the caller checked): a (1, K) or (K, 1) view would pass both tests.
     fp8 = va.dtype in FP8_DTYPES
     a_major = "K" if fp8 or tma_addressable(va, row_major=True) else "M"
-    b_major = "N" if not fp8 and tma_addressable(vb, row_major=True) else "K"
+    # (a column-major output's narrow B is the tokens, K-major: a (K, 1) view passes both tests)
+    narrow = config is not None and config.out_major == "M"
+    b_major = "N" if not (fp8 or narrow) and tma_addressable(vb, row_major=True) else "K"
     limits = limits or device_limits(vo.device)
     if config is None:
         M, N = vo.shape

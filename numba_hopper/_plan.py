@@ -25,7 +25,7 @@ from cuda.bindings import driver
 from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
 from ._extra_launches import aligned_layout, prepare_copy, prepare_reduce
 from ._fusion import Fusion, is_array, numba_array, user_arg
-from ._heuristics import choose_config, grouped_config, max_stages, split_count, stream_k_schedule
+from ._heuristics import choose_config, grouped_config, max_stages, narrow_config, split_count, stream_k_schedule
 from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratch
 from .debug import DebugRecord
 from .errors import LayoutError
@@ -191,8 +191,9 @@ class _Gemm:
         b = self.b.at(values)
         maps.append(encode_template(_batched(transpose(b) if cfg.b_major == "K" else b, batch.count, batch.b),
                                     cfg.b_box, swizzle=cfg.b_swizzle))
-        maps.append(encode_template(_batched(self.d.at(values), batch.count, batch.c), cfg.c_box,
-                                    swizzle=cfg.epi_swizzle))
+        d = self.d.at(values)  # column-major: the kernel's rows run along the stored rows
+        maps.append(encode_template(_batched(transpose(d) if cfg.out_major == "M" else d, batch.count, batch.c),
+                                    cfg.c_box, swizzle=cfg.epi_swizzle))
         if self.c is not None:
             cols = c_box_cols(cfg)
             c = self.c.at(values)
@@ -344,7 +345,9 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
     """The plan of ``out = a @ b`` (with ``fusion``) for these checked views.
 
     A column-major ``out`` is computed as ``out.T = b.T @ a.T``: the same kernel on swapped,
-    transposed operands. Operands TMA cannot address go through aligned scratch copies.
+    transposed operands. So is a plain decode product (a few rows: ``_heuristics.narrow_config``),
+    whose kernel then writes the column-major ``out.T``. Operands TMA cannot address go
+    through aligned scratch copies.
     ``amax_out`` is zeroed (a memset on the stream) before the kernel raises it.
     """
     a, b, d = Operand(va, Src(A)), Operand(vb, Src(B)), Operand(vo, Src(OUT))
@@ -354,6 +357,9 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
         arrays = {name: Operand(getattr(fusion, name), src) for name, src in _FUSION_SRCS.items()
                   if isinstance(getattr(fusion, name), DeviceView)}
         user_srcs = _user_sources(fusion.user_args)
+    narrow = None if fusion or config is not None else narrow_config(va, vb, vo, device_limits(vo.device))
+    if narrow is not None:  # the kernel's rows are b's columns, its few columns the rows of a and out
+        a, b, d, config = b.t(), a.t(), d.t(), narrow
     transposed = is_col_major(vo)
     if transposed:  # the kernel's rows are the user's columns
         a, b, d = b.t(), a.t(), d.t()
@@ -366,7 +372,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
         a_scales, _ = _a_block_scales(arrays.pop("a_block_scales").view, scratch, copies)
     a, b = _aligned(a, scratch, copies), _aligned(b, scratch, copies)
     target, finish = d, []
-    if not tma_addressable(d.view, True):
+    if narrow is None and not tma_addressable(d.view, True):
         layout, nbytes = aligned_layout(d.view)
         d = Operand(layout, scratch.take(nbytes))
         finish.append(_Copy(d, target))

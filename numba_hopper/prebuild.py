@@ -29,8 +29,8 @@ import time
 
 from . import _kernel_cache
 from . import _numba_internals as _internals
-from ._arrays import DeviceView, tma_addressable
-from ._heuristics import choose_config, split_count
+from ._arrays import DeviceView, tma_addressable, transpose
+from ._heuristics import choose_config, narrow_config, split_count
 from ._plan import gemm_cache_key, split_k_config
 from .kernels import gemm_argument_types
 from .kernels.gemm_config import GemmConfig
@@ -107,6 +107,9 @@ def kernel_set(dtypes=("bf16", "f16"), limits=H100, refused=None) -> set:
                         refused.append((dtype, M, N, K, units, *majors, str(exc)))
                     continue
                 configs.add(cfg)
+                narrow = narrow_config(a, b, out, limits) if units == 1 else None
+                if narrow is not None:  # gemm computes these swapped (_plan.gemm_plan)
+                    configs.add(choose_config(transpose(b), transpose(a), transpose(out), narrow, False, limits=limits))
                 if units == 1 and split_count(cfg, M, N, K, limits.sm_count) > 1:  # bmm does not split
                     configs.add(split_k_config(cfg, limits.max_shared_per_block_optin))
     return configs

@@ -33,10 +33,14 @@ ALL_CONFIGS = [
     # 64-row tiles (one consumer warpgroup): each width, f32 and the other majors at the widest
     *(GemmConfig("bf16", "bf16", "K", "N", block_m=64, block_n=bn, stages=8) for bn in (32, 64)),
     GemmConfig("bf16", "f32", "M", "K", block_m=64, block_n=128, stages=8),
+    # column-major outputs (swapped decode products): each narrow width, both 16-bit types and A majors
+    GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=8, stages=16, out_major="M"),
+    GemmConfig("f16", "f16", "M", "K", block_m=64, block_n=16, stages=12, out_major="M"),
 ]
 
 
-@pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}")
+@pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}"
+                         + ("-colmajor" if c.out_major == "M" else ""))
 def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
     assert r.count("HGMMA") >= 4, r.summary()  # 4 k16 steps per 64-wide k-block
@@ -128,6 +132,9 @@ def test_stage_count_fills_shared_memory():
     (dict(in_dtype="f32"), "in_dtype"), (dict(out_dtype="i8"), "out_dtype"),
     (dict(a_major="N"), "majors"), (dict(block_m=96), "block_m"), (dict(block_m=64, cluster_n=2), "block_m = 64"),
     (dict(block_n=32), "block_n = 32"), (dict(block_n=100), "block_n"),
+    (dict(block_n=8), "out_major"), (dict(block_m=64, block_n=64, out_major="M"), "out_major"),
+    (dict(block_m=64, block_n=8, b_major="K", out_major="M", out_dtype="f32"), "plain 16-bit"),
+    (dict(block_m=64, block_n=8, out_major="M"), "K-major B"),
     (dict(stages=1), "stages"), (dict(cluster_m=4), "cluster"),
 ])
 def test_config_rejects_bad_values(kw, msg):
@@ -188,6 +195,32 @@ def test_tile_shape_heuristic(M, N, K, units, tile):
     from numba_hopper._heuristics import tile_shape as _tile_shape
 
     assert _tile_shape(M, N, K, units, 132) == tile
+
+
+@pytest.mark.parametrize("M,N,K,block_n", [
+    (8, 2048, 2048, 8), (1, 3584, 3584, 8), (16, 4096, 4096, 16), (9, 2048, 5632, 16),
+    (17, 2048, 2048, None),  # more tokens than wgmma's narrow N takes
+    (8, 2048, 8192, None), (1, 4096, 14336, None),  # the 64-row tiling splits K
+    (8, 32000, 2048, None),  # ... or runs wider tiles
+])
+def test_decode_products_run_swapped_where_the_64_row_tiling_is_64_wide_and_whole(M, N, K, block_n):
+    from numba_hopper._arrays import DeviceView, transpose
+    from numba_hopper._heuristics import choose_config, narrow_config, narrow_tokens
+    from numba_hopper.prebuild import H100
+
+    assert narrow_tokens(M, N, K, 132) == block_n
+    views = [DeviceView(1 << 20, shape, (shape[1], 1), "bf16", 2, 0, "numba") for shape in ((M, K), (N, K), (M, N))]
+    a, w, out = views
+    cfg = narrow_config(a, transpose(w), out, H100)  # x @ w.t()
+    assert (cfg and cfg.block_n) == block_n
+    if cfg is not None:  # the swapped product's kernel: w row-major as A, the tokens K-major as B
+        run = choose_config(w, transpose(a), transpose(out), cfg, False, limits=H100)
+        assert (run.a_major, run.b_major, run.out_major, run.block_m) == ("K", "K", "M", 64)
+        assert run.shared_bytes <= H100.max_shared_per_block_optin
+    f32_out = DeviceView(1 << 20, (M, N), (N, 1), "f32", 4, 0, "numba")
+    col_major_a = DeviceView(1 << 20, (M, K), (1, M), "bf16", 2, 0, "numba")
+    assert narrow_config(a, transpose(w), f32_out, H100) is None
+    assert narrow_config(col_major_a, transpose(w), out, H100) is None or M == 1
 
 
 @pytest.mark.parametrize("tiles,K,b_major,cluster", [

@@ -120,6 +120,26 @@ def test_persistent_ctas_take_many_tiles(torch):
     _check(torch, 4096, 4096, 13 * 64 - 5, layout="RC")
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("M,N,K,layout", [(1, 3584, 3584, "RC"), (8, 2048, 2048, "RC"), (9, 2048, 5632, "RR"),
+                                          (16, 4096, 4096, "RC"), (7, 129, 1000, "RR"), (8, 1000, 64, "RC")])
+def test_decode_products_run_swapped(torch, dtype, M, N, K, layout):
+    """A few rows run swapped, the tokens on wgmma's narrow N, the output stored transposed."""
+    from numba_hopper._arrays import device_view
+    from numba_hopper._heuristics import narrow_config
+    from numba_hopper.launch import device_limits
+
+    a = _operand(torch, M, K, dtype, "R", torch.Generator(device="cuda"))
+    b = _operand(torch, K, N, dtype, layout[1], torch.Generator(device="cuda"))
+    views = [device_view(x) for x in (a, b, torch.empty(M, N, device="cuda", dtype=a.dtype))]
+    assert narrow_config(*views, device_limits(0)) is not None
+    _check(torch, M, N, K, dtype, dtype, layout)
+    ref = a.double() @ b.double()
+    fresh = gemm(a, b)
+    assert fresh.shape == (M, N) and fresh.is_contiguous()
+    assert ((fresh.double() - ref).norm() / ref.norm()).item() < TOL[dtype]
+
+
 @pytest.mark.parametrize("out_major", ["C"])
 @pytest.mark.parametrize("layout", ["RR", "CR"])
 def test_column_major_output(torch, layout, out_major):

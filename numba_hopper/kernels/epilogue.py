@@ -45,6 +45,12 @@ each with its own mbarrier: the consumer's leader issues the loads of a tile's f
 sub-tiles as its main loop starts, and that of sub-tile q + 2 as soon as sub-tile q has
 been read.
 
+Column-major outputs (``cfg.out_major == "M"``: the 64 x 8 or 64 x 16 tiles of a decode
+product computed swapped) take a path of their own: each thread writes its fragment's
+elements transposed, one 16-bit store each, into an unswizzled buffer of ``block_n``
+128-byte rows (the output's rows are the kernel's columns), and the leader stores it with
+one TMA box. Such tiles are small, so the single buffer per consumer costs little.
+
 Coordinates are the KERNEL's: for a column-major output the host runs the kernel on the
 transposed problem and passes transposed operands, swapped scales and the bias along the
 other dimension; ``transposed`` then swaps (row, col) back for the user's function.
@@ -353,7 +359,8 @@ def make_epilogue(cfg) -> Epilogue:
     SCALE_OUT, SCALE_OUT_ARRAY = FUSED and EPI.out_scale is not None, FUSED and EPI.out_scale == "array"
     EPI_COLS = cfg.epi_cols
     EPI_CHUNKS = BN // EPI_COLS
-    EPI_ROW_BYTES = cfg.epi_swizzle
+    COL_MAJOR = cfg.out_major == "M"
+    EPI_ROW_BYTES = cfg.epi_swizzle or 128  # (column-major outputs: unswizzled 128-byte rows)
     EPI_GROUPS = EPI_COLS // 16  # stmatrix 16-column groups of a 16-bit sub-tile
     COL_GROUPS = EPI_COLS // 8  # 8-column groups of a sub-tile
     SWIZZLE_MASK = EPI_ROW_BYTES // 16 - 1
@@ -467,6 +474,29 @@ def make_epilogue(cfg) -> Epilogue:
                 nh.stmatrix_x4(addr, regs[0], regs[1], regs[2], regs[3])
         return amax
 
+    to_bits = f32_to_bf16 if OUT_T == "bf16" else f32_to_f16
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_transposed(frag, smem, c, row0, n0, batch, tmap_d, state):
+        """(Column-major output) the consumer's 64 x BN tile: element (r, col) of the fragment
+        (register 4i + 2j + h: r = row_in_wg + 8j, col = 8i + 2(lane % 4) + h) to byte
+        128 col + 2 r of the buffer, then one TMA store of the (BN, 64) box."""
+        buf = smem + EPI_OFF + c.cw * EPI_BUF_BYTES
+        if c.leader:
+            nh.bulk_wait_group_read(0)  # the previous tile's store has read the buffer
+        nh.named_barrier_sync(1 + c.cw, 128)
+        for i in range(BN // 8):
+            for j in range(2):
+                for h in range(2):
+                    col = 8 * i + 2 * (c.lane % 4) + h
+                    nh.st_shared_u16(buf + 128 * col + 2 * (c.row_in_wg + 8 * j), to_bits(frag[4 * i + 2 * j + h]))
+        nh.fence_proxy_async()
+        nh.named_barrier_sync(1 + c.cw, 128)
+        if c.leader:
+            nh.tma_store_3d(tmap_d, buf, row0, n0, batch)
+            nh.bulk_commit_group()
+        return EpilogueState(state.stores + 1, state.amax)
+
     @cuda.jit(device=True, forceinline=True)
     def load_c(smem, cw, s, tmap, row0, col0, bc):
         """(Leader) start loading C's 64 x EPI_COLS sub-tile at (``row0``, ``col0``) as sub-tile
@@ -564,6 +594,8 @@ def make_epilogue(cfg) -> Epilogue:
         if FUSED:  # the previous tile's reads of the staged columns are behind its last barrier
             stage_columns(smem + VEC_OFF + c.cw * VEC_BYTES, c.t, terms[2])
         row0 = tile.m0 + c.cw * WG_ROWS
+        if COL_MAJOR:
+            return store_transposed(frag, smem, c, row0, tile.n0, tile.batch, tmap_d, state)
         if not GROUPED:
             return subtiles(state, _TileStore(frag, smem, c, row0, tile.n0, tile.batch, tmap_d, tmap_c, p.M, p.N,
                                               ep, terms))

@@ -32,7 +32,8 @@ INPUT_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
 FP8_DTYPES = ("e4m3", "e5m2")
 GROUPED_MODES = ("contiguous", "masked")
 BLOCK_MS = (64, 128)
-BLOCK_NS = (32, 64, 128, 160, 192, 256)
+BLOCK_NS = (8, 16, 32, 64, 128, 160, 192, 256)
+NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a decode product's tokens
 STREAM_K_MAX_BLOCK_N = 192
 # Block-wise scaled tile widths: the promoted sums double the accumulators, which fit in the
 # consumers' registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests).
@@ -55,6 +56,10 @@ class GemmConfig:
     ``in_dtype`` "e4m3"/"e5m2" (fp8): k = 32 wgmma, which reads K-major operands only (no
     transpose bits), so both majors must be "K"; ``b_dtype``: B's fp8 type where it differs
     from A's (None: ``in_dtype``; e4m3 x e5m2 products, as in FP8 training's backward pass).
+    ``out_major``: "N" (the output D row-major) or "M" (column-major: the narrow tiles
+    of a decode product computed swapped, ``out.T = b.T @ a.T`` with the few tokens as the
+    kernel's N; only 64 x 8 or 64 x 16 tiles of a plain 16-bit product, whose epilogue
+    writes each tile transposed and stores it with one TMA box).
     ``grouped``: None, or the grouped GEMM's scheduler to compile in (``kernels/scheduler.py``):
     "contiguous" (the groups' rows one after another in a 2-D A and output, cut by
     cumulative ends) or "masked" (a 3-D A and output, the first ``masked_m[g]`` rows of
@@ -78,6 +83,7 @@ class GemmConfig:
     epilogue: EpilogueConfig | None = None
     grouped: str | None = None
     b_dtype: str | None = None
+    out_major: str = "N"
 
     def __post_init__(self):
         if self.in_dtype not in INPUT_BYTES:
@@ -95,6 +101,18 @@ class GemmConfig:
             raise ValueError(f"block_m must be one of {BLOCK_MS} (consumer warpgroups of 64 rows), got {self.block_m}")
         if self.block_n not in BLOCK_NS:
             raise ValueError(f"block_n must be one of {BLOCK_NS}, got {self.block_n}")
+        if self.out_major not in ("N", "M"):
+            raise ValueError(f"out_major must be 'N' or 'M', got {self.out_major!r}")
+        if (self.out_major == "M") != (self.block_n in NARROW_NS):
+            raise ValueError(f"block_n in {NARROW_NS} goes with out_major = 'M' and only with it; got block_n = "
+                             f"{self.block_n}, out_major = {self.out_major!r}")
+        if self.out_major == "M" and (self.block_m != 64 or self.b_major != "K" or self.epilogue is not None
+                                      or self.split_k > 1 or self.stream_k or self.cluster_size > 1
+                                      or self.grouped is not None or ELEMENT_BYTES[self.out_dtype] != 2):
+            # One consumer writes its 64 x 8/16 tile transposed (16-bit elements, 128-byte rows of
+            # the output); B's box is block_n K-major rows.
+            raise ValueError("out_major = 'M' runs plain 16-bit products with block_m = 64 and a K-major B, "
+                             "without a cluster, split_k, stream_k or grouping")
         if self.block_n == 32 and self.block_m != 64:
             raise ValueError("block_n = 32 needs block_m = 64 (the narrow tile of skinny products)")
         if self.block_n % 64 and (self.epilogue is not None or self.cluster_m > 1):
@@ -211,7 +229,10 @@ class GemmConfig:
 
     @property
     def c_box(self):
-        """Box of the output's tensor map: one epilogue sub-tile."""
+        """Box of the output's tensor map: one epilogue sub-tile (column-major outputs: a
+        consumer's whole 64 x ``block_n`` tile, stored (N, M))."""
+        if self.out_major == "M":
+            return (1, self.block_n, WG_ROWS)
         return (1, EPI_ROWS, self.epi_cols)
 
     @property
@@ -222,7 +243,10 @@ class GemmConfig:
 
     @property
     def epi_swizzle(self):
-        """Bytes of one sub-tile row, which is also the output tensor map's swizzle span."""
+        """Bytes of one sub-tile row, which is also the output tensor map's swizzle span
+        (none for column-major outputs: each thread writes single elements)."""
+        if self.out_major == "M":
+            return 0
         return self.epi_cols * ELEMENT_BYTES[self.out_dtype]
 
     # --- shared memory ---
