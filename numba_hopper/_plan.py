@@ -372,7 +372,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
         a_scales, _ = _a_block_scales(arrays.pop("a_block_scales").view, scratch, copies)
     a, b = _aligned(a, scratch, copies), _aligned(b, scratch, copies)
     target, finish = d, []
-    if narrow is None and not tma_addressable(d.view, True):
+    if not tma_addressable(d.view, row_major=narrow is None):
         layout, nbytes = aligned_layout(d.view)
         d = Operand(layout, scratch.take(nbytes))
         finish.append(_Copy(d, target))

@@ -111,10 +111,14 @@ def test_split_k_and_unaligned_operands_on_fresh_operands(torch):
 
 
 @pytest.mark.serial
-def test_a_call_never_waits_for_the_gpu(torch):
-    a, b = (torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    numba_hopper.gemm(a, b)  # the plan exists; the operands below are new to it
-    fresh = [torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+@pytest.mark.parametrize("M,N,K", [(1024, 1024, 1024), (8, 2048, 2048)])  # (the second runs swapped)
+def test_a_call_never_waits_for_the_gpu(torch, M, N, K):
+    def operands():
+        return torch.randn(M, K, device="cuda", dtype=torch.bfloat16), torch.randn(K, N, device="cuda",
+                                                                                   dtype=torch.bfloat16)
+
+    numba_hopper.gemm(*operands())  # the plan exists; the operands below are new to it
+    fresh = operands()
     torch.cuda.synchronize()
     torch.cuda._sleep(1_000_000_000)  # ~0.5 s of spinning on the current stream
     gate = torch.cuda.Event()
