@@ -18,7 +18,11 @@ What is private and why:
   ``CUkernel`` handle, used by the cluster/large-shared-memory launcher;
 - pickling a ``_Kernel`` and adding one to a dispatcher, as numba's own disk cache does,
   for numba_hopper's kernel cache (``_kernel_cache``); and a cubin-only form of a kernel
-  for the prebuilt kernels (``prebuild``).
+  for the prebuilt kernels (``prebuild``);
+- by-value kernel parameters (:class:`ByValueParam`, CUDA C++'s ``__grid_constant__``):
+  numba passes every argument as flattened scalars, so the kernel's LLVM function is
+  rewritten after numba lowers it (a ``byval`` pointer parameter with NVVM's
+  ``grid_constant`` annotation), and such a kernel is compiled through this module.
 """
 
 from __future__ import annotations
@@ -27,14 +31,16 @@ import contextlib
 import ctypes
 import pickle
 
+from llvmlite import ir
 from numba.cuda import cgutils  # noqa: F401  (re-exported for intrinsics)
 from numba.cuda import types
 from numba.cuda.compiler import compile_cuda, kernel_fixup
 from numba.cuda.core import sigutils
 from numba.cuda.cudadrv import nvvm
-from numba.cuda.extending import _intrinsic
+from numba.cuda.extending import _intrinsic, models, register_model
 
 __all__ = [
+    "ByValueParam",
     "cgutils",
     "literal_intrinsic",
     "compile_kernel_library",
@@ -53,6 +59,92 @@ __all__ = [
     "cubin_kernel",
     "add_cubin_kernel",
 ]
+
+
+class ByValueParam(types.Type):
+    """A kernel parameter of ``nbytes`` bytes passed by value in 64-byte-aligned param space
+    (``.param .align 64 .b8 p[nbytes]``), as CUDA C++ passes a ``const __grid_constant__
+    CUtensorMap``: what CUTLASS, Triton and DeepGEMM do with TMA descriptors.
+
+    In the kernel its value is the parameter's generic address (``cvta.param``), which is
+    what a TMA instruction takes as its tensor map (PTX ISA, "Tensor Map": param, const or
+    global memory). The host passes a ctypes object of ``nbytes`` bytes. A kernel taking one
+    is compiled by :func:`compile_kernel` or :func:`kernel_for_args` (numba's own compile
+    would pass the address as a plain integer) and launched by ``numba_hopper.launch``.
+    """
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        super().__init__(name=f"ByValueParam({nbytes})")
+
+
+@register_model(ByValueParam)
+class _ByValueModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.IntType(64))
+
+
+class _TypelessByval(ir.values.ArgumentAttributes):
+    """Argument attributes printed as NVVM's LLVM dialect reads them: ``byval``, not
+    ``byval(<type>)``."""
+
+    def _expand(self, name, typ):
+        return name
+
+
+def _by_value_params(argtypes):
+    """``(LLVM parameter index, bytes)`` of each :class:`ByValueParam` among ``argtypes``."""
+    found, at = [], 0
+
+    def walk(ty):
+        nonlocal at
+        if isinstance(ty, types.BaseTuple):
+            for member in ty:
+                walk(member)
+            return
+        if isinstance(ty, ByValueParam):
+            found.append((at, ty.nbytes))
+        at += _param_count(ty)
+
+    for ty in argtypes:
+        walk(ty)
+    return found
+
+
+def _pass_by_value(kernel, params):
+    """Make ``kernel``'s i64 parameters at ``params`` by-value ``byval`` parameters.
+
+    Each becomes ``[n x i64]* byval align 64`` with NVVM's ``grid_constant`` annotation, and
+    the body, which used the i64, now reads ``ptrtoint`` of that pointer: with the
+    annotation NVVM takes the parameter's address in place (``mov`` + ``cvta.param``)
+    instead of copying it to local memory.
+    """
+    if not params:
+        return
+    i64 = ir.IntType(64)
+    entry = kernel.blocks[0]
+    builder = ir.IRBuilder(entry)
+    builder.position_at_start(entry)
+    args = list(kernel.args)
+    for at, nbytes in params:
+        value = args[at]
+        param = ir.Argument(kernel, ir.ArrayType(i64, nbytes // 8).as_pointer(), name=value.name + ".byval")
+        param.attributes = _TypelessByval(["byval"])
+        param.attributes.align = 64
+        address = builder.ptrtoint(param, i64, name=value.name + ".address")
+        value._name = address.name  # the body's uses of the old parameter now name the address
+        args[at] = param
+    kernel.args = tuple(args)
+    kernel.type = ir.PointerType(ir.FunctionType(ir.VoidType(), [a.type for a in args]))
+    module = kernel.module
+    used = module.globals.get("llvm.used")  # its constant was formatted with the old type
+    if used is not None:
+        refers = kernel.get_reference()
+        used.initializer = ir.Constant(used.initializer.type, [
+            kernel.bitcast(ir.IntType(8).as_pointer()) if refers in str(c) else c
+            for c in used.initializer.constant])
+    indices = module.add_metadata([ir.Constant(ir.IntType(32), at + 1) for at, _ in params])
+    module.add_named_metadata("nvvm.annotations", [kernel, ir.MetaDataString(module, "grid_constant"), indices])
 
 
 def literal_intrinsic(func):
@@ -130,6 +222,7 @@ def _compile(dispatcher, signature, cc):
     kernel = lib.get_function(cres.fndesc.llvm_func_name)
     lib._entry_name = cres.fndesc.llvm_func_name
     kernel_fixup(kernel, debug)
+    _pass_by_value(kernel, _by_value_params(argtypes))
     nvvm.set_launch_bounds(kernel, opts.get("launch_bounds"))
     return cres
 
@@ -228,7 +321,15 @@ def kernel_for_args(dispatcher, args):
         return kernel
     if not dispatcher._can_compile and len(dispatcher.overloads) == 1:
         return next(iter(dispatcher.overloads.values()))
-    return dispatcher.compile(argtypes)
+    if not _by_value_params(argtypes):
+        return dispatcher.compile(argtypes)
+    from numba import cuda
+
+    cc = cuda.get_current_device().compute_capability
+    kernel = compile_kernel(dispatcher, argtypes, (*cc, "a" if cc >= (9, 0) else ""))  # numba's own cc
+    kernel.bind()
+    dispatcher.add_overload(kernel, argtypes)
+    return kernel
 
 
 def pack_kernel_args(kernel, args, stream=0):
@@ -238,8 +339,20 @@ def pack_kernel_args(kernel, args, stream=0):
             f"the kernel takes {len(kernel.argument_types)} arguments ({kernel.argument_types}); got {len(args)}"
         )
     packed, writeback = [], []
+
+    def pack(ty, val):
+        if isinstance(ty, ByValueParam):
+            if ctypes.sizeof(val) != ty.nbytes:
+                raise TypeError(f"a {ty} parameter needs a ctypes object of {ty.nbytes} bytes; got {val!r}")
+            packed.append(val)
+        elif isinstance(ty, types.BaseTuple) and _by_value_params([ty]):
+            for member_ty, member in zip(ty, val):
+                pack(member_ty, member)
+        else:
+            kernel._prepare_args(ty, val, stream, writeback, packed)
+
     for ty, val in zip(kernel.argument_types, args):
-        kernel._prepare_args(ty, val, stream, writeback, packed)
+        pack(ty, val)
     if writeback:
         raise TypeError(
             "host arrays were passed to a kernel launched by numba_hopper.launch; "

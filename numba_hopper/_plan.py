@@ -9,9 +9,9 @@ the epilogue's scalars at the indices below.
 Each operand of a launch is a view plus a :class:`Src` naming the value it lives at. The
 launches are prepared once, against the first call's values, and record where each value
 lands in their packed arguments (``binds``); a later call only rewrites those before
-launching. The GEMM kernel takes tensor-map templates plus addresses and builds its maps
-itself (``kernels/descriptors.py``), so a new operand address costs the host nothing and
-the call never waits for the device.
+launching. The GEMM kernel takes its tensor maps by value (``tensormap.TensorMapArg``),
+encoded once per plan; a call at new addresses sets each map's address word, so it costs
+the host a store per operand and never waits for the device.
 """
 
 from __future__ import annotations
@@ -29,13 +29,12 @@ from ._heuristics import choose_config, grouped_config, max_stages, narrow_confi
 from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratch
 from .debug import DebugRecord
 from .errors import LayoutError
-from .kernels.descriptors import TENSORMAP_BYTES
 from .kernels.epilogue import EpilogueArgs, c_box_cols
 from .kernels.gemm_config import EPI_ROWS, FP8_DTYPES, GemmParams
 from .kernels.gemm_sm90 import make_gemm_kernel
 from .kernels.scheduler import GROUP_WALK_END
 from .launch import device_limits, max_active_clusters, prepare_launch
-from .tensormap import encode_template
+from .tensormap import TensorMapArg, encode_template
 
 __all__ = ["Plan", "gemm_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config", "gemm_cache_key",
            "SCRATCH", "A", "B", "OUT", "ALPHA", "BETA", "C", "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "A_BLOCK_SCALES",
@@ -178,7 +177,6 @@ class _Gemm:
         limits = device_limits(d.view.device)
         tiles = batch.count * -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
         self.grid = grid or min(tiles * cfg.cluster_size, limits.sm_count)  # whole clusters: trimmed in prepare
-        self.slots = scratch.take(self.grid * cfg.tensormaps * TENSORMAP_BYTES)
         self.partials = scratch.take(self.grid * 2 * (cfg.partial_bytes + 4)) if cfg.stream_k else None
 
     def _templates(self, values):
@@ -201,7 +199,7 @@ class _Gemm:
         if self.a_scales is not None:  # one k-block's scales of a tile's rows per box
             maps.append(encode_template(_batched(self.a_scales.at(values), batch.count, batch.a_scales),
                                         (1, 1, cfg.a_scales_box)))
-        return tuple(m.words for m in maps)
+        return maps
 
     def _epilogue_args(self, values):
         """The kernel's :class:`EpilogueArgs` and where each call's values of it come from."""
@@ -223,20 +221,19 @@ class _Gemm:
         K = self.a.view.shape[1]
         operands = (self.a, self.b, self.d) + tuple(op for op in (self.c, self.a_scales) if op is not None)
         params = GemmParams(
-            maps=self._templates(values),
-            addresses=tuple(np.uint64(op.src.resolve(values)) for op in operands),
-            slots=np.uint64(self.slots.resolve(values)),
+            maps=tuple(TensorMapArg(m, op.src.resolve(values)) for m, op in zip(self._templates(values), operands)),
             M=M, N=N, K=K, batches=batch.count, a_batched=int(batch.a != 0), b_batched=int(batch.b != 0),
             k_split=batch.k_split, dp_tiles=self.dp_tiles,
             workspace=self.partials.resolve(values) if self.partials else 0,
             debug_record=self.record.address if self.record else 0,
-            group_rows=self.group_rows.resolve(values) if self.group_rows else 0)
+            group_rows=self.group_rows.resolve(values) if self.group_rows else 0,
+            out_address=self.d.src.resolve(values) if self.group_rows else 0)
         # Where each call's value of a field comes from (None: fixed at preparation).
         params_srcs = [None] * len(GemmParams._fields)
-        params_srcs[GemmParams._fields.index("addresses")] = [op.src for op in operands]
-        params_srcs[GemmParams._fields.index("slots")] = self.slots
+        params_srcs[GemmParams._fields.index("maps")] = [op.src for op in operands]
         params_srcs[GemmParams._fields.index("workspace")] = self.partials
         params_srcs[GemmParams._fields.index("group_rows")] = self.group_rows
+        params_srcs[GemmParams._fields.index("out_address")] = self.d.src if self.group_rows else None
         ep, ep_srcs = self._epilogue_args(values) if cfg.epilogue is not None else ((), None)
         args, srcs = (params, ep), (params_srcs, ep_srcs)
         kernel = make_gemm_kernel(cfg)

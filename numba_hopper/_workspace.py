@@ -1,8 +1,7 @@
 """Device scratch for a call's launches, taken without waiting for the device.
 
-A GEMM plan needs device memory beside its operands: the per-CTA tensor-map slots
-(``kernels/descriptors.py``), and for some plans split-K partial sums, stream-K partials or
-aligned copies of operands. Launches on one stream run one after another, so all plans on a
+Some GEMM plans need device memory beside their operands: split-K partial sums, stream-K
+partials or aligned copies of operands. Launches on one stream run one after another, so all plans on a
 stream share one buffer per (device, stream) (:func:`stream_scratch`): allocated in stream
 order (``cuMemAllocAsync``) the first time, and replaced by a larger one when a plan needs
 more.

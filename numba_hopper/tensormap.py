@@ -18,13 +18,19 @@ may be negative. The shared-memory tile is the box in row-major (numpy) order, s
 asked: with swizzle S the 16-byte chunk at tile byte offset o is stored at
 ``o ^ (((o >> 7) & (S // 16 - 1)) << 4)`` (the tile buffer 1024-byte aligned; checked on H100).
 
-The descriptor lives in global memory (numba-cuda has no ``__grid_constant__`` parameters):
-a kernel passes ``device_ptr`` to the TMA intrinsics, and each thread that issues TMA with a
-descriptor runs ``fence_proxy_tensormap_acquire(tmap)`` once before its first use. A
-``TensorMap`` is uploaded with a synchronous copy when it is built: fine for a kernel's fixed
-operands. For operands that change from call to call, :func:`encode_template` encodes a
-descriptor once per layout and the kernel sets the address itself
-(``numba_hopper.kernels.descriptors``), which costs the host nothing per call.
+Two ways to give a kernel a descriptor:
+
+- ``TensorMap``: in global memory. A kernel passes ``device_ptr`` to the TMA intrinsics, and
+  each thread that issues TMA with it runs ``fence_proxy_tensormap_acquire(tmap)`` once
+  before its first use. It is uploaded with a synchronous copy when it is built: fine for a
+  kernel's fixed operands.
+- :class:`TensorMapArg`: by value, as a kernel parameter (CUDA C++'s ``const
+  __grid_constant__ CUtensorMap``; its numba type is :data:`TENSORMAP_ARG`). The launch
+  copies it, so it needs no upload and no fence, and its address can change from call to
+  call at the cost of one host store: :func:`encode_template` encodes a descriptor once
+  per layout, and ``TensorMapArg(template)`` with a new ``value`` describes the same layout
+  at a new address. The kernel gets its address with ``tensormap_param_address`` and is
+  launched through ``numba_hopper.launch``.
 
 Every driver constraint is checked first in :func:`validate_tiled` (pure Python), which
 raises ``ValueError`` naming the constraint and the offending value. Descriptors are cached
@@ -34,15 +40,21 @@ same ``TensorMap`` twice returns the same object without encoding or uploading a
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from numba.cuda.extending import typeof_impl
+
+from . import _numba_internals as _internals
 from ._arrays import ITEMSIZE, device_view
 
 __all__ = [
     "TensorMap",
     "TensorMapTemplate",
+    "TensorMapArg",
+    "TENSORMAP_ARG",
     "encode_template",
     "TiledParams",
     "validate_tiled",
@@ -250,6 +262,11 @@ def _check(result, what):
 
 def _encode(p: TiledParams) -> bytes:
     """``cuTensorMapEncodeTiled`` -> the 128 descriptor bytes."""
+    return b"".join(int(w).to_bytes(8, "little") for w in _encode_map(p).opaque)
+
+
+def _encode_map(p: TiledParams):
+    """``cuTensorMapEncodeTiled`` -> a cuda.bindings ``CUtensorMap``."""
     from cuda.bindings import driver as d
 
     _check(d.cuInit(0), "cuInit")
@@ -273,7 +290,22 @@ def _encode(p: TiledParams) -> bytes:
         ),
         f"cuTensorMapEncodeTiled({p})",
     )
-    return b"".join(int(w).to_bytes(8, "little") for w in tmap.opaque)
+    return tmap
+
+
+def _check_address_word(tmap, address: int) -> None:
+    """Raise unless the descriptor keeps its global address, alone, in word 0, which is
+    where :class:`TensorMapArg` sets it. The format is opaque: ask the driver
+    (``cuTensorMapReplaceAddress``) which words a new address changes."""
+    from cuda.bindings import driver as d
+
+    before = [int(w) for w in tmap.opaque]
+    moved = address + 256
+    _check(d.cuTensorMapReplaceAddress(tmap, moved), "cuTensorMapReplaceAddress")
+    after = [int(w) for w in tmap.opaque]
+    if before[0] != address or after[0] != moved or before[1:] != after[1:]:
+        raise RuntimeError("this driver's tensor maps do not keep the global address in their first 8 bytes; "
+                           "numba_hopper's by-value tensor maps (TensorMapArg) cannot set it")
 
 
 def _upload(descriptor: bytes, device: int):
@@ -293,11 +325,11 @@ def _upload(descriptor: bytes, device: int):
 
 @dataclass(frozen=True)
 class TensorMapTemplate:
-    """An encoded descriptor, kept on the host, for a kernel to copy and re-address.
+    """An encoded descriptor, kept on the host, to pass by value at other addresses
+    (:class:`TensorMapArg`) or to copy and re-address on the device (``tensormap.replace``).
 
-    ``words``: the 128 descriptor bytes as 16 little-endian ``np.uint64`` (a kernel argument
-    of type ``UniTuple(uint64, 16)``); ``params``: what was encoded (its ``address`` is the
-    one the template was made with; the kernel replaces it).
+    ``words``: the 128 descriptor bytes as 16 little-endian ``np.uint64``; ``params``: what
+    was encoded (its ``address`` is the one the template was made with).
     """
 
     params: TiledParams
@@ -318,9 +350,32 @@ def encode_template(array, box, *, swizzle: int = 0, oob_fill: str = "zero", l2_
     view = device_view(array, dtype)
     params = validate_tiled(dtype=view.dtype, address=view.ptr, shape=view.shape, strides=view.strides, box=box,
                             swizzle=swizzle, l2_promotion=l2_promotion, oob_fill=oob_fill)
-    descriptor = _encode(params)
-    words = tuple(np.uint64(int.from_bytes(descriptor[i:i + 8], "little")) for i in range(0, DESCRIPTOR_BYTES, 8))
+    tmap = _encode_map(params)
+    words = tuple(np.uint64(w) for w in tmap.opaque)
+    _check_address_word(tmap, view.ptr)
     return TensorMapTemplate(params, words)
+
+
+TENSORMAP_ARG = _internals.ByValueParam(DESCRIPTOR_BYTES)
+
+
+class TensorMapArg(ctypes.Structure):
+    """A tensor map passed to a kernel by value (numba type :data:`TENSORMAP_ARG`).
+
+    ``TensorMapArg(template, address)``: a :class:`TensorMapTemplate`'s layout at ``address``.
+    ``value`` is the global address (word 0, checked when the template is encoded), named as
+    a ctypes scalar's value so that a prepared launch rebinds it as it rebinds a pointer.
+    """
+
+    _fields_ = [("value", ctypes.c_uint64), ("fields", ctypes.c_uint64 * (DESCRIPTOR_BYTES // 8 - 1))]
+
+    def __init__(self, template: TensorMapTemplate, address: int):
+        super().__init__(address, tuple(int(w) for w in template.words[1:]))
+
+
+@typeof_impl.register(TensorMapArg)
+def _typeof_tensormap_arg(val, c):
+    return TENSORMAP_ARG
 
 
 # --- the cache -------------------------------------------------------------------------

@@ -20,7 +20,6 @@ PUBLIC_MODULES = [
     "numba_hopper.kernels.epilogue",
     "numba_hopper.kernels.elementwise",
     "numba_hopper.kernels.scheduler",
-    "numba_hopper.kernels.descriptors",
     *(f"numba_hopper.intrinsics.{m}" for m in ("bulk", "cluster", "matrix", "mbarrier", "registers", "smem", "sync", "tma", "tma_reduce", "wgmma")),
 ]
 

@@ -40,7 +40,7 @@ def test_amax_and_output_scale_sass():
     ecfg = EpilogueConfig(bias="col", bias_dtype="bf16", activation="gelu_tanh", out_scale="array", amax=True)
     cfg = GemmConfig("e4m3", "e4m3", "K", "K", block_n=256, stages=4, epilogue=ecfg)
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.uint16[::1], _VEC, _BITS)))
-    assert r.count("REDUX.MAX") >= 1 and r.count("ATOMG.E.MAX") == 1, r.summary()
+    assert r.count("REDUX.MAX") >= 1 and _global_max_atomics(r) == 1, r.summary()
     assert r.count("F2FP.SATFINITE") == 64
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
 
@@ -49,7 +49,12 @@ def test_amax_of_a_bf16_output_keeps_stmatrix():
     ecfg = EpilogueConfig(out_scale=None, amax=True)
     cfg = GemmConfig(epilogue=ecfg, stages=4)
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (_BITS,)))
-    assert r.count("STSM") > 0 and r.count("ATOMG.E.MAX") == 1
+    assert r.count("STSM") > 0 and _global_max_atomics(r) == 1
+
+
+def _global_max_atomics(r):
+    """Atomic maxima to global memory: ATOMG, or REDG where ptxas sees the old value unused."""
+    return r.count("ATOMG.E.MAX") + r.count("REDG.E.MAX")
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
 
 

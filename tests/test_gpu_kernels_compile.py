@@ -34,3 +34,17 @@ def test_warp_specialized_gpu_kernel_keeps_setmaxnreg():
     r = inspect_kernel(g._warp_specialized_kernel, "void(uint32[::1], int64, int64, float32[:, :, ::1])")
     assert r.count("USETMAXREG") == 2 and not r.setmaxnreg_ignored
     assert r.count("HGMMA") >= 1 and r.spill_bytes == 0, r.summary()
+
+
+def test_a_tensor_map_passed_by_value_is_read_in_param_space():
+    """A TensorMapArg parameter is a 64-byte-aligned 128-byte .param whose address TMA takes in
+    place (cvta.param), with no copy to local memory."""
+    import test_tma_gpu as t
+    from numba.cuda import types
+
+    from numba_hopper.tensormap import TENSORMAP_ARG
+
+    r = inspect_kernel(t.load2d_by_value_kernel, (TENSORMAP_ARG, types.int32[:, :], types.int64, types.uint32[:, :]))
+    assert ".param .align 64 .b8" in r.ptx and "[128]" in r.ptx and "cvta.param.u64" in r.ptx
+    assert r.count("UTMALDG") == 1 and r.stack_frame == 0 and r.spill_bytes == 0, r.summary()
+

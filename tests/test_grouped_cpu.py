@@ -546,7 +546,7 @@ def test_fp8_block_scales_reach_the_kernel_each_call(fake_device, monkeypatch, m
     assert cfg.grouped == ("masked" if masked else "contiguous") and cfg.block_scaled and cfg.block_n <= 128
     assert (cfg.in_dtype, cfg.out_dtype, cfg.b_major) == ("e4m3", "bf16", "K") and not cfg.epilogue.alpha
     params, ep = prepared[0][1], prepared[0][2]
-    assert len(params.maps) == cfg.tensormaps == 4 and int(params.addresses[-1]) == first
+    assert len(params.maps) == cfg.tensormaps == 4 and params.maps[-1].value == first
     assert ep.b_block_scales.shape == (G, 2, 1)
 
 

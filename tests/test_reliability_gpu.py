@@ -99,6 +99,7 @@ def test_bitwise_deterministic(torch, M, N, K):
 # --- load ------------------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # it reads the device's free memory, which other test processes change
 def test_two_threads_two_streams_many_shapes_memory_stable(torch):
     # The same two threads, each on its own stream, in every pass: PyTorch gives each new
     # (thread's cuBLAS handle, stream) pair its own workspace (32 MiB on Hopper) for the

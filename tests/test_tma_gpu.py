@@ -201,6 +201,47 @@ def test_load_rank5_f32():
         np.testing.assert_array_equal(got, expected_box(a, start, box), err_msg=f"start {start}")
 
 
+@cuda.jit
+def load2d_by_value_kernel(tmap, coords, nbytes, out):
+    """load2d_kernel with the tensor map passed by value (a TensorMapArg): no fence."""
+    tile = cuda.shared.array(TILE_WORDS, np.uint32, alignment=1024)
+    bars = cuda.shared.array(1, np.uint64)
+    b = cuda.blockIdx.x
+    bar = I.shared_address(bars)
+    if cuda.threadIdx.x == 0:
+        I.mbarrier_init(bar, 1)
+        I.fence_mbarrier_init()
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        address = I.tensormap_param_address(tmap)
+        I.prefetch_tensormap(address)
+        I.mbarrier_arrive_expect_tx(bar, nbytes)
+        I.tma_load_2d(I.shared_address(tile), address, coords[b, 0], coords[b, 1], bar)
+    I.mbarrier_wait_parity(bar, 0)
+    for i in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
+        out[b, i] = tile[i]
+
+
+def test_load_2d_with_the_map_passed_by_value_at_two_addresses(a2):
+    """A template encoded for one array reads another of the same layout once its ``value``
+    (the address) is set, and a prepared launch rebinds that value as it rebinds a pointer."""
+    from numba_hopper.launch import prepare_launch
+
+    other = RNG.integers(0, 2**16, A2.shape, dtype=np.uint16)
+    arg = tm.TensorMapArg(tm.encode_template(a2, (16, 64), swizzle=128, dtype="bf16"), a2.device_ctypes_pointer.value)
+    coords = cuda.to_device(np.array([list(reversed(s)) for s in STARTS_2D], np.int32))
+    out = cuda.to_device(np.full((len(STARTS_2D), 16 * 64 // 2), POISON32))
+    run = prepare_launch(load2d_by_value_kernel, len(STARTS_2D), 128, (arg, coords, 16 * 64 * 2, out))
+    index = run.leaves[0]  # the map's parameter
+    for array, host in ((a2, A2), (cuda.to_device(other), other)):
+        out.copy_to_device(np.full(out.shape, POISON32))
+        run(0, [array.device_ctypes_pointer.value], [(index, 0, 0)])
+        cuda.synchronize()
+        for start, row in zip(STARTS_2D, out.copy_to_host()):
+            got = unswizzle(as_bytes(row), 128).view(np.uint16).reshape(16, 64)
+            np.testing.assert_array_equal(got, expected_box(host, start, (16, 64)), err_msg=f"start {start}")
+
+
 def test_descriptor_cache_returns_the_same_object(a2):
     t1 = TensorMap(a2, (16, 64), swizzle=128, dtype="bf16")
     t2 = TensorMap(a2, (16, 64), swizzle=128, dtype="bf16")

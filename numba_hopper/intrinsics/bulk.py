@@ -1,15 +1,19 @@
 """Non-tensor bulk copies (PTX ``cp.async.bulk``) and the tensor-map operations TMA needs
-on the device: descriptor prefetch, the tensormap proxy fence, ``tensormap.replace`` and
-``tensormap.cp_fenceproxy`` (used to build tensor maps on the device,
-``numba_hopper.kernels.descriptors``).
+on the device: the address of a by-value tensor map, descriptor prefetch, the tensormap
+proxy fence, ``tensormap.replace`` and ``tensormap.cp_fenceproxy`` (to build tensor maps
+on the device).
 """
 
-from ._ptx import ptx_asm, u16, u32, u64
+from numba.cuda import types
+
+from .._numba_internals import ByValueParam
+from ._ptx import intrinsic, ptx_asm, u16, u32, u64
 
 __all__ = [
     "bulk_copy_g2s",
     "bulk_copy_g2s_multicast",
     "bulk_copy_s2g",
+    "tensormap_param_address",
     "prefetch_tensormap",
     "fence_proxy_tensormap_acquire",
     "tensormap_replace_global_address",
@@ -47,6 +51,18 @@ def bulk_copy_s2g(dst: u64, src: u32, nbytes: u32):
 
 
 # --- tensor maps: prefetch, proxy fences, updates on the device -----------------------------
+@intrinsic
+def tensormap_param_address(typingctx, tmap):
+    """u64 generic address of a tensor map the kernel takes by value (a ``TensorMapArg``
+    argument, ``numba_hopper.tensormap``): what the TMA intrinsics take. NVVM emits
+    ``mov.b64`` of the parameter and ``cvta.param.u64`` (PTX ISA 5.1.6.1, kernel parameters
+    with the grid_constant attribute). The launch wrote the map, so no proxy fence is needed.
+    """
+    if not isinstance(tmap, ByValueParam):
+        raise TypeError(f"tensormap_param_address: expected a by-value tensor map parameter, got {tmap}")
+    return types.uint64(tmap), lambda context, builder, sig, args: args[0]
+
+
 @ptx_asm("prefetch.tensormap [{tmap}];")
 def prefetch_tensormap(tmap: u64):
     """PTX ISA 9.7.9.15 prefetch: bring the tensor map at generic address ``tmap`` into the

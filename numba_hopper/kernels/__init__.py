@@ -1,9 +1,8 @@
 """Device code built from ``numba_hopper.intrinsics``: the GEMM kernel and its components.
 
 ``gemm_config`` (the kernel's interface), ``pipeline``, ``mainloop``, ``scheduler`` and
-``epilogue`` (its components), ``gemm_sm90`` (the kernel), ``descriptors`` (tensor maps
-built on the device), ``elementwise`` (the small kernels a call may add). Host code
-lives in the package's top-level modules.
+``epilogue`` (its components), ``gemm_sm90`` (the kernel), ``elementwise`` (the small
+kernels a call may add). Host code lives in the package's top-level modules.
 """
 
 from .gemm_config import gemm_argument_types

@@ -605,7 +605,7 @@ def make_epilogue(cfg) -> Epilogue:
             return subtiles(state, _TileStore(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M, p.N, ep,
                                               terms))
         if rows > 0:
-            d = p.addresses[2] + np.uint64(batch * p.M * p.N * OUT_BYTES)  # (u64 + i64 would be a float)
+            d = p.out_address + batch * p.M * p.N * OUT_BYTES
             return guarded_subtiles(state, _GuardedStore(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M,
                                                          p.N, ep, terms, rows, d))
         return state

@@ -180,8 +180,8 @@ class GemmConfig:
 
     @property
     def tensormaps(self):
-        """Tensor maps the kernel publishes per CTA: A, B, the output D, then C with a residual
-        and A's block-wise scales with those."""
+        """Tensor maps the kernel takes: A, B, the output D, then C with a residual and A's
+        block-wise scales with those."""
         return 3 + self.has_c + self.block_scaled
 
     @property
@@ -334,11 +334,10 @@ class GemmParams(NamedTuple):
     """The GEMM kernel's run-time arguments (one record; numba passes each field as its own
     kernel parameter).
 
-    ``maps``: the 16 words of a 3-D TMA descriptor template
-    (:func:`numba_hopper.tensormap.encode_template`, batch outermost) for each of A, B, the
-    output D and, with a residual, C; ``addresses``: their global addresses. The kernel
-    patches them in and publishes the maps to ``slots`` (``cfg.tensormaps`` 128-byte slots
-    per CTA, :mod:`.descriptors`). A and B have 128-byte swizzle and the boxes of
+    ``maps``: the 3-D TMA descriptors (batch outermost), passed by value
+    (:class:`numba_hopper.tensormap.TensorMapArg`), of A, B, the output D and, with a
+    residual, C, then A's block-wise scales if it has them (``cfg.tensormaps`` in all). A
+    call at new addresses sets each map's ``value``. A and B have 128-byte swizzle and the boxes of
     ``cfg.a_box`` / ``cfg.b_box``; D the box ``cfg.c_box`` and ``cfg.epi_swizzle`` bytes of
     swizzle; C (row-major like D) the box ``(1, 64, c_box_cols(cfg))`` and that many
     elements' bytes of swizzle.
@@ -355,12 +354,11 @@ class GemmParams(NamedTuple):
     Grouped kernels (``cfg.grouped``): ``batches`` is the group count G and ``group_rows``
     the device address of G int32: the groups' cumulative row ends (contiguous: group g is
     rows ``[ends[g-1], ends[g])`` of the M rows) or their row counts (masked: the first
-    ``group_rows[g]`` of the M rows of batch g). Read only by grouped kernels.
+    ``group_rows[g]`` of the M rows of batch g); ``out_address`` is D's (where a tile that
+    crosses its group's end stores its rows without TMA). Read only by grouped kernels.
     """
 
     maps: tuple
-    addresses: tuple
-    slots: int
     M: int
     N: int
     K: int
@@ -372,6 +370,7 @@ class GemmParams(NamedTuple):
     workspace: int
     debug_record: int
     group_rows: int = 0
+    out_address: int = 0
 
 
 class Consumer(NamedTuple):
@@ -395,9 +394,9 @@ def gemm_argument_types(cfg: GemmConfig, epilogue_types=None) -> tuple:
 
     from .epilogue import epilogue_argument_type
 
-    maps = cfg.tensormaps
-    not_int64 = {"maps": types.UniTuple(types.UniTuple(types.uint64, 16), maps),
-                 "addresses": types.UniTuple(types.uint64, maps), "slots": types.uint64}
+    from ..tensormap import TENSORMAP_ARG
+
+    not_int64 = {"maps": types.UniTuple(TENSORMAP_ARG, cfg.tensormaps)}
     params = types.NamedTuple(tuple(not_int64.get(f, types.int64) for f in GemmParams._fields), GemmParams)
     if epilogue_types is None:
         return params, types.Tuple(())

@@ -39,14 +39,14 @@ from collections import namedtuple
 from numba import cuda
 
 from .. import intrinsics as nh
-from .descriptors import publish_tensormap, tensormap_slot
 from .epilogue import EpilogueArgs, make_epilogue
 from .gemm_config import KBLOCK_SCALE, Consumer, GemmConfig, GemmParams
 from .mainloop import make_mainloop
 from .pipeline import PipelineState, make_tma_pipeline
 from .scheduler import make_tile_scheduler
 
-# A CTA's slots (descriptors.py); A's block-wise scales last: (1, K blocks, M) f32, box (1, 1, BM).
+# The kernel's tensor maps (kernel parameters, by value); A's block-wise scales last: (1, K blocks, M)
+# f32, box (1, 1, BM).
 TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales"])
 
 __all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel"]
@@ -59,6 +59,10 @@ REGS_CLUSTER = (56, 224)
 # producer can spare (measured: bias+gelu_tanh+c spills 96 B at 40/232, none at 24/240).
 REGS_FUSED = (24, 240)
 REGS_FUSED_CLUSTER = (40, 232)
+# A grouped producer also walks the groups' row ends in 64-bit arithmetic: at 24 it spills
+# (4 B in a bf16 128x256 kernel with silu); its fused epilogues take no C. Block-scaled
+# grouped kernels keep REGS_FUSED: their 192-wide tiles' consumers spill at 232.
+REGS_FUSED_GROUPED = (32, 232)
 
 
 def make_gemm_kernel(cfg: GemmConfig):
@@ -71,6 +75,8 @@ def register_budget(cfg: GemmConfig):
     """``(producer, consumer)`` registers per thread after ``setmaxnreg``."""
     if cfg.epilogue is None:
         return REGS_CLUSTER if cfg.cluster_size > 1 else REGS_NO_CLUSTER
+    if cfg.grouped is not None and not cfg.block_scaled:
+        return REGS_FUSED_GROUPED
     return REGS_FUSED_CLUSTER if cfg.cluster_size > 1 else REGS_FUSED
 
 
@@ -88,7 +94,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
     UNIFORM_WARPGROUP = cfg.grouped is not None and SCALED and BN > KBLOCK_SCALE
     PRODUCER_REGS, CONSUMER_REGS = register_budget(cfg)
     BARRIERS = cfg.layout.barriers
-    SCRATCH = cfg.layout.epi  # the epilogue's buffers, free until the first tile's store
+    C_MAP = 3 if HAS_C else 0
+    GROUPED = cfg.grouped is not None
     # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
     # column (B), so all of their consumer warps must release it.
     empty_arrivals = 4 * CONSUMERS * (cfg.cluster_m + cfg.cluster_n - 1)
@@ -99,33 +106,36 @@ def _build_gemm_kernel(cfg: GemmConfig):
     epilogue = make_epilogue(cfg)
 
     @cuda.jit(device=True, forceinline=True)
-    def publish_tensormaps(p, smem, tid):
-        """This CTA's slots of A, B, D, C and A's scales (the last two only if it has them),
-        which warps 0 and 1 fill with this launch's tensor maps, built from the templates in
-        ``p``: warp 0 the producer's (A, B, A's scales), warp 1 the epilogue's (D, C)."""
-        tmaps = TensorMaps(tensormap_slot(p.slots, MAPS, 0), tensormap_slot(p.slots, MAPS, 1),
-                           tensormap_slot(p.slots, MAPS, 2), tensormap_slot(p.slots, MAPS, 3),
-                           tensormap_slot(p.slots, MAPS, MAPS - 1))
-        if tid < 32:
-            publish_tensormap(p.maps[0], p.addresses[0], smem + SCRATCH, tmaps.a)
-            publish_tensormap(p.maps[1], p.addresses[1], smem + SCRATCH + 128, tmaps.b)
-            if SCALED:
-                publish_tensormap(p.maps[MAPS - 1], p.addresses[MAPS - 1], smem + SCRATCH + 512, tmaps.a_scales)
-        elif tid < 64:
-            publish_tensormap(p.maps[2], p.addresses[2], smem + SCRATCH + 256, tmaps.d)
-            if HAS_C:
-                publish_tensormap(p.maps[3], p.addresses[3], smem + SCRATCH + 384, tmaps.c)
-        return tmaps
+    def tensormaps(p):
+        """Where the launch put the tensor maps of A, B, D, C and A's scales (the last two
+        only if the kernel has them; else another map stands in, unused). Each role takes
+        them after ``setmaxnreg``: values live across it must fit the producer's few
+        registers (fused kernels with a cluster spilled 40 B otherwise)."""
+        return TensorMaps(nh.tensormap_param_address(p.maps[0]), nh.tensormap_param_address(p.maps[1]),
+                          nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]),
+                          nh.tensormap_param_address(p.maps[MAPS - 1]))
 
     @cuda.jit(device=True, forceinline=True)
-    def producer(p, smem, tid, tmaps, cta, work):
+    def shared_schedule(p):
+        """The CTA's schedule, computed before the roles split; a grouped kernel's (eight
+        64-bit values) is computed by each role after ``setmaxnreg`` instead, as the producer
+        could not keep it in its registers (``role_schedule``)."""
+        if GROUPED:
+            return 0
+        return scheduler.work(p)
+
+    @cuda.jit(device=True, forceinline=True)
+    def role_schedule(p, shared):
+        if GROUPED:
+            return scheduler.work(p)
+        return shared
+
+    @cuda.jit(device=True, forceinline=True)
+    def producer(p, smem, tid, cta, work):
         if CONSUMERS == 2:
             nh.setmaxnreg_dec(PRODUCER_REGS)
         if tid < 32 and nh.elect_sync():
-            nh.fence_proxy_tensormap_acquire(tmaps.a)
-            nh.fence_proxy_tensormap_acquire(tmaps.b)
-            if SCALED:
-                nh.fence_proxy_tensormap_acquire(tmaps.a_scales)
+            tmaps, work = tensormaps(p), role_schedule(p, work)
             st = PipelineState(0, 0)
             item = scheduler.first(work)
             while item.tile < work.num_tiles:
@@ -134,16 +144,13 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 item = scheduler.next(work, item)
 
     @cuda.jit(device=True, forceinline=True)
-    def consumer(p, ep, smem, tid, tmaps, cta, work):
+    def consumer(p, ep, smem, tid, cta, work):
         if CONSUMERS == 2:
             nh.setmaxnreg_inc(CONSUMER_REGS)
         wg = (cuda.shfl_sync(0xFFFFFFFF, tid, 0) if UNIFORM_WARPGROUP else tid) // 128
         t = tid - 128 * wg
         c = Consumer(wg - 1, t, t % 32, 16 * (t // 32) + (t % 32) // 4, t == 0)
-        if c.leader:
-            nh.fence_proxy_tensormap_acquire(tmaps.d)
-            if HAS_C:
-                nh.fence_proxy_tensormap_acquire(tmaps.c)
+        tmaps, work = tensormaps(p), role_schedule(p, work)
         acc = nh.wgmma_accumulator(BN, "f32")
         st = PipelineState(0, 0)
         stored = epilogue.start()
@@ -166,17 +173,16 @@ def _build_gemm_kernel(cfg: GemmConfig):
         if tid == 0:
             epilogue.init(smem)
             pipe.init(smem + BARRIERS)
-        tmaps = publish_tensormaps(p, smem, tid)
         cta = mainloop.cluster_cta()
         if CLUSTER > 1:
             nh.cluster_sync()  # every barrier of the cluster is initialized before any use
         else:
             cuda.syncthreads()
-        work = scheduler.work(p)
+        work = shared_schedule(p)
         if tid < 128:
-            producer(p, smem, tid, tmaps, cta, work)
+            producer(p, smem, tid, cta, work)
         else:
-            consumer(p, ep, smem, tid, tmaps, cta, work)
+            consumer(p, ep, smem, tid, cta, work)
         if CLUSTER > 1:
             # No CTA may exit while a peer can still arrive on its barriers or multicast
             # into its shared memory.
