@@ -28,8 +28,8 @@ Two ways to give a kernel a descriptor:
   __grid_constant__ CUtensorMap``; its numba type is :data:`TENSORMAP_ARG`). The launch
   copies it, so it needs no upload and no fence, and its address can change from call to
   call at the cost of one host store: :func:`encode_template` encodes a descriptor once
-  per layout, and ``TensorMapArg(template)`` with a new ``value`` describes the same layout
-  at a new address. The kernel gets its address with ``tensormap_param_address`` and is
+  per layout, ``TensorMapArg(template, address)`` places that layout at ``address``, and
+  setting its ``value`` moves it to another. The kernel gets its address with ``tensormap_param_address`` and is
   launched through ``numba_hopper.launch``.
 
 Every driver constraint is checked first in :func:`validate_tiled` (pure Python), which
