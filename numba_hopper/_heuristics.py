@@ -12,7 +12,7 @@ from ._arrays import tma_addressable
 from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
-__all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "narrow_config", "block_scaled_tile", "stream_k_schedule",
+__all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "narrow_config", "block_scaled_tile", "stream_k_schedule",
            "cluster_pays", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
@@ -21,9 +21,16 @@ __all__ = ["TILE_COST", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_
 # columns of MMA. Over many waves 128-wide tiles fall behind (1.2-1.7x per column at
 # 8192x8192x28672, 16384x10240x8192) and 192-wide ones keep up with 256-wide ones (8192^3,
 # 4096x57344x8192).
+# 224-, 144- and 112-wide tiles fill a wave where N is a multiple of 7 x 512 or of 9 x 512
+# (3584, 4608, 14336: Qwen, Mixtral), at a cost fitted on those shapes (session 15):
+# 1024x3584x3584 takes 128 tiles of 128x224 (0.95 -> 1.02x cuBLAS), 512x3584x18944 128 of
+# 128x112 (0.89 -> 0.96), 1024x4608x3584 256 of 128x144 (0.92 -> 0.95). Measured only on
+# plain products with a K-major B (``x @ W.T``), which alone take them (``K_MAJOR_WIDTHS``):
+# an N-major B would load them in whole 64-wide boxes (224 loads 256).
 MANY_WAVES = 16
-TILE_COST = {256: 1.0, 192: 1.075, 160: 1.15, 128: 1.065, 64: 1.52}
-TILE_COST_MANY_WAVES = {**TILE_COST, 192: 1.0, 128: 1.25}
+TILE_COST = {256: 1.0, 224: 1.07, 192: 1.075, 160: 1.15, 144: 1.2, 128: 1.065, 112: 1.15, 64: 1.52}
+TILE_COST_MANY_WAVES = {**TILE_COST, 224: 1.03, 192: 1.0, 144: 1.3, 128: 1.25, 112: 1.35}
+K_MAJOR_WIDTHS = (224, 144, 112)
 # M <= SMALL_M reads B once and does little math, so its time is B's bytes over the rate the
 # busy SMs stream them: per SM by tile width (GB/s; from 64-row tiles at 1x3584x18944,
 # 1x4096x14336, 1x8192x28672), together at most the HBM rate cuBLAS reaches on most of the
@@ -39,7 +46,7 @@ def _ceil(a, b):
     return -(-a // b)
 
 
-def tile_shape(M, N, K, units, sms, fused=False, block_k=64):
+def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=False):
     """``(block_m, block_n)``: the tile with the shortest estimated run.
 
     M <= SMALL_M: 64-row tiles (the width :func:`small_m_tiling` picks); at M = 128 two of
@@ -48,8 +55,9 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64):
     waves x width x tile cost: wave quantization decides. 1792x1280 takes 112 tiles of
     128x160 (one wave on 132 SMs) rather than 70 of 128x256 (one wave of slower tiles);
     8192^3 takes 128x192 (21 waves) over 128x256 (16 waves, fuller). Ties go to the wider
-    tile. A fused epilogue has no 160-wide kernel. ``block_k``: elements per k-block (64, or
-    128 for fp8, whose tiles are those of 16-bit inputs: not yet tuned).
+    tile. A fused epilogue has no 160-wide kernel. ``k_major_widths``: whether
+    ``K_MAJOR_WIDTHS`` may run. ``block_k``: elements per k-block (64, or 128 for fp8, whose
+    tiles are those of 16-bit inputs: not yet tuned).
     """
     if M <= SMALL_M:
         return 64, small_m_tiling(M, N, K, units, sms, can_split=_splits_small_m(M, units, fused),
@@ -59,7 +67,9 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64):
         waves = _ceil(units * _ceil(M, 128) * _ceil(N, bn), sms)
         return waves * bn * (TILE_COST_MANY_WAVES if waves > MANY_WAVES else TILE_COST)[bn]
 
-    return 128, min((bn for bn in sorted(TILE_COST, reverse=True) if not (fused and bn % 64)), key=estimate)
+    widths = [bn for bn in sorted(TILE_COST, reverse=True)
+              if not (fused and bn % 64) and (k_major_widths or bn not in K_MAJOR_WIDTHS)]
+    return 128, min(widths, key=estimate)
 
 
 # Decode products with at most this many rows (tokens) may run swapped (:func:`narrow_tokens`).
@@ -208,8 +218,10 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         if epilogue is not None and epilogue.block_scales:
             block_m, block_n = block_scaled_tile(M, N, limits.sm_count, wide=not epilogue.column_bytes(192))
         else:
+            plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # (as measured)
             block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
-                                          block_k=KBLOCK_BYTES // va.itemsize)
+                                          block_k=KBLOCK_BYTES // va.itemsize,
+                                          k_major_widths=b_major == "K" and plain_16bit)
         base = GemmConfig(block_m=block_m, block_n=block_n)
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
         if block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):

@@ -30,6 +30,9 @@ ALL_CONFIGS = [
     *(GemmConfig("bf16", "bf16", "K", "N", block_n=bn, stages=4) for bn in (64, 128, 160)),
     GemmConfig("bf16", "bf16", "M", "K", block_n=160, stages=4),
     GemmConfig("bf16", "f32", "K", "N", block_n=192, stages=4),
+    # 32- and 16-column sub-tiles of the K-major B's widths
+    GemmConfig("bf16", "bf16", "K", "K", block_n=224, stages=4),
+    GemmConfig("bf16", "f32", "M", "K", block_n=144, stages=4),
     # 64-row tiles (one consumer warpgroup): each width, f32 and the other majors at the widest
     *(GemmConfig("bf16", "bf16", "K", "N", block_m=64, block_n=bn, stages=8) for bn in (32, 64)),
     GemmConfig("bf16", "f32", "M", "K", block_m=64, block_n=128, stages=8),
@@ -195,6 +198,41 @@ def test_tile_shape_heuristic(M, N, K, units, tile):
     from numba_hopper._heuristics import tile_shape as _tile_shape
 
     assert _tile_shape(M, N, K, units, 132) == tile
+
+
+@pytest.mark.parametrize("M,N,K,tile", [
+    (1024, 3584, 3584, (128, 224)), (2048, 3584, 18944, (128, 224)),  # 128 and 256 tiles: whole waves
+    (512, 3584, 18944, (128, 112)), (512, 4608, 3584, (128, 144)), (1024, 4608, 3584, (128, 144)),
+    (4096, 6144, 4096, (128, 256)), (4096, 32000, 2048, (128, 192)),  # 256 and 192 fill their waves as well
+    (1024, 14336, 4096, (128, 128)),  # 224 measured no faster
+])
+def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, tile):
+    from numba_hopper._arrays import DeviceView, transpose
+    from numba_hopper._heuristics import choose_config, tile_shape
+    from numba_hopper.prebuild import H100
+
+    assert tile_shape(M, N, K, 1, 132, k_major_widths=True) == tile
+    x, w = (DeviceView(1 << 20, shape, (shape[1], 1), "bf16", 2, 0, "numba") for shape in ((M, K), (N, K)))
+    out = DeviceView(1 << 20, (M, N), (N, 1), "bf16", 2, 0, "numba")
+    assert choose_config(x, transpose(w), out, None, False, limits=H100).block_n == tile[1]  # x @ w.T
+    # measured only there: not with a row-major B, not for a fused epilogue
+    rr = choose_config(x, DeviceView(1 << 20, (K, N), (N, 1), "bf16", 2, 0, "numba"), out, None, False, limits=H100)
+    assert rr.block_n == tile_shape(M, N, K, 1, 132)[1] and rr.block_n not in (224, 144, 112)
+
+
+def test_configs_that_cannot_run_are_refused():
+    with pytest.raises(ValueError, match="16-column sub-tiles"):
+        GemmConfig("e4m3", "e4m3", "K", "K", block_n=144)
+    with pytest.raises(ValueError, match="multiple of 128 columns"):  # 3 boxes of B over 2 CTAs
+        GemmConfig(block_n=192, cluster_m=2)
+    assert GemmConfig(block_n=192, cluster_m=2, b_major="K").b_box == (1, 96, 64)
+
+
+@pytest.mark.parametrize("block_n,out_dtype,cols,swizzle", [(256, "bf16", 64, 128), (224, "bf16", 32, 64),
+                                                            (144, "bf16", 16, 32), (112, "f32", 16, 64)])
+def test_epilogue_sub_tiles_divide_the_tile(block_n, out_dtype, cols, swizzle):
+    cfg = GemmConfig(out_dtype=out_dtype, block_n=block_n)
+    assert (cfg.epi_cols, cfg.epi_swizzle) == (cols, swizzle) and block_n % cols == 0
 
 
 @pytest.mark.parametrize("M,N,K,block_n", [

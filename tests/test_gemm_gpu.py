@@ -55,7 +55,7 @@ def test_dtypes(torch, dtype, out_dtype, layout):
     _check(torch, 333, 520, 270, dtype, out_dtype, layout)
 
 
-@pytest.mark.parametrize("block_n", [64, 128, 160, 192])
+@pytest.mark.parametrize("block_n", [64, 112, 128, 144, 160, 192, 224])
 @pytest.mark.parametrize("M,N,K,layout", [(333, 520, 270, "RR"), (1000, 7, 300, "CC"), (129, 1000, 1000, "RC"),
                                           (1792, 1280, 640, "CR")])
 def test_tile_widths(torch, block_n, M, N, K, layout):

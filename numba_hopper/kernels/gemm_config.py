@@ -32,7 +32,7 @@ INPUT_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
 FP8_DTYPES = ("e4m3", "e5m2")
 GROUPED_MODES = ("contiguous", "masked")
 BLOCK_MS = (64, 128)
-BLOCK_NS = (8, 16, 32, 64, 128, 160, 192, 256)
+BLOCK_NS = (8, 16, 32, 64, 112, 128, 144, 160, 192, 224, 256)
 NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a decode product's tokens
 STREAM_K_MAX_BLOCK_N = 192
 # Block-wise scaled tile widths: the promoted sums double the accumulators, which fit in the
@@ -116,9 +116,17 @@ class GemmConfig:
         if self.block_n == 32 and self.block_m != 64:
             raise ValueError("block_n = 32 needs block_m = 64 (the narrow tile of skinny products)")
         if self.block_n % 64 and (self.epilogue is not None or self.cluster_m > 1):
-            # A 160- or 32-wide tile stores 32-column sub-tiles (64-byte swizzle), which the fused
-            # epilogue's C buffers do not follow, and its B boxes do not split over 2 CTAs.
+            # Tiles 64 does not divide store 32- or 16-column sub-tiles (64- or 32-byte swizzle),
+            # which the fused epilogue's C buffers do not follow, and their B boxes do not split
+            # over 2 CTAs.
             raise ValueError(f"block_n = {self.block_n} runs without a fused epilogue or cluster_m = 2")
+        if self.out_major == "N" and self.epi_cols * ELEMENT_BYTES[self.out_dtype] < 32:  # (the narrowest swizzle)
+            raise ValueError(f"block_n = {self.block_n} cannot store {self.out_dtype} outputs: its 16-column "
+                             "sub-tiles need 16-bit or wider elements")
+        if self.cluster_m > 1 and self.b_major == "N" and -(-self.block_n // 64) % self.cluster_m:
+            # the CTAs of a column share out B's 64-wide boxes
+            raise ValueError(f"cluster_m = {self.cluster_m} with a row-major B needs a multiple of "
+                             f"{64 * self.cluster_m} columns per tile, got block_n = {self.block_n}")
         if self.block_m == 64 and (self.cluster_size > 1 or self.stream_k):
             raise ValueError("block_m = 64 runs without a cluster or stream_k")
         if self.stages < 2:
@@ -237,9 +245,10 @@ class GemmConfig:
 
     @property
     def epi_cols(self):
-        """Columns of one epilogue sub-tile: 128 bytes of output elements (64 bytes, 32 16-bit
-        columns, when 64 does not divide ``block_n``)."""
-        return min(128 // ELEMENT_BYTES[self.out_dtype], 32 if self.block_n % 64 else 64)
+        """Columns of one epilogue sub-tile: 128 bytes of output elements, at most 32 where 64
+        does not divide ``block_n`` (160, 224) and 16 where 32 does not (112, 144)."""
+        cols = 16 if self.block_n % 32 and self.out_major == "N" else 32 if self.block_n % 64 else 64
+        return min(128 // ELEMENT_BYTES[self.out_dtype], cols)
 
     @property
     def epi_swizzle(self):
