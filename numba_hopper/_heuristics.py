@@ -55,7 +55,7 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
     waves x width x tile cost: wave quantization decides. 1792x1280 takes 112 tiles of
     128x160 (one wave on 132 SMs) rather than 70 of 128x256 (one wave of slower tiles);
     8192^3 takes 128x192 (21 waves) over 128x256 (16 waves, fuller). Ties go to the wider
-    tile. A fused epilogue has no 160-wide kernel. ``k_major_widths``: whether
+    tile. A fused epilogue runs only widths 64 divides. ``k_major_widths``: whether
     ``K_MAJOR_WIDTHS`` may run. ``block_k``: elements per k-block (64, or 128 for fp8, whose
     tiles are those of 16-bit inputs: not yet tuned).
     """
@@ -218,7 +218,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         if epilogue is not None and epilogue.block_scales:
             block_m, block_n = block_scaled_tile(M, N, limits.sm_count, wide=not epilogue.column_bytes(192))
         else:
-            plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # (as measured)
+            plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
             block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
                                           block_k=KBLOCK_BYTES // va.itemsize,
                                           k_major_widths=b_major == "K" and plain_16bit)

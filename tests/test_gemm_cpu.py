@@ -215,7 +215,7 @@ def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, t
     x, w = (DeviceView(1 << 20, shape, (shape[1], 1), "bf16", 2, 0, "numba") for shape in ((M, K), (N, K)))
     out = DeviceView(1 << 20, (M, N), (N, 1), "bf16", 2, 0, "numba")
     assert choose_config(x, transpose(w), out, None, False, limits=H100).block_n == tile[1]  # x @ w.T
-    # measured only there: not with a row-major B, not for a fused epilogue
+    # measured only there: not with a row-major B
     rr = choose_config(x, DeviceView(1 << 20, (K, N), (N, 1), "bf16", 2, 0, "numba"), out, None, False, limits=H100)
     assert rr.block_n == tile_shape(M, N, K, 1, 132)[1] and rr.block_n not in (224, 144, 112)
 

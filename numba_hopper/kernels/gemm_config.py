@@ -124,7 +124,7 @@ class GemmConfig:
             raise ValueError(f"block_n = {self.block_n} cannot store {self.out_dtype} outputs: its 16-column "
                              "sub-tiles need 16-bit or wider elements")
         if self.cluster_m > 1 and self.b_major == "N" and -(-self.block_n // 64) % self.cluster_m:
-            # the CTAs of a column share out B's 64-wide boxes
+            # each CTA of a cluster column loads an equal share of B's 64-wide boxes
             raise ValueError(f"cluster_m = {self.cluster_m} with a row-major B needs a multiple of "
                              f"{64 * self.cluster_m} columns per tile, got block_n = {self.block_n}")
         if self.block_m == 64 and (self.cluster_size > 1 or self.stream_k):
