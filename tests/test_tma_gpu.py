@@ -66,25 +66,40 @@ def as_bytes(words: np.ndarray) -> np.ndarray:
 # --- kernels ----------------------------------------------------------------------------
 
 
-@cuda.jit
-def load2d_kernel(tmap, coords, nbytes, out):
-    """CTA b loads the box at coords[b] (c0 = column, c1 = row) and copies it out raw."""
-    tile = cuda.shared.array(TILE_WORDS, np.uint32, alignment=1024)
-    bars = cuda.shared.array(1, np.uint64)
-    b = cuda.blockIdx.x
-    bar = I.shared_address(bars)
-    if cuda.threadIdx.x == 0:
-        I.mbarrier_init(bar, 1)
-        I.fence_mbarrier_init()
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0:
-        I.fence_proxy_tensormap_acquire(tmap)
-        I.prefetch_tensormap(tmap)
-        I.mbarrier_arrive_expect_tx(bar, nbytes)
-        I.tma_load_2d(I.shared_address(tile), tmap, coords[b, 0], coords[b, 1], bar)
-    I.mbarrier_wait_parity(bar, 0)
-    for i in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
-        out[b, i] = tile[i]
+def make_load2d_kernel(map_address):
+    """CTA b loads the box at coords[b] (c0 = column, c1 = row) and copies it out raw; the
+    tensor map is at ``map_address(tmap)``."""
+
+    @cuda.jit
+    def load2d(tmap, coords, nbytes, out):
+        tile = cuda.shared.array(TILE_WORDS, np.uint32, alignment=1024)
+        bars = cuda.shared.array(1, np.uint64)
+        b = cuda.blockIdx.x
+        bar = I.shared_address(bars)
+        if cuda.threadIdx.x == 0:
+            I.mbarrier_init(bar, 1)
+            I.fence_mbarrier_init()
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            address = map_address(tmap)
+            I.prefetch_tensormap(address)
+            I.mbarrier_arrive_expect_tx(bar, nbytes)
+            I.tma_load_2d(I.shared_address(tile), address, coords[b, 0], coords[b, 1], bar)
+        I.mbarrier_wait_parity(bar, 0)
+        for i in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
+            out[b, i] = tile[i]
+
+    return load2d
+
+
+@cuda.jit(device=True, forceinline=True)
+def acquired(tmap):
+    """A map in global memory, written by the host: acquired for the tensor proxy first."""
+    I.fence_proxy_tensormap_acquire(tmap)
+    return tmap
+
+
+load2d_kernel = make_load2d_kernel(acquired)
 
 
 @cuda.jit
@@ -201,25 +216,8 @@ def test_load_rank5_f32():
         np.testing.assert_array_equal(got, expected_box(a, start, box), err_msg=f"start {start}")
 
 
-@cuda.jit
-def load2d_by_value_kernel(tmap, coords, nbytes, out):
-    """load2d_kernel with the tensor map passed by value (a TensorMapArg): no fence."""
-    tile = cuda.shared.array(TILE_WORDS, np.uint32, alignment=1024)
-    bars = cuda.shared.array(1, np.uint64)
-    b = cuda.blockIdx.x
-    bar = I.shared_address(bars)
-    if cuda.threadIdx.x == 0:
-        I.mbarrier_init(bar, 1)
-        I.fence_mbarrier_init()
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0:
-        address = I.tensormap_param_address(tmap)
-        I.prefetch_tensormap(address)
-        I.mbarrier_arrive_expect_tx(bar, nbytes)
-        I.tma_load_2d(I.shared_address(tile), address, coords[b, 0], coords[b, 1], bar)
-    I.mbarrier_wait_parity(bar, 0)
-    for i in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
-        out[b, i] = tile[i]
+# The tensor map passed by value (a TensorMapArg): the launch wrote it, so no fence.
+load2d_by_value_kernel = make_load2d_kernel(I.tensormap_param_address)
 
 
 def test_load_2d_with_the_map_passed_by_value_at_two_addresses(a2):
