@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["DeviceView", "device_view", "DTYPES", "ITEMSIZE", "transpose", "is_row_major", "is_col_major",
-           "leading_dim", "tma_addressable", "canonical", "byte_span"]
+           "leading_dim", "tma_addressable", "canonical", "byte_span", "merge_rows"]
 
 # canonical name -> item size in bytes
 ITEMSIZE = {
@@ -236,6 +236,23 @@ def device_view(obj, dtype: str | None = None) -> DeviceView:
         )
     framework = "numba" if root == "numba" else "cai"
     return _from_cai(obj, cai, framework, dtype, None)
+
+
+def merge_rows(v: DeviceView) -> DeviceView | None:
+    """A (..., K) view as the (rows, K) matrix it is (``torch.matmul``'s fold of a batch of
+    activations), with no data moved; None when the leading dimensions' strides do not merge
+    into one row stride."""
+    if v.ndim <= 2:
+        return v
+    rows = 1
+    for n in v.shape[:-1]:
+        rows *= n
+    outer = [(n, s) for n, s in zip(v.shape[:-1], v.strides[:-1]) if n != 1]
+    if rows and any(s != n * s_in for (_, s), (n, s_in) in zip(outer, outer[1:])):
+        return None
+    row_stride = outer[-1][1] if outer else v.strides[-2]  # (a single row: never stepped)
+    return DeviceView(v.ptr, (rows, v.shape[-1]), (row_stride, v.strides[-1]), v.dtype, v.itemsize, v.device,
+                      v.framework)
 
 
 # --- layouts of 2-D views, as TMA sees them ------------------------------------------------

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from ._arrays import DeviceView, is_row_major, tma_addressable, transpose
+from ._arrays import DeviceView, is_row_major, merge_rows, tma_addressable, transpose
 from .errors import DeviceMismatchError, DtypeError, LayoutError, OverlapError, ShapeError
 
 __all__ = ["INPUT_DTYPES", "EPILOGUE_DTYPES", "OUTPUT_DTYPES", "FP8_DTYPES", "default_out_dtype", "check_out_dtype", "check_dtype", "check_fp8_operands", "check_strides", "check_inputs", "check_out",
+           "rows_of",
            "overlap_pairs", "check_overlaps"]
 
 FP8_DTYPES = ("e4m3", "e5m2")
@@ -39,7 +40,20 @@ def check_strides(name, v: DeviceView):
         raise LayoutError(f"{name} has negative strides {v.strides}; pass a copy (e.g. .contiguous())")
 
 
-def check_inputs(va: DeviceView, vb: DeviceView):
+def rows_of(name, v: DeviceView):
+    """``v`` of shape ``(..., n)`` as the (rows, n) matrix it is (``merge_rows``): how a call
+    whose ``a`` has more than two dimensions reads it, its output, ``c`` and ``aux_out``."""
+    if v.ndim < 2:
+        raise ShapeError(f"{name} must be 2-D (or more: its leading dimensions are rows), got shape {v.shape}")
+    m = merge_rows(v)
+    if m is None:
+        raise LayoutError(f"{name} of shape {v.shape} and strides {v.strides}: its leading dimensions "
+                          f"{v.shape[:-1]} do not merge into one row stride; pass {name}.reshape(-1, {v.shape[-1]})")
+    return m
+
+
+def check_inputs(va: DeviceView, vb: DeviceView, a_shape=None):
+    """``a_shape``: ``a``'s own shape, when ``va`` merged its leading dimensions (``rows_of``)."""
     for name, v in (("a", va), ("b", vb)):
         if len(v.shape) != 2:
             raise ShapeError(f"{name} must be 2-D, got shape {v.shape}")
@@ -48,7 +62,8 @@ def check_inputs(va: DeviceView, vb: DeviceView):
     if va.dtype != vb.dtype and {va.dtype, vb.dtype} != set(FP8_DTYPES):  # (e4m3 x e5m2 mixes)
         raise DtypeError(f"a and b must have the same dtype (or be e4m3 and e5m2); got {va.dtype} and {vb.dtype}")
     if va.shape[1] != vb.shape[0]:
-        raise ShapeError(f"shape mismatch: a is {va.shape}, b is {vb.shape} (a.shape[1] must equal b.shape[0])")
+        raise ShapeError(f"shape mismatch: a is {a_shape or va.shape}, b is {vb.shape} "
+                         "(a.shape[-1] must equal b.shape[0])")
     if va.device != vb.device:
         raise DeviceMismatchError(f"a is on device {va.device} and b on device {vb.device}")
 

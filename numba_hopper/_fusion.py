@@ -14,7 +14,7 @@ from numbers import Real
 from numba import cuda
 
 from ._arrays import DeviceView, device_view, transpose
-from ._checks import EPILOGUE_DTYPES, FP8_DTYPES, check_dtype, check_strides
+from ._checks import EPILOGUE_DTYPES, FP8_DTYPES, check_dtype, check_strides, rows_of
 from ._operands import describe
 from .errors import DeviceMismatchError, DtypeError, ShapeError
 from .kernels.epilogue import ACTIVATIONS, EpilogueConfig
@@ -100,9 +100,13 @@ class Fusion:
             out_scale=None if self.out_scale is None else "number" if isinstance(self.out_scale, float) else "array")
 
 
-def check_fusion(f, M, N, K, device, dtype, out_dtype) -> Fusion:
+def check_fusion(f, M, N, K, device, dtype, out_dtype, rows=None) -> Fusion:
     """Check the epilogue keywords against an (M, N) output of ``out_dtype`` of a K-long
-    product; return a :class:`Fusion`."""
+    product, or a ``(*rows, N)`` one whose leading dimensions merge into the M rows; return a
+    :class:`Fusion` (in (M, N))."""
+    def matrix(name, x):
+        return rows_of(name, view(name, x, (*(rows or (M,)), N)))
+
     def view(name, x, shape, dtypes=EPILOGUE_DTYPES):
         v = device_view(x)
         if v.dtype == "u16" and dtype:
@@ -140,11 +144,11 @@ def check_fusion(f, M, N, K, device, dtype, out_dtype) -> Fusion:
         raise ValueError("epilogue_args were given without an epilogue function")
     return Fusion(
         alpha=float(f["alpha"]), beta=float(f["beta"]),
-        c=c if c is None else view("c", c, (M, N)),
+        c=c if c is None else matrix("c", c),
         bias=bias if bias is None else view("bias", bias, ((M, N)[bias_dim],)),
         bias_dim=1 if bias_dim is None else bias_dim,
         activation=f["activation"],
-        aux=f["aux_out"] if f["aux_out"] is None else view("aux_out", f["aux_out"], (M, N)),
+        aux=f["aux_out"] if f["aux_out"] is None else matrix("aux_out", f["aux_out"]),
         user=user,
         user_args=f["epilogue_args"],
         row_scale=f["row_scale"] if f["row_scale"] is None else view("row_scale", f["row_scale"], (M,), ("f32",)),

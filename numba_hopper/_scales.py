@@ -139,9 +139,9 @@ def fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale):
     None. A scale given as a vector cannot share its side with the explicit ``row_scale``
     (``scale_a``) or ``col_scale`` (``scale_b``)."""
     sa, sb = _shape(a), _shape(b)
-    if len(sa) != 2 or len(sb) != 2:
+    if len(sa) < 2 or len(sb) != 2:
         return alpha, row_scale, col_scale, None  # not a GEMM: check_inputs says why
-    M, K, N = sa[0], sa[1], sb[1]
+    M, K, N = _prod(sa[:-1]), sa[-1], sb[1]  # (a (..., K): its leading dimensions are the rows)
     if _is_block_wise(scale_a, scale_b, M, N, K):
         return alpha, row_scale, col_scale, _block_scales(scale_a, scale_b, M, N, K)
     for name, x, n, side in (("scale_a", scale_a, M, 0), ("scale_b", scale_b, N, 1)):

@@ -42,7 +42,7 @@ import numpy as np
 from . import debug as _debug
 from ._arrays import ITEMSIZE, DeviceView, byte_span, device_view, is_col_major, tma_addressable
 from ._checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, check_out_dtype, check_overlaps,
-                      default_out_dtype, overlap_pairs)
+                      default_out_dtype, overlap_pairs, rows_of)
 from ._device import hopper_device_reason
 from ._fusion import check_fusion, fusion_args, fusion_key_and_values
 from ._operands import current_torch_stream, describe, empty_like
@@ -61,6 +61,11 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
          debug=None):
     """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N), or with a fused
     epilogue ``act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``.
+
+    ``a`` may have more dimensions, (..., K), as ``torch.matmul`` takes a batch of
+    activations: its leading dimensions are the M rows, read in place (their strides must
+    merge into one row stride, else ``LayoutError``), and ``out``, ``c`` and ``aux_out`` are
+    (..., N) like the result (for ``bmm``'s batched products, see :func:`bmm`).
 
     ``out_dtype``: "bf16", "f16", "f32", "e4m3" or "e5m2" (default: the input dtype, bf16 for
     fp8 inputs, or ``out``'s dtype; fp8 outputs below). ``dtype``: how to read ``uint16`` inputs ("bf16" or "f16") or ``uint8``
@@ -256,16 +261,18 @@ class _Entry:
 def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, debug):
     """A call with a new layout: check everything, build its plan, run it, keep it."""
     va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
-    check_inputs(va, vb)
+    a_shape, rows = va.shape, va.shape[:-1]  # the output's leading dimensions: a (..., K) is read as (rows, K)
+    va = rows_of("a", va)
+    check_inputs(va, vb, a_shape)
     fp8 = va.dtype in FP8_DTYPES
     if fp8:
         check_fp8_operands(va, vb)
     M, K = va.shape
     N = vb.shape[1]
-    vo = _checked_out(out, (M, N), va, out_dtype)
+    vo = _checked_out(out, (*rows, N), va, out_dtype)
     # ``dtype`` reads uint16 epilogue arrays as bf16/f16; an fp8 one names the operands only.
     fusion = f and check_fusion(f, M, N, K, va.device, None if fp8 else dtype,
-                                vo.dtype if vo else out_dtype or default_out_dtype(va.dtype))
+                                vo.dtype if vo else out_dtype or default_out_dtype(va.dtype), rows)
     if fusion and fusion.a_block_scales is not None:
         if not fp8:
             raise DtypeError(f"block-wise scales are for fp8 operands; a and b are {va.dtype}")
@@ -280,13 +287,14 @@ def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, de
     def plan_for(vo):
         if 0 in vo.shape:
             return Plan(vo.device, [])
+        vo = rows_of("out", vo)
         if K == 0:
             if fusion:
                 raise ValueError("K == 0 with a fused epilogue is not supported")
             return zero_fill_plan(vo)
         return gemm_plan(va, vb, vo, fusion, config, debug)
 
-    return _first_run(key, plan_for, a, out, vo, (M, N), out_dtype, va, (va.ptr, vb.ptr), fvalues,
+    return _first_run(key, plan_for, a, out, vo, (*rows, N), out_dtype, va, (va.ptr, vb.ptr), fvalues,
                       stream, overlap_pairs(_spans(written), _spans(read), in_place), cache=not debug)
 
 

@@ -155,3 +155,27 @@ def test_cupy_bfloat16_by_dtype_name_and_uint16_override():
     v = device_view(a)
     assert (v.dtype, v.shape, v.strides) == ("bf16", (4, 6), (12, 1))
     assert device_view(FakeCupyArray((4, 6), "<u2"), dtype="bf16").dtype == "bf16"
+
+
+@pytest.mark.parametrize("shape,strides,merged", [
+    ((2, 3, 8), (24, 8, 1), ((6, 8), (8, 1))),          # contiguous activations (batch, tokens, K)
+    ((2, 3, 8), (48, 16, 1), ((6, 8), (16, 1))),        # padded rows: their pitch is kept
+    ((1, 3, 1, 8), (99, 8, 5, 1), ((3, 8), (8, 1))),    # dimensions of one are never stepped
+    ((1, 1, 8), (64, 7, 1), ((1, 8), (7, 1))),          # a single row
+    ((1, 6, 8), (48, 1, 6), ((6, 8), (1, 6))),          # column-major rows (a transposed (K, M))
+    ((2, 0, 8), (0, 8, 1), ((0, 8), (8, 1))),           # empty
+])
+def test_merge_rows_reads_leading_dimensions_as_rows(shape, strides, merged):
+    from numba_hopper._arrays import merge_rows
+
+    v = merge_rows(device_view(FakeCAI(shape, "<f2", strides=tuple(2 * s for s in strides))))
+    assert (v.shape, v.strides) == merged
+
+
+@pytest.mark.parametrize("shape,strides", [((2, 3, 8), (8, 16, 1)),    # leading dimensions transposed
+                                           ((2, 3, 8), (40, 8, 1)),    # a gap between batch items
+                                           ((2, 6, 8), (48, 1, 6))])   # column-major items, two of them
+def test_merge_rows_refuses_dimensions_that_do_not_merge(shape, strides):
+    from numba_hopper._arrays import merge_rows
+
+    assert merge_rows(device_view(FakeCAI(shape, "<f2", strides=tuple(2 * s for s in strides)))) is None

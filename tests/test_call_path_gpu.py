@@ -102,6 +102,25 @@ def test_fused_epilogue_on_fresh_operands(torch, layout):
         assert _err(torch, out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("rows", [(1, 7), (4, 129), (2, 3, 64)])
+def test_activations_of_more_dimensions(torch, rows):
+    """``gemm(x, w.t())`` on (..., K) activations, as ``F.linear``: the leading dimensions are
+    rows, the output is (..., N); with out=, c and aux_out of that shape too."""
+    K, N = 192, 136
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):  # the second call reuses the plan with new arrays
+        x = torch.randn(*rows, K, device="cuda", dtype=torch.bfloat16)
+        ref = x.double() @ w.double().t()
+        out = numba_hopper.gemm(x, w.t())
+        assert out.shape == (*rows, N) and _err(torch, out, ref) < 1e-2
+        c = torch.randn(*rows, N, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((*rows, N), float("nan"), device="cuda", dtype=torch.float32)
+        aux = torch.full((*rows, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        numba_hopper.gemm(x, w.t(), out=out, c=c, beta=1.0, activation="relu", aux_out=aux)
+        assert _err(torch, aux, ref + c.double()) < 1e-2
+        assert _err(torch, out, torch.relu(ref + c.double())) < 1e-2
+
+
 def test_split_k_and_unaligned_operands_on_fresh_operands(torch):
     for _ in range(2):
         a = torch.randn(64, 8192 + 3, device="cuda", dtype=torch.bfloat16)[:, 3:]  # unaligned: copied

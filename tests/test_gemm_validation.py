@@ -46,7 +46,21 @@ def test_errors_subclass_the_builtin_ones(exc, base):
 
 def test_wrong_ndim():
     with pytest.raises(ShapeError, match="a must be 2-D"):
-        gemm(FakeCAI((4, 8, 2), "<f2"), _m(8, 4))
+        gemm(FakeCAI((8,), "<f2"), _m(8, 4))
+    with pytest.raises(ShapeError, match="b must be 2-D"):
+        gemm(_m(4, 8), FakeCAI((2, 8, 4), "<f2"))
+
+
+def test_activations_of_more_dimensions_are_checked_as_their_rows():
+    b = _m(8, 4, ptr=BASE + (1 << 30))
+    with pytest.raises(ShapeError, match=r"a is \(2, 3, 6\), b is \(8, 4\)"):
+        gemm(FakeCAI((2, 3, 6), "<f2"), b)
+    with pytest.raises(LayoutError, match=r"leading dimensions \(2, 3\) do not merge"):
+        gemm(FakeCAI((2, 3, 8), "<f2", strides=(16, 32, 2)), b)
+    with pytest.raises(ShapeError, match=r"out has shape \(6, 4\), expected \(2, 3, 4\)"):
+        gemm(FakeCAI((2, 3, 8), "<f2"), b, out=_out(6, 4))
+    with pytest.raises(ShapeError, match=r"c has shape \(6, 4\), expected \(2, 3, 4\)"):
+        gemm(FakeCAI((2, 3, 8), "<f2"), b, c=_out(6, 4), beta=1.0)
 
 
 def test_unsupported_dtype():

@@ -142,6 +142,38 @@ def test_compile_fullgraph_and_gradients(double):
     assert all(p.grad is not None for p in ours.parameters())
 
 
+def test_no_grad_ops_pass_opcheck(double):
+    a, b = torch.randn(7, 24, dtype=torch.bfloat16), torch.randn(24, 9, dtype=torch.bfloat16)
+    bias = torch.randn(9, dtype=torch.bfloat16)
+    # (schemas without defaults: the traced call passes every argument, by position)
+    torch.library.opcheck(torch.ops.numba_hopper.gemm_no_grad.default, (a, b, None, bias, 0.5, 0.0, 1, "relu", None))
+    torch.library.opcheck(torch.ops.numba_hopper.bmm_no_grad.default,
+                          (torch.randn(3, 5, 10, dtype=torch.float16), torch.randn(3, 10, 6, dtype=torch.float16), None))
+
+
+def test_a_graph_traced_without_grad_calls_the_operators_without_a_formula(double):
+    """Under torch.no_grad() the traced graph holds ``gemm_no_grad`` (no autograd layer to run in
+    Python per call); with grad, ``gemm``, whose formula the backward needs."""
+    _, ours = cases.models("cpu", torch.bfloat16)
+    x = torch.randn(2, 33, 64, dtype=torch.bfloat16)
+    graphs = []
+
+    def record(gm, inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    compiled = torch.compile(ours, fullgraph=True, backend=record)
+    with torch.no_grad():
+        got = compiled(x)
+        assert cases.rel_error(got, ours(x)) < 1e-2
+    compiled(x)
+    without, with_grad = graphs
+    assert {"numba_hopper.gemm_no_grad.default", "numba_hopper.bmm_no_grad.default"} <= without, without
+    assert not any(t in without for t in ("numba_hopper.gemm.default", "numba_hopper.bmm.default"))
+    assert {"numba_hopper.gemm.default", "numba_hopper.bmm.default"} <= with_grad, with_grad
+    assert not any("no_grad" in t for t in with_grad)
+
+
 def test_export_graph_holds_the_custom_ops(double):
     _, ours = cases.models("cpu", torch.bfloat16)
     exported = torch.export.export(ours, (torch.randn(2, 33, 64, dtype=torch.bfloat16),), strict=True)

@@ -23,7 +23,9 @@ Host time. Through the dispatcher, an operator with a Python autograd formula co
 module-level functions :func:`gemm`, :func:`gemm_aux` and :func:`bmm` call the operator only
 while something traces (``torch.compile``, ``torch.export``, fake tensors); eagerly they
 run the implementation directly, inside a ``torch.autograd.Function`` with the same formula
-when a gradient is needed.
+when a gradient is needed. Traced with grad mode off, they call ``gemm_no_grad`` and
+``bmm_no_grad``: the same operators without the formula, which a compiled inference
+graph then calls without the autograd layer's Python.
 
 The backward computes each gradient in its input's layout (a column-major ``b``, such as
 ``weight.t()``, gets a column-major gradient), so AccumulateGrad needs no layout copy.
@@ -201,20 +203,34 @@ def _setup_bmm(ctx, inputs, output):
 # --- the operators -------------------------------------------------------------------------
 
 
-def _define(name, schema, impl, fake, grads, setup):
+def _define(name, schema, impl, fake, grads=None, setup=None):
+    """The operator ``numba_hopper::name``, with an autograd formula unless ``grads`` is None."""
     _lib.define(name + schema)
     for key in ("CPU", "CUDA"):  # CPU tensors reach numba_hopper, which refuses them with a TypeError
         _lib.impl(name, impl, key)
     torch.library.register_fake(f"numba_hopper::{name}", fake, lib=_lib)
-    torch.library.register_autograd(f"numba_hopper::{name}", grads, setup_context=setup, lib=_lib)
+    if grads is not None:
+        torch.library.register_autograd(f"numba_hopper::{name}", grads, setup_context=setup, lib=_lib)
     return getattr(torch.ops.numba_hopper, name).default
 
 
+_BMM = "(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor"
+_EPILOGUE_NO_DEFAULTS = ("Tensor a, Tensor b, Tensor? c, Tensor? bias, float alpha, float beta, int bias_dim, "
+                         "str? activation, ScalarType? out_dtype")
 _gemm_op = _define("gemm", f"({_EPILOGUE}) -> Tensor", _gemm_impl, _gemm_fake, _gemm_grads, _setup_gemm)
 _gemm_aux_op = _define("gemm_aux", f"({_EPILOGUE}) -> (Tensor, Tensor)", _gemm_aux_impl, _gemm_aux_fake,
                        _gemm_aux_grads, _setup_gemm_aux)
-_bmm_op = _define("bmm", "(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor", _bmm_impl, _bmm_fake,
-                  _bmm_grads, _setup_bmm)
+_bmm_op = _define("bmm", _BMM, _bmm_impl, _bmm_fake, _bmm_grads, _setup_bmm)
+# The same operators without a formula, traced where grad mode is off (``torch.no_grad()``
+# inference), for the host time of a compiled model, which calls each operator through the
+# dispatcher: a Python autograd formula runs in Python on every call, gradient or not,
+# because parameters carry the autograd dispatch key (about 8 us a call, on a CPU where the
+# dispatcher's call of the implementation costs 4); and Inductor passes each argument that
+# has a default by keyword, which costs 5 us more for this schema than passing it by
+# position, so these schemas have no defaults (``_call`` passes every argument).
+_gemm_no_grad_op = _define("gemm_no_grad", f"({_EPILOGUE_NO_DEFAULTS}) -> Tensor", _gemm_impl, _gemm_fake)
+_bmm_no_grad_op = _define("bmm_no_grad", "(Tensor a, Tensor b, ScalarType? out_dtype) -> Tensor", _bmm_impl,
+                          _bmm_fake)
 
 
 def _eager_function(name, impl, grads, setup):
@@ -234,11 +250,12 @@ _GemmAuxFunction = _eager_function("_GemmAuxFunction", _gemm_aux_impl, _gemm_aux
 _BmmFunction = _eager_function("_BmmFunction", _bmm_impl, _bmm_grads, _setup_bmm)
 
 
-def _call(op, function, impl, inputs, tensors):
-    """``op(*inputs)`` while tracing; eagerly, ``impl`` (in ``function`` when a gradient is needed)."""
+def _call(op, no_grad_op, function, impl, inputs, tensors):
+    """``op(*inputs)`` while tracing (``no_grad_op`` in grad mode off, if there is one); eagerly,
+    ``impl`` (in ``function`` when a gradient is needed)."""
     if (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
             or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors if t is not None)):
-        return op(*inputs)
+        return (op if no_grad_op is None or torch.is_grad_enabled() else no_grad_op)(*inputs)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return function.apply(*inputs)
     return impl(*inputs)
@@ -246,16 +263,16 @@ def _call(op, function, impl, inputs, tensors):
 
 def gemm(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
     """``numba_hopper::gemm``: ``act(alpha * a @ b + beta * c + bias)``."""
-    return _call(_gemm_op, _GemmFunction, _gemm_impl,
+    return _call(_gemm_op, _gemm_no_grad_op, _GemmFunction, _gemm_impl,
                  (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
 
 
 def gemm_aux(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
     """``numba_hopper::gemm_aux``: ``(act(pre), pre)`` with ``pre = alpha * a @ b + beta * c + bias``."""
-    return _call(_gemm_aux_op, _GemmAuxFunction, _gemm_aux_impl,
+    return _call(_gemm_aux_op, None, _GemmAuxFunction, _gemm_aux_impl,
                  (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
 
 
 def bmm(a, b, out_dtype=None):
     """``numba_hopper::bmm``: ``a @ b`` for 3-D ``a`` and ``b`` (a batch of 1 broadcasts)."""
-    return _call(_bmm_op, _BmmFunction, _bmm_impl, (a, b, out_dtype), (a, b))
+    return _call(_bmm_op, _bmm_no_grad_op, _BmmFunction, _bmm_impl, (a, b, out_dtype), (a, b))
