@@ -32,8 +32,10 @@ def _inputs(a, b):
 def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None,
          out_dtype=None, aux_out=None):
     _inputs(a, b)
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+    if a.dim() < 2 or b.dim() != 2 or a.shape[-1] != b.shape[0]:
         raise errors.ShapeError(f"shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    rows = a.shape[:-1]  # (..., K): the leading dimensions are rows, as numba_hopper.gemm reads them
+    a = a.reshape(rows.numel(), a.shape[-1])
     m, k = a.shape
     n = b.shape[1]
     fused = alpha != 1.0 or beta != 0.0 or bias is not None or activation is not None or aux_out is not None
@@ -47,8 +49,8 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     if bias is not None:
         acc = acc + (bias.double()[:, None] if bias_dim == 0 else bias.double()[None, :])
     if aux_out is not None:
-        aux_out.copy_(acc)
-    result = _ACT[activation](acc).to(_DTYPES[out_dtype] or a.dtype)
+        aux_out.copy_(acc.reshape(aux_out.shape))
+    result = _ACT[activation](acc).to(_DTYPES[out_dtype] or a.dtype).reshape(*rows, n)
     return result if out is None else out.copy_(result)
 
 

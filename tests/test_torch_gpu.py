@@ -57,6 +57,20 @@ def test_linear_gradients_match_float64(activation, m):
         assert cases.rel_error(g, r) < 2e-2
 
 
+@pytest.mark.parametrize("shape", [(7, 384), (2, 33, 384), (1, 1, 5, 384)])
+def test_linear_inference_eager_and_compiled(shape):
+    """Under no_grad: eagerly one gemm on x's rows (no reshape), compiled the ``gemm_no_grad`` op."""
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(264, 384, device="cuda", dtype=torch.bfloat16) / 20
+    b = torch.randn(264, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), w.double(), b.double()), approximate="tanh")
+    compiled = torch.compile(nht.linear, fullgraph=True)
+    with torch.no_grad():
+        for y in (nht.linear(x, w, b, activation="gelu_tanh"), compiled(x, w, b, activation="gelu_tanh")):
+            assert y.shape == (*shape[:-1], 264) and torch.isfinite(y).all()
+            assert cases.rel_error(y, ref) < 1e-2
+
+
 def test_training_follows_nn_linear():
     stock, ours = cases.models("cuda", torch.bfloat16)
     ref = cases.training_losses(stock, "cuda", torch.bfloat16)

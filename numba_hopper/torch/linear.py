@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import matmul as _matmul
 from . import ops
 
 __all__ = ["linear", "Linear", "replace_linear"]
@@ -19,9 +20,13 @@ __all__ = ["linear", "Linear", "replace_linear"]
 def linear(x, weight, bias=None, activation=None):
     """``act(torch.nn.functional.linear(x, weight, bias))`` with ``activation`` None, "relu",
     "gelu", "gelu_tanh", "silu" or "sigmoid"; ``x`` (..., in), ``weight`` (out, in), bf16/fp16."""
+    tensors = (x, weight, bias)
+    needs_grad = ops.needs_grad(tensors)
+    if x.dim() > 1 and not needs_grad and not ops.tracing(tensors):
+        # Eager inference: numba_hopper.gemm reads x's leading dimensions as rows, so no
+        # reshape either side (host time: this is F.linear's place).
+        return _matmul.gemm(x, weight.t(), bias=bias, bias_dim=None if bias is None else 1, activation=activation)
     x2 = x.flatten(0, -2) if x.dim() > 1 else x.unsqueeze(0)
-    needs_grad = torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if activation is not None and needs_grad:
         y, _ = ops.gemm_aux(x2, weight.t(), bias=bias, activation=activation)
     else:

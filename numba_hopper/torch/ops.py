@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode  # private: 
 from .. import matmul as _matmul
 from ..errors import ShapeError
 
-__all__ = ["gemm", "gemm_aux", "bmm", "DTYPE_NAMES"]
+__all__ = ["gemm", "gemm_aux", "bmm", "tracing", "needs_grad", "DTYPE_NAMES"]
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
@@ -250,13 +250,23 @@ _GemmAuxFunction = _eager_function("_GemmAuxFunction", _gemm_aux_impl, _gemm_aux
 _BmmFunction = _eager_function("_BmmFunction", _bmm_impl, _bmm_grads, _setup_bmm)
 
 
+def tracing(tensors):
+    """Whether a call on ``tensors`` is being traced (``torch.compile``, ``torch.export``, fake or
+    other tensor subclasses, a dispatch mode): such calls must go through the operators."""
+    return (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+            or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors if t is not None))
+
+
+def needs_grad(tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _call(op, no_grad_op, function, impl, inputs, tensors):
     """``op(*inputs)`` while tracing (``no_grad_op`` in grad mode off, if there is one); eagerly,
     ``impl`` (in ``function`` when a gradient is needed)."""
-    if (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
-            or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors if t is not None)):
+    if tracing(tensors):
         return (op if no_grad_op is None or torch.is_grad_enabled() else no_grad_op)(*inputs)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+    if needs_grad(tensors):
         return function.apply(*inputs)
     return impl(*inputs)
 
