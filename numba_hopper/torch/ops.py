@@ -33,6 +33,8 @@ The backward computes each gradient in its input's layout (a column-major ``b``,
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode  # private: PyTorch has no public one
 
@@ -203,6 +205,11 @@ def _setup_bmm(ctx, inputs, output):
 # --- the operators -------------------------------------------------------------------------
 
 
+def _no_defaults(arguments):
+    """A schema's arguments without their default values."""
+    return re.sub(r"=[^,]+", "", arguments)
+
+
 def _define(name, schema, impl, fake, grads=None, setup=None):
     """The operator ``numba_hopper::name``, with an autograd formula unless ``grads`` is None."""
     _lib.define(name + schema)
@@ -214,13 +221,11 @@ def _define(name, schema, impl, fake, grads=None, setup=None):
     return getattr(torch.ops.numba_hopper, name).default
 
 
-_BMM = "(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor"
-_EPILOGUE_NO_DEFAULTS = ("Tensor a, Tensor b, Tensor? c, Tensor? bias, float alpha, float beta, int bias_dim, "
-                         "str? activation, ScalarType? out_dtype")
+_BMM = "Tensor a, Tensor b, ScalarType? out_dtype=None"
 _gemm_op = _define("gemm", f"({_EPILOGUE}) -> Tensor", _gemm_impl, _gemm_fake, _gemm_grads, _setup_gemm)
 _gemm_aux_op = _define("gemm_aux", f"({_EPILOGUE}) -> (Tensor, Tensor)", _gemm_aux_impl, _gemm_aux_fake,
                        _gemm_aux_grads, _setup_gemm_aux)
-_bmm_op = _define("bmm", _BMM, _bmm_impl, _bmm_fake, _bmm_grads, _setup_bmm)
+_bmm_op = _define("bmm", f"({_BMM}) -> Tensor", _bmm_impl, _bmm_fake, _bmm_grads, _setup_bmm)
 # The same operators without a formula, traced where grad mode is off (``torch.no_grad()``
 # inference), for the host time of a compiled model, which calls each operator through the
 # dispatcher: a Python autograd formula runs in Python on every call, gradient or not,
@@ -228,9 +233,8 @@ _bmm_op = _define("bmm", _BMM, _bmm_impl, _bmm_fake, _bmm_grads, _setup_bmm)
 # dispatcher's call of the implementation costs 4); and Inductor passes each argument that
 # has a default by keyword, which costs 5 us more for this schema than passing it by
 # position, so these schemas have no defaults (``_call`` passes every argument).
-_gemm_no_grad_op = _define("gemm_no_grad", f"({_EPILOGUE_NO_DEFAULTS}) -> Tensor", _gemm_impl, _gemm_fake)
-_bmm_no_grad_op = _define("bmm_no_grad", "(Tensor a, Tensor b, ScalarType? out_dtype) -> Tensor", _bmm_impl,
-                          _bmm_fake)
+_gemm_no_grad_op = _define("gemm_no_grad", f"({_no_defaults(_EPILOGUE)}) -> Tensor", _gemm_impl, _gemm_fake)
+_bmm_no_grad_op = _define("bmm_no_grad", f"({_no_defaults(_BMM)}) -> Tensor", _bmm_impl, _bmm_fake)
 
 
 def _eager_function(name, impl, grads, setup):
