@@ -160,7 +160,7 @@ def _m(rows, cols, typestr="<f2"):
     (_m(4, 8, "<f4"), _m(8, 4, "<f4"), {}, TypeError, "a.dtype"),
     (_m(4, 8), _m(8, 4, "<u2"), dict(dtype=None), TypeError, "b.dtype"),
     (_m(4, 8), _m(9, 4), {}, ValueError, "shape mismatch"),
-    (FakeCAI((4, 8, 2), "<f2"), _m(8, 4), {}, ValueError, "2-D"),
+    (_m(4, 8), FakeCAI((8, 4, 2), "<f2"), {}, ValueError, "b must be 2-D"),
     (_m(4, 8, "<u2"), _m(8, 4, "<u2"), dict(dtype="bf16", out_dtype="i8"), TypeError, "out_dtype"),
     (_m(4, 8), _m(8, 4), dict(out=_m(4, 5)), ValueError, "out has shape"),
     (_m(4, 8), _m(8, 4), dict(out=_m(4, 4, "<i4")), TypeError, "out.dtype"),
