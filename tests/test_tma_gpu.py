@@ -66,12 +66,12 @@ def as_bytes(words: np.ndarray) -> np.ndarray:
 # --- kernels ----------------------------------------------------------------------------
 
 
-def make_load2d_kernel(map_address):
-    """CTA b loads the box at coords[b] (c0 = column, c1 = row) and copies it out raw; the
-    tensor map is at ``map_address(tmap)``."""
+def make_load_kernel(issue):
+    """CTA b loads one box and copies it out raw: ``issue(tile, tmap, coords, b, bar)`` (a
+    device function) issues the TMA load of the box at ``coords[b]`` (innermost first)."""
 
     @cuda.jit
-    def load2d(tmap, coords, nbytes, out):
+    def load(tmap, coords, nbytes, out):
         tile = cuda.shared.array(TILE_WORDS, np.uint32, alignment=1024)
         bars = cuda.shared.array(1, np.uint64)
         b = cuda.blockIdx.x
@@ -81,15 +81,25 @@ def make_load2d_kernel(map_address):
             I.fence_mbarrier_init()
         cuda.syncthreads()
         if cuda.threadIdx.x == 0:
-            address = map_address(tmap)
-            I.prefetch_tensormap(address)
             I.mbarrier_arrive_expect_tx(bar, nbytes)
-            I.tma_load_2d(I.shared_address(tile), address, coords[b, 0], coords[b, 1], bar)
+            issue(I.shared_address(tile), tmap, coords, b, bar)
         I.mbarrier_wait_parity(bar, 0)
         for i in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
             out[b, i] = tile[i]
 
-    return load2d
+    return load
+
+
+def make_load2d_kernel(map_address):
+    """The 2-D load kernel for a tensor map at ``map_address(tmap)``."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def issue(tile, tmap, coords, b, bar):
+        address = map_address(tmap)
+        I.prefetch_tensormap(address)
+        I.tma_load_2d(tile, address, coords[b, 0], coords[b, 1], bar)
+
+    return make_load_kernel(issue)
 
 
 @cuda.jit(device=True, forceinline=True)
@@ -99,47 +109,19 @@ def acquired(tmap):
     return tmap
 
 
+@cuda.jit(device=True, forceinline=True)
+def issue_3d(tile, tmap, coords, b, bar):
+    I.tma_load_3d(tile, acquired(tmap), coords[b, 0], coords[b, 1], coords[b, 2], bar)
+
+
+@cuda.jit(device=True, forceinline=True)
+def issue_5d(tile, tmap, coords, b, bar):
+    I.tma_load_5d(tile, acquired(tmap), coords[b, 0], coords[b, 1], coords[b, 2], coords[b, 3], coords[b, 4], bar)
+
+
 load2d_kernel = make_load2d_kernel(acquired)
-
-
-@cuda.jit
-def load3d_kernel(tmap, coords, nbytes, out):
-    tile = cuda.shared.array(TILE_WORDS, np.uint32, alignment=1024)
-    bars = cuda.shared.array(1, np.uint64)
-    b = cuda.blockIdx.x
-    bar = I.shared_address(bars)
-    if cuda.threadIdx.x == 0:
-        I.mbarrier_init(bar, 1)
-        I.fence_mbarrier_init()
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0:
-        I.fence_proxy_tensormap_acquire(tmap)
-        I.mbarrier_arrive_expect_tx(bar, nbytes)
-        I.tma_load_3d(I.shared_address(tile), tmap, coords[b, 0], coords[b, 1], coords[b, 2], bar)
-    I.mbarrier_wait_parity(bar, 0)
-    for i in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
-        out[b, i] = tile[i]
-
-
-@cuda.jit
-def load5d_kernel(tmap, coords, nbytes, out):
-    tile = cuda.shared.array(TILE_WORDS, np.uint32, alignment=1024)
-    bars = cuda.shared.array(1, np.uint64)
-    b = cuda.blockIdx.x
-    bar = I.shared_address(bars)
-    if cuda.threadIdx.x == 0:
-        I.mbarrier_init(bar, 1)
-        I.fence_mbarrier_init()
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0:
-        I.fence_proxy_tensormap_acquire(tmap)
-        I.mbarrier_arrive_expect_tx(bar, nbytes)
-        I.tma_load_5d(
-            I.shared_address(tile), tmap, coords[b, 0], coords[b, 1], coords[b, 2], coords[b, 3], coords[b, 4], bar
-        )
-    I.mbarrier_wait_parity(bar, 0)
-    for i in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
-        out[b, i] = tile[i]
+load3d_kernel = make_load_kernel(issue_3d)
+load5d_kernel = make_load_kernel(issue_5d)
 
 
 def run_loads(kernel, tmap, starts):
