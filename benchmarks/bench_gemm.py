@@ -110,35 +110,32 @@ def interleaved_medians(fns, sets, rounds, reference, device_time=False):
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _config(name):
+def _config(name, layout="RR"):
     """``default`` (the library's choice) or a kernel spelled as dash-separated parts:
     a cluster shape ``MxN`` (``2x1``), ``m<block_m>`` (``m64``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``),
-    ``p<pipeline stages>`` (``p3``), ``g<tile-rows per raster group>`` (``g16``), ``sk`` (stream-K); e.g. ``n128-s2``, ``n192-sk``. Unnamed
-    parts keep GemmConfig's defaults (128x256 tiles, no cluster, no split, no stream-K, the
-    deepest ring that fits).
+    ``p<pipeline stages>`` (``p3``), ``g<tile-rows per raster group>`` (``g16``), ``sk`` (stream-K),
+    ``swap`` (the product computed swapped, a column-major output tile: ``m64-n8-swap``), ``a<accumulators>``
+    (``a4``); e.g. ``n128-s2``, ``n192-sk``. Unnamed parts keep GemmConfig's defaults (128x256 tiles, no cluster,
+    no split, no stream-K, the deepest ring that fits). ``layout``: the operands' (``RC``: A row-major, B
+    column-major), whose majors the config is checked with.
     """
     if name == "default":
         return None
-    kw = {}
+    kw = {"a_major": "K" if layout[0] == "R" else "M", "b_major": "N" if layout[1] == "R" else "K"}
+    parts = {"m": "block_m", "n": "block_n", "s": "split_k", "p": "stages", "g": "group_m", "a": "acc_chains"}
     for part in name.split("-"):
         if "x" in part:
             kw["cluster_m"], kw["cluster_n"] = (int(x) for x in part.split("x"))
         elif part == "sk":
             kw["stream_k"] = True
-        elif part[0] == "m":
-            kw["block_m"] = int(part[1:])
-        elif part[0] == "n":
-            kw["block_n"] = int(part[1:])
-        elif part[0] == "s":
-            kw["split_k"] = int(part[1:])
-        elif part[0] == "p":
-            kw["stages"] = int(part[1:])
-        elif part[0] == "g":
-            kw["group_m"] = int(part[1:])
+        elif part == "swap":
+            kw["out_major"] = "M"
+        elif part[0] in parts and part[1:].isdigit():
+            kw[parts[part[0]]] = int(part[1:])
         else:
             raise ValueError(f"bad config part {part!r} in {name!r}")
-    kw.setdefault("stages", max_stages("bf16", "f32" if kw.get("split_k", 1) > 1 else "bf16", kw.get("block_n", 256),
-                                       block_m=kw.get("block_m", 128)))
+    if "stages" not in kw:
+        kw["stages"] = max_stages("bf16", "f32" if kw.get("split_k", 1) > 1 else "bf16", **kw)
     return GemmConfig(**kw)
 
 
@@ -155,7 +152,7 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), 
     cublas = torch.bmm if batch > 1 else torch.matmul
     fns = {"cublas": lambda a, b, c: cublas(a, b), "cublas out=": lambda a, b, c: cublas(a, b, out=c)}
     for name in configs:
-        cfg = _config(name)
+        cfg = _config(name, layout)
         fns[name] = lambda a, b, c, cfg=cfg: ours(a, b, config=cfg)
         fns[f"{name} out="] = lambda a, b, c, cfg=cfg: ours(a, b, out=c, config=cfg)
 

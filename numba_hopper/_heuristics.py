@@ -12,7 +12,7 @@ from ._arrays import tma_addressable
 from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
-__all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "narrow_config", "block_scaled_tile", "stream_k_schedule",
+__all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
            "cluster_pays", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
@@ -74,6 +74,10 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
 
 # Decode products with at most this many rows (tokens) may run swapped (:func:`narrow_tokens`).
 NARROW_M = 16
+# Their 64 x 8 and 64 x 16 wgmmas are short: on one accumulator each waits for the last.
+# Four (one per wgmma of a k-block): 1-8% less device time at 1-16 x 2048-5632 x 2048-5632
+# (benchmarks/NOTES.md, session 17).
+NARROW_ACC_CHAINS = 4
 
 
 def narrow_tokens(M, N, K, sms, block_k=64):
@@ -81,31 +85,37 @@ def narrow_tokens(M, N, K, sms, block_k=64):
     ``out.T = b.T @ a.T``: the weight's rows on the 64-row side and the tokens on wgmma's
     narrow N, so a k-block moves 64 x 8 or 64 x 16 of A through TMA and wgmma instead of 64
     x 64 (mostly zero-filled rows), as cuBLAS's decode kernels do. None where the 64-row
-    tiling would not run 64-wide in one slice: the swapped kernel has no K slices, and
-    wider tiles (many output columns) stream at their own, higher rate. Emulated with
-    32-wide swapped tiles (benchmarks/NOTES.md, session 13): 0.85-0.96x of the unswapped
-    kernel's time at 8-32 x 2048-5632 x 2048-5632 without K slices, 1.09x with them.
+    tiling would split K: the swapped kernel has no K slices (1x4096x14336: 0.94x cuBLAS
+    either way). Measured (benchmarks/NOTES.md, sessions 13 and 17): 9-18% less device time
+    than 64 x 64 tiles at 8-16 x 2048-5632 x 2048-5632, 8% less than 64 x 128 tiles at
+    1x6144x4096 and 16x57344x8192; at M = 32 the swapped 64 x 16 tiles lose (0.86x vs 1.02x).
     """
     if M > NARROW_M:
         return None
-    if small_m_tiling(M, N, K, 1, sms, can_split=_splits_small_m(M, 1, False), block_k=block_k) != (64, 1):
+    if small_m_tiling(M, N, K, 1, sms, can_split=_splits_small_m(M, 1, False), block_k=block_k)[1] > 1:
         return None
     return 8 if M <= 8 else 16
 
 
+def swappable(va, vb, vo):
+    """Whether a plain product ``vo = va @ vb`` can run swapped, as a column-major kernel:
+    16-bit, with the tokens (``va``) and the output row-major and TMA-addressable (the kernel
+    reads ``va`` as its K-major B and stores the output without a copy)."""
+    return (va.dtype in ("bf16", "f16") and vb.dtype == va.dtype and vo.dtype in ("bf16", "f16")
+            and tma_addressable(va, row_major=True) and tma_addressable(vo, row_major=True))
+
+
 def narrow_config(va, vb, vo, limits):
-    """The column-major kernel of a plain 16-bit product ``vo = va @ vb`` computed swapped,
-    where :func:`narrow_tokens` takes it, or None. The tokens (``va``) and the output must
-    be row-major and TMA-addressable: the kernel reads ``va`` as its K-major B and stores the
-    output without a copy. (The caller checks that the call has no epilogue or config.)"""
-    if va.dtype not in ("bf16", "f16") or vb.dtype != va.dtype or vo.dtype not in ("bf16", "f16") \
-            or not (tma_addressable(va, row_major=True) and tma_addressable(vo, row_major=True)):
+    """The column-major kernel of a plain product ``vo = va @ vb`` computed swapped, where it
+    is :func:`swappable` and :func:`narrow_tokens` takes it, or None. (The caller checks that
+    the call has no epilogue or config.)"""
+    if not swappable(va, vb, vo):
         return None
     (M, K), N = va.shape, vb.shape[1]
     block_n = narrow_tokens(M, N, K, limits.sm_count)
     if block_n is None:
         return None
-    kw = dict(block_m=64, b_major="K", out_major="M")
+    kw = dict(block_m=64, b_major="K", out_major="M", acc_chains=NARROW_ACC_CHAINS)
     stages = max_stages(va.dtype, vo.dtype, block_n, limits.max_shared_per_block_optin, **kw)
     return GemmConfig(block_n=block_n, stages=stages, **kw)
 
@@ -120,7 +130,9 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
     """``(block_n, K slices)`` of 64-row tiles with the shortest estimated streaming time.
 
     Each wave of work units (tiles x slices) streams its share of B at its SMs' rate, capped
-    by HBM; a partial last wave of few units runs at their own rate. Slices (2 or 4, >= 64
+    by HBM's rate times the tiles that share each column of B (from L2); a partial last wave
+    of few units runs at their own rate. So at M = 128 the wave-filling 64 x 64 tiles win
+    where the cap made 64 x 128 ones tie (128x4096x4096: 0.99x cuBLAS vs 0.92x). Slices (2 or 4, >= 64
     k-blocks each) add units when ``can_split``. Within 1%, the first width of
     ``SM_STREAM_GBPS`` and fewer slices win: 1x4096x14336 takes 64x128 tiles in two slices
     (0.91x cuBLAS; unsplit 64x64: 0.72x), 1x3584x3584 takes 64x64 tiles (56 busy SMs stream
@@ -128,6 +140,9 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
     wave of 28: 0.94x vs 0.77x). ``block_k``: elements per k-block (128 bytes of K).
     """
     k_blocks = _ceil(K, block_k)
+    # The row tiles of one column of B (M = 128: two) read it together, so DRAM serves it once
+    # and L2 the rest: HBM caps the rate of the unique bytes.
+    hbm_share = HBM_STREAM_GBPS * _ceil(M, 64)
     best, best_time = None, float("inf")
     for bn, per_sm in SM_STREAM_GBPS.items():
         tiles = units * _ceil(M, 64) * _ceil(N, bn)
@@ -136,7 +151,7 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
                 break
             work, unit_bytes = tiles * slices, bn / slices  # bytes in units of K x 2 (one tile-row of B)
             full, last = divmod(work, sms)
-            time = sum(n * unit_bytes / min(HBM_STREAM_GBPS, n * per_sm) for n in (sms,) * full + (last,) if n)
+            time = sum(n * unit_bytes / min(hbm_share, n * per_sm) for n in (sms,) * full + (last,) if n)
             if time < 0.99 * best_time:
                 best, best_time = (bn, slices), time
     return best

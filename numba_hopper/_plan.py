@@ -25,7 +25,7 @@ from cuda.bindings import driver
 from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
 from ._extra_launches import aligned_layout, prepare_copy, prepare_reduce
 from ._fusion import Fusion, is_array, numba_array, user_arg
-from ._heuristics import choose_config, grouped_config, max_stages, narrow_config, split_count, stream_k_schedule
+from ._heuristics import choose_config, grouped_config, max_stages, narrow_config, split_count, stream_k_schedule, swappable
 from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratch
 from .debug import DebugRecord
 from .errors import LayoutError
@@ -343,7 +343,8 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
 
     A column-major ``out`` is computed as ``out.T = b.T @ a.T``: the same kernel on swapped,
     transposed operands. So is a plain decode product (a few rows: ``_heuristics.narrow_config``),
-    whose kernel then writes the column-major ``out.T``. Operands TMA cannot address go
+    or a call whose ``config`` has ``out_major = "M"``: the kernel then writes the column-major
+    ``out.T``. Operands TMA cannot address go
     through aligned scratch copies.
     ``amax_out`` is zeroed (a memset on the stream) before the kernel raises it.
     """
@@ -354,7 +355,13 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
         arrays = {name: Operand(getattr(fusion, name), src) for name, src in _FUSION_SRCS.items()
                   if isinstance(getattr(fusion, name), DeviceView)}
         user_srcs = _user_sources(fusion.user_args)
-    narrow = None if fusion or config is not None else narrow_config(va, vb, vo, device_limits(vo.device))
+    if config is not None and config.out_major == "M":
+        if fusion or not swappable(va, vb, vo):
+            raise ValueError("a config with out_major = 'M' computes the product swapped, which takes plain 16-bit "
+                             "products with a and out row-major and TMA-addressable")
+        narrow = config
+    else:
+        narrow = None if fusion or config is not None else narrow_config(va, vb, vo, device_limits(vo.device))
     if narrow is not None:  # the kernel's rows are b's columns, its few columns the rows of a and out
         a, b, d, config = b.t(), a.t(), d.t(), narrow
     transposed = is_col_major(vo)

@@ -56,6 +56,13 @@ def test_fused_64_row_tiles_do_not_spill():
     assert r.count("UTMASTG") == 2 and r.count("LDSM") > 0
 
 
+def test_fused_192_row_tiles_do_not_spill():
+    """Three consumers share what the producer gives back: 160 registers each."""
+    r = _fused("bf16", *BIAS_GELU_C, block_m=192, block_n=192)
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert r.count("USETMAXREG") == 2 and r.count("UTMASTG") == 3 and r.count("LDSM") > 0
+
+
 # Debug builds are not in this list: like plain debug builds (tests/test_debug_cpu.py) they
 # spill, the bounded waits' bookkeeping costs registers and speed is not their point.
 def test_fused_kernels_with_clusters_do_not_spill():

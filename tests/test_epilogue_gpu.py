@@ -5,6 +5,7 @@ import pytest
 from numba import cuda
 
 from numba_hopper import gemm
+from numba_hopper.kernels.gemm_config import GemmConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -124,12 +125,21 @@ def test_bias_gelu_residual_ragged(torch, M, N, K):
     _check(torch, M, N, K, bias="bf16", bias_dim=1, activation="gelu", beta=1.0, with_c=True)
 
 
+@pytest.mark.parametrize("acc_chains", [1, 4])
 @pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
 @pytest.mark.parametrize("M,N,K", [(37, 520, 270), (64, 4096, 640)])
-def test_64_row_tiles_with_every_option(torch, M, N, K, out_dtype):
-    """M <= 64 runs 64-row tiles (one consumer warpgroup): every part of the epilogue there."""
+def test_64_row_tiles_with_every_option(torch, M, N, K, out_dtype, acc_chains):
+    """M <= 64 runs 64-row tiles (one consumer warpgroup): every part of the epilogue there,
+    with the heuristic's tile and with 64 x 64 tiles of separate accumulators."""
+    config = GemmConfig(block_m=64, block_n=64, stages=4, acc_chains=4) if acc_chains > 1 else None
     _check(torch, M, N, K, out_dtype=out_dtype, alpha=0.5, beta=-1.0, with_c=True, bias="f32", bias_dim=0,
-           activation="silu", row_scale=True, col_scale=True, aux_dtype="bf16", epilogue=_scale_cols)
+           activation="silu", row_scale=True, col_scale=True, aux_dtype="bf16", epilogue=_scale_cols, config=config)
+
+
+@pytest.mark.parametrize("cluster_m", [1, 2])
+def test_192_row_tiles_with_bias_gelu_residual(torch, cluster_m):
+    _check(torch, 1000, 1040, 520, bias="bf16", activation="gelu_tanh", beta=1.0, with_c=True, aux_dtype="bf16",
+           config=GemmConfig(block_m=192, block_n=128, stages=3, cluster_m=cluster_m))
 
 
 @pytest.mark.parametrize("layout", ["RR", "CC"])

@@ -36,20 +36,28 @@ ALL_CONFIGS = [
     # 64-row tiles (one consumer warpgroup): each width, f32 and the other majors at the widest
     *(GemmConfig("bf16", "bf16", "K", "N", block_m=64, block_n=bn, stages=8) for bn in (32, 64)),
     GemmConfig("bf16", "f32", "M", "K", block_m=64, block_n=128, stages=8),
-    # column-major outputs (swapped decode products): each narrow width, both 16-bit types and A majors
-    GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=8, stages=16, out_major="M"),
-    GemmConfig("f16", "f16", "M", "K", block_m=64, block_n=16, stages=12, out_major="M"),
+    # 192-row tiles (three consumer warpgroups, 512 threads): the widest alone and with each
+    # multicast, 128 with the other majors and f32
+    GemmConfig("bf16", "bf16", "K", "K", block_m=192, block_n=192, stages=3),
+    GemmConfig("bf16", "bf16", "K", "K", block_m=192, block_n=192, stages=3, cluster_m=2),
+    GemmConfig("bf16", "bf16", "K", "N", block_m=192, block_n=128, stages=3, cluster_n=2),
+    GemmConfig("bf16", "f32", "M", "N", block_m=192, block_n=128, stages=3),
+    # column-major outputs (swapped decode products): each narrow width, both 16-bit types and A
+    # majors, one accumulator per wgmma of a k-block (as the heuristic runs them) and one in all
+    GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=8, stages=16, out_major="M", acc_chains=4),
+    GemmConfig("f16", "f16", "M", "K", block_m=64, block_n=16, stages=12, out_major="M", acc_chains=4),
+    GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=16, stages=12, out_major="M"),
 ]
 
 
 @pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}"
-                         + ("-colmajor" if c.out_major == "M" else ""))
+                         + ("-colmajor" if c.out_major == "M" else "") + f"-a{c.acc_chains}")
 def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
     assert r.count("HGMMA") >= 4, r.summary()  # 4 k16 steps per 64-wide k-block
     assert r.count("UTMALDG") >= 2 and r.count("UTMASTG") >= 1
     # producer dec, consumer inc; a single consumer warpgroup keeps every register
-    assert r.count("USETMAXREG") == (2 if cfg.consumers == 2 else 0)
+    assert r.count("USETMAXREG") == (2 if cfg.consumers > 1 else 0)
     if cfg.cluster_size > 1:  # the shared operand is loaded once per cluster and multicast
         assert r.count("UTMALDG.3D.MULTICAST") > 0 and r.count("UCGABAR_WAIT") > 0
     assert r.count("SYNCS") > 0  # mbarrier
@@ -139,6 +147,8 @@ def test_stage_count_fills_shared_memory():
     (dict(block_m=64, block_n=8, b_major="K", out_major="M", out_dtype="f32"), "plain 16-bit"),
     (dict(block_m=64, block_n=8, out_major="M"), "K-major B"),
     (dict(stages=1), "stages"), (dict(cluster_m=4), "cluster"),
+    (dict(block_m=192), "block_n <= 192"), (dict(block_m=192, block_n=128, stream_k=True), "block_m = 192"),
+    (dict(block_m=192, block_n=128, a_major="M", cluster_n=2), "block_m = 192"),
 ])
 def test_config_rejects_bad_values(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -192,6 +202,8 @@ def test_gemm_without_hopper_gpu_says_so(monkeypatch):
     # M <= 128: 64-row tiles of the shortest estimated streaming time
     (1, 14336, 4096, 1, (64, 128)), (64, 6144, 4096, 1, (64, 128)), (128, 8192, 4096, 1, (64, 128)),
     (1, 3584, 3584, 1, (64, 64)), (1, 4096, 14336, 1, (64, 128)),
+    (128, 4096, 4096, 1, (64, 64)), (128, 3584, 3584, 1, (64, 64)),  # two row tiles share B: 64-wide fill the wave
+    (128, 8192, 28672, 1, (64, 128)),
     (128, 10240, 8192, 1, (64, 256)),  # 80 tiles, one wave, rather than 160 (a wave of 28)
 ])
 def test_tile_shape_heuristic(M, N, K, units, tile):
@@ -239,9 +251,9 @@ def test_epilogue_sub_tiles_divide_the_tile(block_n, out_dtype, cols, swizzle):
     (8, 2048, 2048, 8), (1, 3584, 3584, 8), (16, 4096, 4096, 16), (9, 2048, 5632, 16),
     (17, 2048, 2048, None),  # more tokens than wgmma's narrow N takes
     (8, 2048, 8192, None), (1, 4096, 14336, None),  # the 64-row tiling splits K
-    (8, 32000, 2048, None),  # ... or runs wider tiles
+    (8, 32000, 2048, 8), (1, 6144, 4096, 8), (16, 57344, 8192, 16),  # wider 64-row tiles, whole K
 ])
-def test_decode_products_run_swapped_where_the_64_row_tiling_is_64_wide_and_whole(M, N, K, block_n):
+def test_decode_products_run_swapped_where_the_64_row_tiling_is_whole(M, N, K, block_n):
     from numba_hopper._arrays import DeviceView, transpose
     from numba_hopper._heuristics import choose_config, narrow_config, narrow_tokens
     from numba_hopper.prebuild import H100

@@ -75,6 +75,27 @@ def test_64_row_tiles(torch, block_n, M, N, K, layout):
 
 
 @pytest.mark.parametrize("block_n", [64, 128, 192])
+@pytest.mark.parametrize("M,N,K,layout", [(1, 1, 1, "RR"), (7, 1000, 300, "CC"), (193, 129, 129, "RC"),
+                                          (1000, 520, 270, "CR"), (4100, 600, 640, "RC")])
+def test_192_row_tiles(torch, block_n, M, N, K, layout):
+    """Three consumer warpgroups per 192-row tile: ragged edges in each of them, several tiles
+    per CTA."""
+    cfg = GemmConfig(block_m=192, block_n=block_n, stages=3)
+    _check(torch, M, N, K, layout=layout, config=cfg)
+    _check(torch, M, N, K, layout=layout, out_dtype="f32", config=cfg)
+
+
+@pytest.mark.parametrize("cluster,block_n,layout", [((2, 1), 192, "RC"), ((1, 2), 192, "RR"), ((2, 1), 128, "RR"),
+                                                    ((2, 2), 128, "RC")], ids=str)
+@pytest.mark.parametrize("M,N,K", [(1000, 1000, 1000), (4096, 5632, 256)])
+def test_192_row_tiles_in_clusters(torch, cluster, block_n, layout, M, N, K):
+    # (built with the majors of the layout: a 2x1 cluster of 192-wide tiles splits a K-major B only)
+    cfg = GemmConfig(a_major="K", b_major="N" if layout[1] == "R" else "K", block_m=192, block_n=block_n, stages=3,
+                     cluster_m=cluster[0], cluster_n=cluster[1])
+    _check(torch, M, N, K, layout=layout, config=cfg)
+
+
+@pytest.mark.parametrize("block_n", [64, 128, 192])
 @pytest.mark.parametrize("M,N,K,layout", [
     (1792, 1280, 640, "CR"),  # fewer tiles than SMs: runs shorter than a tile, chains of 2-3 CTAs
     (333, 520, 1000, "RC"),  # few tiles, 4 k-blocks a CTA: chains of up to 5 CTAs
@@ -138,6 +159,30 @@ def test_decode_products_run_swapped(torch, dtype, M, N, K, layout):
     fresh = gemm(a, b)
     assert fresh.shape == (M, N) and fresh.is_contiguous()
     assert ((fresh.double() - ref).norm() / ref.norm()).item() < TOL[dtype]
+
+
+CHAINED = [GemmConfig(block_m=64, block_n=64, stages=8, acc_chains=4),
+           GemmConfig(block_m=64, block_n=32, stages=8, acc_chains=4), GemmConfig(block_n=64, stages=8, acc_chains=4)]
+
+
+@pytest.mark.parametrize("cfg", CHAINED, ids=lambda c: f"{c.block_m}x{c.block_n}")
+@pytest.mark.parametrize("M,N,K,layout", [(1, 1, 1, "RR"), (7, 1000, 300, "CC"), (129, 129, 129, "RC"),
+                                          (300, 520, 1000, "CR"), (64, 4096, 4096, "RC")])
+def test_separate_accumulators(torch, cfg, M, N, K, layout):
+    """One accumulator per wgmma of a k-block, summed after the K loop: K shorter than a
+    k-step, ragged K, several tiles per CTA."""
+    _check(torch, M, N, K, layout=layout, config=cfg)
+    _check(torch, M, N, K, layout=layout, out_dtype="f32", config=cfg)
+
+
+@pytest.mark.parametrize("M,N,K", [(8, 2048, 2048), (16, 4096, 4096), (7, 136, 1000), (1, 200, 9)])
+def test_swapped_decode_products_with_separate_accumulators(torch, M, N, K):
+    """A config with out_major = "M" runs the product swapped, as the heuristic's decode kernels do."""
+    cfg = GemmConfig(block_m=64, block_n=8 if M <= 8 else 16, b_major="K", out_major="M", stages=8, acc_chains=4)
+    _check(torch, M, N, K, layout="RC", config=cfg)
+    if M > 1:  # (a 1 x K view is row-major too)
+        with pytest.raises(ValueError, match="swapped"):  # the tokens column-major
+            _check(torch, M, N, K, layout="CC", config=cfg)
 
 
 @pytest.mark.parametrize("out_major", ["C"])

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
     from .epilogue import EpilogueConfig
 
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "gemm_argument_types", "WG_ROWS", "KBLOCK_BYTES",
-           "KBLOCK_SCALE", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES"]
+           "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES"]
 
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements
+ACC_CHAINS = 4  # wgmmas per k-block (k16 on 64 16-bit elements, k32 on 128 fp8 ones)
 KBLOCK_SCALE = 128  # block-wise fp8 scales: one per 128 K (one fp8 k-block) and per 128 rows of B
 EPI_ROWS = 64
 EPI_BUF_BYTES = EPI_ROWS * 128  # one 128-byte-wide swizzled sub-tile
@@ -31,7 +32,7 @@ ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1}  # outputs
 INPUT_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
 FP8_DTYPES = ("e4m3", "e5m2")
 GROUPED_MODES = ("contiguous", "masked")
-BLOCK_MS = (64, 128)
+BLOCK_MS = (64, 128, 192)
 BLOCK_NS = (8, 16, 32, 64, 112, 128, 144, 160, 192, 224, 256)
 NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a decode product's tokens
 STREAM_K_MAX_BLOCK_N = 192
@@ -60,6 +61,9 @@ class GemmConfig:
     of a decode product computed swapped, ``out.T = b.T @ a.T`` with the few tokens as the
     kernel's N; only 64 x 8 or 64 x 16 tiles of a plain 16-bit product, whose epilogue
     writes each tile transposed and stores it with one TMA box).
+    ``acc_chains``: 1, or 4 independent accumulators, one per wgmma of a k-block, summed
+    after the K loop: a narrow tile's wgmmas are short, and chained on one accumulator
+    each waits for the one before it (block_n <= 64, plain or fused, not block-wise scaled).
     ``grouped``: None, or the grouped GEMM's scheduler to compile in (``kernels/scheduler.py``):
     "contiguous" (the groups' rows one after another in a 2-D A and output, cut by
     cumulative ends) or "masked" (a 3-D A and output, the first ``masked_m[g]`` rows of
@@ -84,6 +88,7 @@ class GemmConfig:
     grouped: str | None = None
     b_dtype: str | None = None
     out_major: str = "N"
+    acc_chains: int = 1
 
     def __post_init__(self):
         if self.in_dtype not in INPUT_BYTES:
@@ -129,6 +134,21 @@ class GemmConfig:
                              f"{64 * self.cluster_m} columns per tile, got block_n = {self.block_n}")
         if self.block_m == 64 and (self.cluster_size > 1 or self.stream_k):
             raise ValueError("block_m = 64 runs without a cluster or stream_k")
+        if self.block_m == 192 and self.block_n > 192:
+            # At 512 threads ptxas compiles the kernel for 128 registers a thread, and a 64 x 256
+            # wgmma's 128 accumulators need more (C7602).
+            raise ValueError(f"block_m = 192 takes block_n <= 192, got {self.block_n}")
+        if self.block_m == 192 and (self.stream_k or self.grouped is not None or self.block_scaled
+                                    or (self.cluster_n > 1 and self.a_major == "M")):
+            # Stream-K's partials are laid out for two consumers, the group walk divides by a
+            # power of two, block-wise scales take turns between two consumers, and a column-major
+            # A tile's three 64-row boxes do not split over 2 CTAs.
+            raise ValueError("block_m = 192 runs without stream_k, grouping, block-wise scales or, with a "
+                             "column-major A, cluster_n = 2")
+        if self.acc_chains not in (1, ACC_CHAINS) or (self.acc_chains > 1 and (self.block_n > 64
+                                                                             or self.block_scaled)):
+            raise ValueError(f"acc_chains must be 1, or {ACC_CHAINS} with block_n <= 64 and no block-wise scales; "
+                             f"got {self.acc_chains} with block_n = {self.block_n}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
         if self.split_k < 1:
@@ -383,7 +403,7 @@ class GemmParams(NamedTuple):
 
 
 class Consumer(NamedTuple):
-    """A consumer thread's place in the CTA: warpgroup ``cw`` (0 or 1) of the consumers,
+    """A consumer thread's place in the CTA: warpgroup ``cw`` (0 to 2) of the consumers,
     thread ``t`` (0-127) in it, its ``lane``, the first of the two fragment rows it holds
     in its warpgroup's 64 (``row_in_wg``, and 8 below), and whether it is the warpgroup's
     ``leader`` (thread 0, which issues its TMA stores and C loads)."""

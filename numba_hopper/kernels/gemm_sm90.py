@@ -1,7 +1,7 @@
 """Warp-specialized, persistent TMA + wgmma GEMM for sm_90a: ``D = A @ B`` (with a fused epilogue).
 
-One CTA per SM, 384 threads in three warpgroups, or 256 in two for 64-row tiles. The kernel
-only orchestrates its components, each in its own module:
+One CTA per SM: a producer warpgroup and one consumer warpgroup per 64 rows of the tile (256,
+384 or 512 threads for 64-, 128- or 192-row tiles). The kernel only orchestrates its components, each in its own module:
 
 - the ring (:mod:`.pipeline`): ``stages`` slots of one A and one B k-block, handed from the
   producer to the consumers by mbarriers;
@@ -14,10 +14,10 @@ only orchestrates its components, each in its own module:
 
 Roles:
 
-- warpgroup 0, the producer: gives registers back (``setmaxnreg.dec``, next to two
+- warpgroup 0, the producer: gives registers back (``setmaxnreg.dec``, next to two or three
   consumers); one elected thread walks the CTA's work items and loads their k-blocks;
-- warpgroups 1 and 2 (just 1 when BM = 64), the consumers: take registers
-  (``setmaxnreg.inc``; a single consumer has them all from the start); each owns 64 rows
+- warpgroups 1 to BM / 64, the consumers: take registers (``setmaxnreg.inc``; a single
+  consumer has them all from the start); each owns 64 rows
   of the BM x BN output tile, accumulates them in registers (128 f32 per thread for
   BN = 256), and stores them while the producer already loads the next tile.
 
@@ -51,18 +51,19 @@ TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales"])
 
 __all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel"]
 
-# Register budgets after setmaxnreg (128 * producer + 256 * consumer <= 64K registers). The
-# cluster producer also computes multicast masks and peer offsets: at 40 it spills.
-REGS_NO_CLUSTER = (40, 232)
-REGS_CLUSTER = (56, 224)
+# Producer registers after setmaxnreg.dec; the consumers share the rest of the 64K
+# (``register_budget``). The cluster producer also computes multicast masks and peer
+# offsets: at 40 it spills.
+PRODUCER_REGS = 40
+PRODUCER_REGS_CLUSTER = 56
 # A fused epilogue keeps more values live in the consumers: give them the registers the
 # producer can spare (measured: bias+gelu_tanh+c spills 96 B at 40/232, none at 24/240).
-REGS_FUSED = (24, 240)
-REGS_FUSED_CLUSTER = (40, 232)
+PRODUCER_REGS_FUSED = 24
+PRODUCER_REGS_FUSED_CLUSTER = 40
 # A grouped producer also walks the groups' row ends in 64-bit arithmetic: at 24 it spills
 # (4 B in a bf16 128x256 kernel with silu); its fused epilogues take no C. Block-scaled
-# grouped kernels keep REGS_FUSED: their 192-wide tiles' consumers spill at 232.
-REGS_FUSED_GROUPED = (32, 232)
+# grouped kernels keep PRODUCER_REGS_FUSED: their 192-wide tiles' consumers spill at 232.
+PRODUCER_REGS_FUSED_GROUPED = 32
 
 
 def make_gemm_kernel(cfg: GemmConfig):
@@ -72,12 +73,16 @@ def make_gemm_kernel(cfg: GemmConfig):
 
 
 def register_budget(cfg: GemmConfig):
-    """``(producer, consumer)`` registers per thread after ``setmaxnreg``."""
+    """``(producer, consumer)`` registers per thread after ``setmaxnreg``: the producer's
+    128 threads and the consumers' 128 each fill the SM's 64K registers (counts are
+    multiples of 8; PTX ISA, "setmaxnreg")."""
     if cfg.epilogue is None:
-        return REGS_CLUSTER if cfg.cluster_size > 1 else REGS_NO_CLUSTER
-    if cfg.grouped is not None and not cfg.block_scaled:
-        return REGS_FUSED_GROUPED
-    return REGS_FUSED_CLUSTER if cfg.cluster_size > 1 else REGS_FUSED
+        producer = PRODUCER_REGS_CLUSTER if cfg.cluster_size > 1 else PRODUCER_REGS
+    elif cfg.grouped is not None and not cfg.block_scaled:
+        producer = PRODUCER_REGS_FUSED_GROUPED
+    else:
+        producer = PRODUCER_REGS_FUSED_CLUSTER if cfg.cluster_size > 1 else PRODUCER_REGS_FUSED
+    return producer, (65536 // 128 - producer) // cfg.consumers // 8 * 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,7 +137,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
 
     @cuda.jit(device=True, forceinline=True)
     def producer(p, smem, tid, cta, work):
-        if CONSUMERS == 2:
+        if CONSUMERS > 1:
             nh.setmaxnreg_dec(PRODUCER_REGS)
         if tid < 32 and nh.elect_sync():
             tmaps, work = tensormaps(p), role_schedule(p, work)
@@ -145,7 +150,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
 
     @cuda.jit(device=True, forceinline=True)
     def consumer(p, ep, smem, tid, cta, work):
-        if CONSUMERS == 2:
+        if CONSUMERS > 1:
             nh.setmaxnreg_inc(CONSUMER_REGS)
         wg = (cuda.shfl_sync(0xFFFFFFFF, tid, 0) if UNIFORM_WARPGROUP else tid) // 128
         t = tid - 128 * wg

@@ -131,36 +131,53 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return st
 
     @cuda.jit(device=True, forceinline=True)
+    def stage_descriptors(smem, st, cw):
+        """wgmma descriptors of the slot's A rows of consumer ``cw`` and of its B tile."""
+        return (nh.matrix_descriptor(smem + st.stage * A_TILE + cw * A_WG_OFF, A_LBO, 1024, 128, 0),
+                nh.matrix_descriptor(smem + B_OFF + st.stage * B_TILE, B_LBO, B_SBO, B_SWIZZLE, 0))
+
+    @cuda.jit(device=True, forceinline=True)
+    def k_step(acc, descs, kk, scale_d):
+        """The wgmma of k-step ``kk`` of the k-block at ``descs``."""
+        return nh.wgmma_mma_async(acc, descs[0] + np.uint64(kk * A_KSTEP // 16), descs[1] + np.uint64(kk * B_KSTEP // 16),
+                                  scale_d, IN_T, B_T, 1, 1, TNSP_A, TNSP_B)
+
+    @cuda.jit(device=True, forceinline=True)
     def mma_stage(acc, smem, st, cw, first):
-        a_desc = nh.matrix_descriptor(smem + st.stage * A_TILE + cw * A_WG_OFF, A_LBO, 1024, 128, 0)
-        b_desc = nh.matrix_descriptor(smem + B_OFF + st.stage * B_TILE, B_LBO, B_SBO, B_SWIZZLE, 0)
+        descs = stage_descriptors(smem, st, cw)
         nh.wgmma_fence()
         for kk in range(K_STEPS):
-            scale_d = 0 if first and kk == 0 else 1
-            acc = nh.wgmma_mma_async(
-                acc,
-                a_desc + np.uint64(kk * A_KSTEP // 16),
-                b_desc + np.uint64(kk * B_KSTEP // 16),
-                scale_d, IN_T, B_T, 1, 1, TNSP_A, TNSP_B,
-            )
+            acc = k_step(acc, descs, kk, 0 if first and kk == 0 else 1)
         nh.wgmma_commit_group()
         return acc
 
     @cuda.jit(device=True, forceinline=True)
-    def mma(acc, smem, bars, st, p, item, c, peers, tile, ep):
-        prev = st
-        for kb in range(item.k_begin, item.k_end):
-            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
-            acc = mma_stage(acc, smem, st, c.cw, kb == item.k_begin)
-            nh.wgmma_wait_group(1)  # k-block kb-1 is done reading its slot
-            if kb > item.k_begin and c.lane == 0:
-                pipe.consumer_release(bars, prev, peers)
-            prev = st
-            st = pipe.advance(st)
-        nh.wgmma_wait_group(0)
-        if item.k_end > item.k_begin and c.lane == 0:
-            pipe.consumer_release(bars, prev, peers)
-        return acc, st
+    def mma_stage_chained(accs, smem, st, cw, first):
+        """One k-block's wgmmas, each on its own accumulator of ``accs`` (``cfg.acc_chains``):
+        none waits for another's result."""
+        descs = stage_descriptors(smem, st, cw)
+        scale_d = 0 if first else 1
+        nh.wgmma_fence()
+        accs = (k_step(accs[0], descs, 0, scale_d), k_step(accs[1], descs, 1, scale_d),
+                k_step(accs[2], descs, 2, scale_d), k_step(accs[3], descs, 3, scale_d))
+        nh.wgmma_commit_group()
+        return accs
+
+    mma = _k_loop(pipe, mma_stage, DEBUG)
+    chained_k_loop = _k_loop(pipe, mma_stage_chained, DEBUG)
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_chained(acc, smem, bars, st, p, item, c, peers, tile, ep):
+        """``mma`` over ``cfg.acc_chains`` accumulators (each started afresh by the first
+        k-block), summed once their wgmmas are done."""
+        zero = nh.wgmma_accumulator(BN, "f32")  # (copies of acc would be moved inside the loop)
+        accs, st = chained_k_loop((acc, zero, zero, zero), smem, bars, st, p, item, c, peers, tile, ep)
+        total = nh.tuple_as_array(nh.wgmma_fence_operand(accs[0]))
+        parts = (nh.tuple_as_array(nh.wgmma_fence_operand(accs[1])), nh.tuple_as_array(nh.wgmma_fence_operand(accs[2])),
+                 nh.tuple_as_array(nh.wgmma_fence_operand(accs[3])))
+        for e in range(BN // 2):
+            total[e] += (parts[0][e] + parts[1][e]) + parts[2][e]
+        return nh.array_as_tuple(total, acc), st
 
     @cuda.jit(device=True, forceinline=True)
     def load_b_scale(ep, g, n_block, kb, k_end):
@@ -242,7 +259,33 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
 
-    return Mainloop(cluster_cta, load, begin, mma_promoted if cfg.block_scaled else mma)
+    assert cfg.acc_chains in (1, K_STEPS), cfg  # one accumulator per wgmma of a k-block
+    consumer_mma = mma_promoted if cfg.block_scaled else mma_chained if cfg.acc_chains > 1 else mma
+    return Mainloop(cluster_cta, load, begin, consumer_mma)
+
+
+def _k_loop(pipe, stage, debug):
+    """``mma(acc, smem, bars, st, params, item, consumer, peers, tile, ep) -> (acc, st)``: the
+    consumer's K loop over the item's k-blocks, ``acc = stage(acc, smem, st, cw, first)`` on
+    each (``acc``: whatever ``stage`` accumulates into)."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma(acc, smem, bars, st, p, item, c, peers, tile, ep):
+        prev = st
+        for kb in range(item.k_begin, item.k_end):
+            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if debug else None)
+            acc = stage(acc, smem, st, c.cw, kb == item.k_begin)
+            nh.wgmma_wait_group(1)  # k-block kb-1 is done reading its slot
+            if kb > item.k_begin and c.lane == 0:
+                pipe.consumer_release(bars, prev, peers)
+            prev = st
+            st = pipe.advance(st)
+        nh.wgmma_wait_group(0)
+        if item.k_end > item.k_begin and c.lane == 0:
+            pipe.consumer_release(bars, prev, peers)
+        return acc, st
+
+    return mma
 
 
 def _scales_ahead(load, n):
