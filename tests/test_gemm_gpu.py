@@ -74,15 +74,15 @@ def test_64_row_tiles(torch, block_n, M, N, K, layout):
     _check(torch, M, N, K, layout=layout, out_dtype="f32", config=GemmConfig(block_m=64, block_n=block_n, stages=6))
 
 
-@pytest.mark.parametrize("block_n", [64, 128, 192])
-@pytest.mark.parametrize("M,N,K,layout", [(1, 1, 1, "RR"), (7, 1000, 300, "CC"), (193, 129, 129, "RC"),
-                                          (1000, 520, 270, "CR"), (4100, 600, 640, "RC")])
-def test_192_row_tiles(torch, block_n, M, N, K, layout):
+# One kernel per case (each compile takes seconds): the widths, layouts and output dtypes spread.
+@pytest.mark.parametrize("block_n,layout,out_dtype", [(192, "RR", "bf16"), (192, "CC", "f32"), (128, "RC", "bf16"),
+                                                      (128, "CR", "f32"), (64, "RC", "bf16")])
+def test_192_row_tiles(torch, block_n, layout, out_dtype):
     """Three consumer warpgroups per 192-row tile: ragged edges in each of them, several tiles
     per CTA."""
     cfg = GemmConfig(block_m=192, block_n=block_n, stages=3)
-    _check(torch, M, N, K, layout=layout, config=cfg)
-    _check(torch, M, N, K, layout=layout, out_dtype="f32", config=cfg)
+    for M, N, K in [(1, 1, 1), (7, 1000, 300), (193, 129, 129), (1000, 520, 270), (4100, 600, 640)]:
+        _check(torch, M, N, K, layout=layout, out_dtype=out_dtype, config=cfg)
 
 
 @pytest.mark.parametrize("cluster,block_n,layout", [((2, 1), 192, "RC"), ((1, 2), 192, "RR"), ((2, 1), 128, "RR"),
@@ -161,18 +161,17 @@ def test_decode_products_run_swapped(torch, dtype, M, N, K, layout):
     assert ((fresh.double() - ref).norm() / ref.norm()).item() < TOL[dtype]
 
 
-CHAINED = [GemmConfig(block_m=64, block_n=64, stages=8, acc_chains=4),
-           GemmConfig(block_m=64, block_n=32, stages=8, acc_chains=4), GemmConfig(block_n=64, stages=8, acc_chains=4)]
-
-
-@pytest.mark.parametrize("cfg", CHAINED, ids=lambda c: f"{c.block_m}x{c.block_n}")
-@pytest.mark.parametrize("M,N,K,layout", [(1, 1, 1, "RR"), (7, 1000, 300, "CC"), (129, 129, 129, "RC"),
-                                          (300, 520, 1000, "CR"), (64, 4096, 4096, "RC")])
-def test_separate_accumulators(torch, cfg, M, N, K, layout):
+@pytest.mark.parametrize("cfg,layout,out_dtype", [
+    (GemmConfig(block_m=64, block_n=64, stages=8, acc_chains=4), "RR", "bf16"),
+    (GemmConfig(block_m=64, block_n=64, stages=8, acc_chains=4), "CC", "f32"),
+    (GemmConfig(block_m=64, block_n=32, stages=8, acc_chains=4), "RC", "bf16"),
+    (GemmConfig(block_n=64, stages=8, acc_chains=4), "CR", "f32")],
+    ids=lambda v: f"{v.block_m}x{v.block_n}" if isinstance(v, GemmConfig) else str(v))
+def test_separate_accumulators(torch, cfg, layout, out_dtype):
     """One accumulator per wgmma of a k-block, summed after the K loop: K shorter than a
     k-step, ragged K, several tiles per CTA."""
-    _check(torch, M, N, K, layout=layout, config=cfg)
-    _check(torch, M, N, K, layout=layout, out_dtype="f32", config=cfg)
+    for M, N, K in [(1, 1, 1), (7, 1000, 300), (129, 129, 129), (300, 520, 1000), (64, 4096, 4096)]:
+        _check(torch, M, N, K, layout=layout, out_dtype=out_dtype, config=cfg)
 
 
 @pytest.mark.parametrize("M,N,K", [(8, 2048, 2048), (16, 4096, 4096), (7, 136, 1000), (1, 200, 9)])
