@@ -6,7 +6,8 @@ import pytest
 from numba_hopper.kernels import gemm_argument_types, shipped_kernels
 from numba_hopper._heuristics import max_stages
 from numba_hopper.kernels.gemm_config import GemmConfig
-from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
+from numba_hopper.kernels.epilogue import EpilogueConfig
+from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel, register_budget
 from numba_hopper.kernels.scheduler import host_grouped_tile
 from numba_hopper.sass import inspect_kernel
 
@@ -64,6 +65,23 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     assert not r.setmaxnreg_ignored
     assert not any("C7517" in w or "C75" in w for w in r.warnings), r.warnings
+
+
+@pytest.mark.parametrize("cfg,budget", [
+    (GemmConfig(), (40, 232)), (GemmConfig(cluster_n=2), (56, 224)),
+    (GemmConfig(epilogue=EpilogueConfig(activation="silu")), (24, 240)),
+    (GemmConfig(epilogue=EpilogueConfig(activation="silu"), cluster_m=2), (40, 232)),
+    # 32 + 2 x 240 asks for more than the 3 x 168 of the launch: setmaxnreg.inc never returned
+    (GemmConfig(block_n=64, epilogue=EpilogueConfig(activation="silu"), grouped="contiguous"), (32, 232)),
+    (GemmConfig(block_m=192, block_n=192), (40, 152)), (GemmConfig(block_m=192, block_n=192, cluster_n=2), (56, 152)),
+    (GemmConfig(block_m=192, block_n=192, epilogue=EpilogueConfig(activation="silu")), (24, 160)),
+], ids=lambda v: f"{v.block_m}x{v.block_n}-c{v.cluster_size}-{v.grouped or ''}{'fused' if v.epilogue else 'plain'}"
+   if isinstance(v, GemmConfig) else "")
+def test_setmaxnreg_trades_only_the_registers_of_the_launch(cfg, budget):
+    producer, consumer = register_budget(cfg)
+    assert (producer, consumer) == budget
+    at_launch = 65536 // cfg.threads // 8 * 8  # launch_bounds(threads, 1)
+    assert 128 * producer + 128 * cfg.consumers * consumer <= at_launch * cfg.threads
 
 
 # The fix-up's loads and stores follow block_n; the widest, with the f32 output and the other

@@ -73,16 +73,19 @@ def make_gemm_kernel(cfg: GemmConfig):
 
 
 def register_budget(cfg: GemmConfig):
-    """``(producer, consumer)`` registers per thread after ``setmaxnreg``: the producer's
-    128 threads and the consumers' 128 each fill the SM's 64K registers (counts are
-    multiples of 8; PTX ISA, "setmaxnreg")."""
+    """``(producer, consumer)`` registers per thread after ``setmaxnreg``. The warpgroups only
+    trade the registers the CTA got at launch (``launch_bounds(threads, 1)``: 64K / threads a
+    thread, rounded down to 8), so a consumer gets its share of what the producer gives back
+    (counts are multiples of 8; PTX ISA, "setmaxnreg"). A larger request never completes:
+    ``setmaxnreg.inc`` waits for registers that no warp will free."""
     if cfg.epilogue is None:
         producer = PRODUCER_REGS_CLUSTER if cfg.cluster_size > 1 else PRODUCER_REGS
     elif cfg.grouped is not None and not cfg.block_scaled:
         producer = PRODUCER_REGS_FUSED_GROUPED
     else:
         producer = PRODUCER_REGS_FUSED_CLUSTER if cfg.cluster_size > 1 else PRODUCER_REGS_FUSED
-    return producer, (65536 // 128 - producer) // cfg.consumers // 8 * 8
+    at_launch = 65536 // cfg.threads // 8 * 8
+    return producer, (at_launch * (1 + cfg.consumers) - producer) // cfg.consumers // 8 * 8
 
 
 @functools.lru_cache(maxsize=None)
