@@ -132,8 +132,8 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
     Each wave of work units (tiles x slices) streams its share of B at its SMs' rate, capped
     by HBM's rate times the tiles that share each column of B (from L2); a partial last wave
     of few units runs at their own rate. So at M = 128 the wave-filling 64 x 64 tiles win
-    where the cap made 64 x 128 ones tie (128x4096x4096: 0.99x cuBLAS vs 0.92x). Slices (2 or 4, >= 64
-    k-blocks each) add units when ``can_split``. Within 1%, the first width of
+    where the cap made 64 x 128 ones tie (128x4096x4096: 0.99x cuBLAS vs 0.92x). Slices (2
+    or 4, >= 64 k-blocks each) add units when ``can_split``. Within 1%, the first width of
     ``SM_STREAM_GBPS`` and fewer slices win: 1x4096x14336 takes 64x128 tiles in two slices
     (0.91x cuBLAS; unsplit 64x64: 0.72x), 1x3584x3584 takes 64x64 tiles (56 busy SMs stream
     faster than 28 of 64x128), 128x10240x8192 64x256 (80 tiles, where 160 of 64x128 leave a

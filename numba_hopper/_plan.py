@@ -25,7 +25,8 @@ from cuda.bindings import driver
 from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
 from ._extra_launches import aligned_layout, prepare_copy, prepare_reduce
 from ._fusion import Fusion, is_array, numba_array, user_arg
-from ._heuristics import choose_config, grouped_config, max_stages, narrow_config, split_count, stream_k_schedule, swappable
+from ._heuristics import (choose_config, grouped_config, max_stages, narrow_config, split_count, stream_k_schedule,
+                          swappable)
 from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratch
 from .debug import DebugRecord
 from .errors import LayoutError
@@ -344,8 +345,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
     A column-major ``out`` is computed as ``out.T = b.T @ a.T``: the same kernel on swapped,
     transposed operands. So is a plain decode product (a few rows: ``_heuristics.narrow_config``),
     or a call whose ``config`` has ``out_major = "M"``: the kernel then writes the column-major
-    ``out.T``. Operands TMA cannot address go
-    through aligned scratch copies.
+    ``out.T``. Operands TMA cannot address go through aligned scratch copies.
     ``amax_out`` is zeroed (a memset on the stream) before the kernel raises it.
     """
     a, b, d = Operand(va, Src(A)), Operand(vb, Src(B)), Operand(vo, Src(OUT))

@@ -1,7 +1,8 @@
 """Warp-specialized, persistent TMA + wgmma GEMM for sm_90a: ``D = A @ B`` (with a fused epilogue).
 
 One CTA per SM: a producer warpgroup and one consumer warpgroup per 64 rows of the tile (256,
-384 or 512 threads for 64-, 128- or 192-row tiles). The kernel only orchestrates its components, each in its own module:
+384 or 512 threads for 64-, 128- or 192-row tiles). The kernel only orchestrates its
+components, each in its own module:
 
 - the ring (:mod:`.pipeline`): ``stages`` slots of one A and one B k-block, handed from the
   producer to the consumers by mbarriers;
@@ -17,9 +18,9 @@ Roles:
 - warpgroup 0, the producer: gives registers back (``setmaxnreg.dec``, next to two or three
   consumers); one elected thread walks the CTA's work items and loads their k-blocks;
 - warpgroups 1 to BM / 64, the consumers: take registers (``setmaxnreg.inc``; a single
-  consumer has them all from the start); each owns 64 rows
-  of the BM x BN output tile, accumulates them in registers (128 f32 per thread for
-  BN = 256), and stores them while the producer already loads the next tile.
+  consumer has them all from the start); each owns 64 rows of the BM x BN output tile,
+  accumulates them in registers (128 f32 per thread for BN = 256), and stores them while
+  the producer already loads the next tile.
 
 ``make_gemm_kernel(config)`` builds (and caches) one kernel per :class:`GemmConfig`; every
 config value is a compile-time constant of that kernel. Its arguments are a
@@ -51,8 +52,8 @@ TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales"])
 
 __all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel"]
 
-# Producer registers after setmaxnreg.dec; the consumers share the rest of the 64K
-# (``register_budget``). The cluster producer also computes multicast masks and peer
+# Producer registers after setmaxnreg.dec; the consumers share the rest of the launch's
+# registers (``register_budget``). The cluster producer also computes multicast masks and peer
 # offsets: at 40 it spills.
 PRODUCER_REGS = 40
 PRODUCER_REGS_CLUSTER = 56

@@ -61,7 +61,9 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     - ``mma(acc, smem, bars, st, params, item, consumer, peers, tile, ep) -> (acc, st)``: (a
       consumer warpgroup) its 64 rows of the tile's product over the item's k-blocks, in the
       accumulator tuple ``acc``; with block-wise scales (``cfg.block_scaled``, read from
-      ``ep``) each k-block's product is scaled into an f32 sum, returned in ``acc``'s place.
+      ``ep``) each k-block's product is scaled into an f32 sum, returned in ``acc``'s place;
+      with ``cfg.acc_chains`` > 1 the k-block's wgmmas go to separate accumulators, whose sum
+      is returned.
     """
     BM, BN = cfg.block_m, cfg.block_n
     IN_T, B_T = cfg.in_dtype, cfg.b_type
