@@ -145,8 +145,8 @@ class GemmConfig:
             # A tile's three 64-row boxes do not split over 2 CTAs.
             raise ValueError("block_m = 192 runs without stream_k, grouping, block-wise scales or, with a "
                              "column-major A, cluster_n = 2")
-        if self.acc_chains not in (1, ACC_CHAINS) or (self.acc_chains > 1 and (self.block_n > 64
-                                                                             or self.block_scaled)):
+        chained = self.acc_chains == ACC_CHAINS
+        if not (self.acc_chains == 1 or chained and self.block_n <= 64 and not self.block_scaled):
             raise ValueError(f"acc_chains must be 1, or {ACC_CHAINS} with block_n <= 64 and no block-wise scales; "
                              f"got {self.acc_chains} with block_n = {self.block_n}")
         if self.stages < 2:
