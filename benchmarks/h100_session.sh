@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine call: set up, run the GPU tests, the main job and the GEMM benchmark.
-#   bash benchmarks/h100_session.sh [prebuild|tests|main|bench|quick|small|sweep|epilogue|fp8|grouped|overhead|model|torch|profile|sanitize]...
+#   bash benchmarks/h100_session.sh [prebuild|tests|main|bench|quick|small|sweep|epilogue|fp8|grouped|overhead|model|torch|pdl|profile|sanitize]...
 #   (default: prebuild tests main quick); TESTS="tests/test_x.py ..." narrows the tests step;
 #   SWEEP_ARGS="--models llama3-8b ..." narrows the sweep, FP8_ARGS="--scalings blockwise ..." bench_fp8.py.
 # Logs and results land in $OUT (the device tool brings them back). numba-cuda 0.30.4 needs
@@ -35,6 +35,7 @@ for step in $steps; do
     model) python3 benchmarks/bench_model.py --json "$OUT/model.json" 2>&1 | tee "$OUT/model.log" ;;
     sweep) python3 benchmarks/bench_sweep.py ${SWEEP_ARGS:-} --json "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
     torch) python3 benchmarks/bench_torch.py --json "$OUT/torch.json" 2>&1 | tee "$OUT/torch.log" ;;
+    pdl) python3 benchmarks/bench_pdl.py --json "$OUT/pdl.json" 2>&1 | tee "$OUT/pdl.log" | tail -10 ;;
     profile) python3 benchmarks/profile_overhead.py 2>&1 | tee "$OUT/profile.log" | head -60 ;;
     sanitize) bash benchmarks/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" ;;
   esac

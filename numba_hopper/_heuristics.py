@@ -84,15 +84,17 @@ def narrow_tokens(M, N, K, sms, block_k=64):
     """``block_n`` (8 or 16) of a plain product of M <= NARROW_M rows computed swapped,
     ``out.T = b.T @ a.T``: the weight's rows on the 64-row side and the tokens on wgmma's
     narrow N, so a k-block moves 64 x 8 or 64 x 16 of A through TMA and wgmma instead of 64
-    x 64 (mostly zero-filled rows), as cuBLAS's decode kernels do. None where the 64-row
-    tiling would split K: the swapped kernel has no K slices (1x4096x14336: 0.94x cuBLAS
-    either way). Measured (benchmarks/NOTES.md, sessions 13 and 17): 9-18% less device time
-    than 64 x 64 tiles at 8-16 x 2048-5632 x 2048-5632, 8% less than 64 x 128 tiles at
-    1x6144x4096 and 16x57344x8192; at M = 32 the swapped 64 x 16 tiles lose (0.86x vs 1.02x).
+    x 64 (mostly zero-filled rows), as cuBLAS's decode kernels do. Measured (benchmarks/NOTES.md,
+    sessions 13, 17 and 18): 9-18% less device time than 64 x 64 tiles at 8-16 x 2048-5632 x
+    2048-5632, 8% less than 64 x 128 tiles at 1x6144x4096 and 16x57344x8192; at M = 32 the
+    swapped 64 x 16 tiles lose (0.86x vs 1.02x). The swapped kernel has no K slices, and one
+    launch streams K as fast as the 64-row tiling's two slices and their reduce: 4-24% less
+    time at six of seven such shapes (8x2048x8192, 16x3584x18944; 4% more at 16x5120x13824).
+    None where that tiling takes four slices (8x2048x16384: 2% more time swapped).
     """
     if M > NARROW_M:
         return None
-    if small_m_tiling(M, N, K, 1, sms, can_split=_splits_small_m(M, 1, False), block_k=block_k)[1] > 1:
+    if small_m_tiling(M, N, K, 1, sms, can_split=_splits_small_m(M, 1, False), block_k=block_k)[1] > 2:
         return None
     return 8 if M <= 8 else 16
 

@@ -17,6 +17,7 @@ the host a store per operand and never waits for the device.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -46,6 +47,12 @@ __all__ = ["Plan", "gemm_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "s
 (SCRATCH, A, B, OUT, ALPHA, BETA, C, ROW_SCALE, COL_SCALE, BIAS, AUX, A_BLOCK_SCALES, B_BLOCK_SCALES, OUT_SCALE, AMAX,
  USER) = range(16)
 GROUP_ROWS = USER  # a grouped call's group sizes (grouped calls take no user epilogue)
+
+# GEMM kernels launch as programmatic dependents: each sets up its barriers while the previous
+# kernel of the stream finishes, waits for it in griddepcontrol.wait, then lets the next one
+# start its own set-up. NUMBA_HOPPER_PDL=0 (read at import; a plan keeps what it was built
+# with) launches them in plain stream order.
+DEPENDENT_LAUNCH = os.environ.get("NUMBA_HOPPER_PDL", "1") != "0"
 
 
 class Src(NamedTuple):
@@ -249,7 +256,7 @@ class _Gemm:
                                            shared_mem=cfg.shared_bytes, cache_key=cache_key)
             grid = min(grid // cfg.cluster_size, resident) * cfg.cluster_size
         launch = prepare_launch(kernel, grid, cfg.threads, args, shared_mem=cfg.shared_bytes, cache_key=cache_key,
-                                cluster=cfg.cluster_size if cfg.cluster_size > 1 else None)
+                                cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, dependent=DEPENDENT_LAUNCH)
         gemm = _launch_step(launch, srcs)
         if not cfg.stream_k:
             return gemm

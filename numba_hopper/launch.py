@@ -20,7 +20,13 @@ What it does beyond ``kernel[grid, block, stream, shared_mem](*args)``:
   ``non_portable_cluster=True``);
 - checks the configuration first (:func:`validate_launch`) and raises ``ValueError``
   instead of a driver error;
-- accepts any stream object (:func:`as_stream_handle`).
+- accepts any stream object (:func:`as_stream_handle`);
+- with ``dependent=True``, launches as a programmatic dependent
+  (``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``; CUDA C++ Programming Guide,
+  "Programmatic Dependent Launch and Synchronization"): the kernel may start while the
+  previous kernel of the stream still runs, so it must execute ``griddepcontrol.wait``
+  (:func:`numba_hopper.intrinsics.griddepcontrol_wait`) before it touches global memory
+  that kernel writes or reads. Stream capture keeps the edge in a CUDA graph.
 
 Arguments are packed by numba's own rules, so device arrays and scalars work as usual;
 host (numpy) arrays are refused (copy them first). The launch does not synchronize.
@@ -283,7 +289,8 @@ class PreparedLaunch:
     launch configuration built once per stream. That costs ~5 us of host time where
     ``cuda.core.launch``, which re-packs its arguments on every call, costs ~12 us
     (H100 host, benchmarks/NOTES.md): for a small GEMM the host's call rate, not the GPU,
-    sets the pace. ``config`` is the same launch as a ``cuda.core.LaunchConfig``.
+    sets the pace. ``config`` is the same launch as a ``cuda.core.LaunchConfig`` (less
+    ``dependent``).
 
     Rebinding: ``leaves[i]`` says where argument i landed in ``args`` (an index for a scalar,
     or for an array its data pointer; a list for a tuple), and a call may pass ``binds``,
@@ -292,13 +299,14 @@ class PreparedLaunch:
     layout without numba's per-call packing.
     """
 
-    __slots__ = ("kernel", "config", "args", "leaves", "_dims", "_shared", "_func", "_params", "_params_address",
+    __slots__ = ("kernel", "config", "args", "leaves", "dependent", "_dims", "_shared", "_func", "_params", "_params_address",
                  "_per_stream", "_launch_ex", "_success", "_lock")
 
-    def __init__(self, kernel, config, args, dims, shared_mem, leaves=()):
+    def __init__(self, kernel, config, args, dims, shared_mem, leaves=(), dependent=False):
         from cuda.bindings import driver
 
         self.kernel, self.config, self.args, self.leaves = kernel, config, args, leaves  # args: ctypes values
+        self.dependent = dependent
         self._dims, self._shared = dims, shared_mem
         self._lock = threading.Lock()  # binds and the launch that reads them go together
         self._func = driver.CUfunction(int(kernel.handle))  # a CUkernel launches as a CUfunction
@@ -315,12 +323,19 @@ class PreparedLaunch:
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self._dims.block
         cfg.sharedMemBytes = self._shared
         cfg.hStream = handle
+        attrs = []
         if self._dims.cluster is not None:
             attr = driver.CUlaunchAttribute()
             attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
             dim = attr.value.clusterDim
             dim.x, dim.y, dim.z = self._dims.cluster
-            cfg.attrs, cfg.numAttrs = [attr], 1
+            attrs.append(attr)
+        if self.dependent:
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        cfg.attrs, cfg.numAttrs = attrs, len(attrs)
         return cfg
 
     def __call__(self, stream=None, values=(), binds=()):
@@ -348,13 +363,14 @@ def _core_stream(handle: int):
 
 
 def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: int = 0,
-                   non_portable_cluster: bool = False, cache_key=None) -> PreparedLaunch:
+                   non_portable_cluster: bool = False, cache_key=None, dependent: bool = False) -> PreparedLaunch:
     """Validate and set up ``kernel`` for the current device; see :func:`launch`.
 
     ``cache_key``: if given (a hashable repr-stable value naming every compile-time
     constant of ``kernel`` that its source does not show, e.g. a config dataclass), the
     compiled kernel is kept on disk and a new process loads it instead of compiling
-    (``numba_hopper._kernel_cache``).
+    (``numba_hopper._kernel_cache``). ``dependent``: launch as a programmatic dependent (the
+    module doc says what the kernel must do).
     """
     from cuda.core import LaunchConfig
     from numba import cuda
@@ -375,7 +391,7 @@ def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: in
     if dims.cluster is not None:
         config["cluster"] = dims.cluster
     return PreparedLaunch(core_kernel, LaunchConfig(**config), packed, dims, shared_mem,
-                          _internals.argument_leaves(compiled))
+                          _internals.argument_leaves(compiled), dependent)
 
 
 # numba compiles and loads kernels without a lock: two threads asking for the same new kernel
@@ -425,6 +441,7 @@ def launch(
     shared_mem: int = 0,
     stream=None,
     non_portable_cluster: bool = False,
+    dependent: bool = False,
 ):
     """Launch ``kernel`` (a ``@cuda.jit`` dispatcher) on the current device; see the module doc.
 
@@ -433,4 +450,4 @@ def launch(
     :func:`prepare_launch` and call it with a stream.
     """
     prepare_launch(kernel, grid, block, args, cluster=cluster, shared_mem=shared_mem,
-                   non_portable_cluster=non_portable_cluster)(stream)
+                   non_portable_cluster=non_portable_cluster, dependent=dependent)(stream)

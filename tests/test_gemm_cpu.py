@@ -62,6 +62,9 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     if cfg.cluster_size > 1:  # the shared operand is loaded once per cluster and multicast
         assert r.count("UTMALDG.3D.MULTICAST") > 0 and r.count("UCGABAR_WAIT") > 0
     assert r.count("SYNCS") > 0  # mbarrier
+    # programmatic dependent launch: one wait before the first global access, one release
+    assert r.count("ACQBULK") == 1 and r.count("PREEXIT") == 1
+    assert r.sass.index("ACQBULK") < r.sass.index("UTMALDG")
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     assert not r.setmaxnreg_ignored
     assert not any("C7517" in w or "C75" in w for w in r.warnings), r.warnings
@@ -268,10 +271,11 @@ def test_epilogue_sub_tiles_divide_the_tile(block_n, out_dtype, cols, swizzle):
 @pytest.mark.parametrize("M,N,K,block_n", [
     (8, 2048, 2048, 8), (1, 3584, 3584, 8), (16, 4096, 4096, 16), (9, 2048, 5632, 16),
     (17, 2048, 2048, None),  # more tokens than wgmma's narrow N takes
-    (8, 2048, 8192, None), (1, 4096, 14336, None),  # the 64-row tiling splits K
+    (8, 2048, 8192, 8), (1, 4096, 14336, 8), (16, 3584, 18944, 16),  # ... in two K slices
+    (8, 2048, 16384, None), (1, 2048, 65536, None),  # ... in four
     (8, 32000, 2048, 8), (1, 6144, 4096, 8), (16, 57344, 8192, 16),  # wider 64-row tiles, whole K
 ])
-def test_decode_products_run_swapped_where_the_64_row_tiling_is_whole(M, N, K, block_n):
+def test_decode_products_run_swapped_unless_the_64_row_tiling_splits_k_in_four(M, N, K, block_n):
     from numba_hopper._arrays import DeviceView, transpose
     from numba_hopper._heuristics import choose_config, narrow_config, narrow_tokens
     from numba_hopper.prebuild import H100

@@ -1,4 +1,4 @@
-"""sync intrinsics: setmaxnreg, proxy fences, elect.sync, named barriers (CPU)."""
+"""sync intrinsics: setmaxnreg, proxy fences, elect.sync, named barriers, grid dependency control (CPU)."""
 
 import pytest
 from numba import cuda
@@ -8,6 +8,8 @@ from numba_hopper.intrinsics import (
     fence_proxy_async,
     fence_proxy_async_global,
     fence_proxy_async_shared_cluster,
+    griddepcontrol_launch_dependents,
+    griddepcontrol_wait,
     named_barrier_arrive,
     named_barrier_sync,
     redux_sync_max_u32,
@@ -98,3 +100,18 @@ def test_redux_sync_max_is_one_warp_reduction():
 
     r = inspect_kernel(k, "void(uint32[::1], uint32[::1])")
     assert "redux.sync.max.u32" in r.ptx and r.count("REDUX.MAX") >= 1
+
+
+def test_griddepcontrol_waits_before_the_load_and_releases_dependents_after_the_store():
+    @cuda.jit
+    def k(out, x):
+        griddepcontrol_wait()
+        out[cuda.threadIdx.x] = x[cuda.threadIdx.x] + 1
+        griddepcontrol_launch_dependents()
+
+    r = inspect_kernel(k, "void(uint32[::1], uint32[::1])")
+    assert "griddepcontrol.wait;" in r.ptx and "griddepcontrol.launch_dependents;" in r.ptx
+    assert r.count("ACQBULK") == 1 and r.count("PREEXIT") == 1
+    # the asm's memory clobber keeps the load after the wait and the store before the release
+    sass = r.sass
+    assert sass.index("ACQBULK") < sass.index("LDG") < sass.index("STG") < sass.index("PREEXIT")

@@ -312,3 +312,17 @@ def test_scaled_split_k_reduce_binds_each_calls_scales(no_driver):
     assert sorted((index, offset) for _, index, offset in binds) == [
         (_plan.SCRATCH, 256), (_plan.OUT, 0), (_plan.ALPHA, 0), (_plan.ROW_SCALE, 0)]
     assert no_driver == [((1, 1, 1), (32, 8, 1))]
+
+
+def test_dependent_launch_sets_programmatic_serialization_beside_the_cluster():
+    from cuda.bindings import driver
+
+    ids = driver.CUlaunchAttributeID
+    cluster_dim, pdl = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    kernel = type("CoreKernel", (), {"handle": 0})()
+    for cluster, dependent, want in ((None, False, []), (None, True, [pdl]), (2, True, [cluster_dim, pdl])):
+        dims = validate_launch(4, 128, cluster, 0, H100)
+        cfg = L.PreparedLaunch(kernel, None, [], dims, 0, dependent=dependent)._driver_config(0)
+        assert [a.id for a in cfg.attrs[:cfg.numAttrs]] == want
+        if dependent:
+            assert cfg.attrs[-1].value.programmaticStreamSerializationAllowed == 1

@@ -6,7 +6,7 @@ TMA destinations, wgmma tiles) are 32-bit shared-state-space addresses (``uint32
 ``shared_address`` and ``dynamic_shared_base``.
 
 Modules: ``mbarrier`` (async transaction barriers), ``wgmma`` (warpgroup MMA), ``sync``
-(fences, elect.sync, named barriers, setmaxnreg), ``smem`` (shared addresses, dynamic
+(fences, elect.sync, named barriers, setmaxnreg, griddepcontrol), ``smem`` (shared addresses, dynamic
 shared memory, matrix descriptors), ``matrix`` (ldmatrix/stmatrix), ``tma`` (bulk tensor
 copies), ``tma_reduce`` (tensor reductions, L2 prefetch), ``bulk`` (non-tensor bulk
 copies, tensor-map operations), ``cluster`` (cluster ids, mapa, DSMEM, cluster barriers),

@@ -1,4 +1,5 @@
-"""Synchronization: setmaxnreg, proxy fences, elect.sync, named barriers, warp reductions, trap.
+"""Synchronization: setmaxnreg, proxy fences, elect.sync, named barriers, warp reductions, grid
+dependency control (programmatic dependent launch), trap.
 
 ``setmaxnreg_inc``/``setmaxnreg_dec`` only take effect when the kernel has a register cap
 at entry: declare it with ``@cuda.jit(launch_bounds=(threads, 1))``; otherwise ptxas drops
@@ -17,6 +18,8 @@ __all__ = [
     "named_barrier_sync",
     "named_barrier_arrive",
     "redux_sync_max_u32",
+    "griddepcontrol_wait",
+    "griddepcontrol_launch_dependents",
     "trap",
 ]
 
@@ -81,6 +84,24 @@ def named_barrier_arrive(barrier_id: u32, nthreads: u32):
 def redux_sync_max_u32(x: u32) -> u32:
     """PTX ISA 9.7.13.11 redux.sync: the maximum of ``x`` over the warp's 32 lanes (all must
     call it)."""
+
+
+@ptx_asm("griddepcontrol.wait;")
+def griddepcontrol_wait():
+    """PTX ISA 9.7.13 griddepcontrol.wait: wait until the grids this one depends on have
+    completed and their memory is visible. A kernel launched as a programmatic dependent
+    (``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``) may start before the previous
+    kernel of its stream ends, so it executes this before it reads what that kernel wrote or
+    writes what it reads. Without the attribute it returns at once.
+    """
+
+
+@ptx_asm("griddepcontrol.launch_dependents;")
+def griddepcontrol_launch_dependents():
+    """PTX ISA 9.7.13 griddepcontrol.launch_dependents: the next grid of the stream, if it was
+    launched as a programmatic dependent, may start once every CTA of this grid has executed
+    this or exited (it still waits for this grid's memory in its ``griddepcontrol.wait``).
+    """
 
 
 @ptx_asm("trap;")

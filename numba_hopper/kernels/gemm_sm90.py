@@ -187,6 +187,12 @@ def _build_gemm_kernel(cfg: GemmConfig):
             nh.cluster_sync()  # every barrier of the cluster is initialized before any use
         else:
             cuda.syncthreads()
+        # Launched as a programmatic dependent, the kernel got here while the previous kernel
+        # of the stream may still run: until now it touched only shared memory and its
+        # parameters. Past the wait, that kernel's writes are visible and it reads nothing
+        # this kernel overwrites. The next GEMM may then start its own prologue.
+        nh.griddepcontrol_wait()
+        nh.griddepcontrol_launch_dependents()
         work = shared_schedule(p)
         if tid < 128:
             producer(p, smem, tid, cta, work)
