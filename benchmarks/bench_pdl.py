@@ -32,10 +32,10 @@ HIDDEN, MLP, LAYERS = 2048, 5632, 4
 
 
 def _weights():
-    def randn(*shape):
-        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.05
+    def weight(out_features, in_features):  # (out, in) as nn.Linear keeps it, scaled to keep x's magnitude
+        return torch.randn(out_features, in_features, device="cuda", dtype=torch.bfloat16) / in_features**0.5
 
-    return [{name: randn(*shape).t() for name, shape in (
+    return [{name: weight(*shape).t() for name, shape in (
         ("q", (HIDDEN, HIDDEN)), ("k", (HIDDEN, HIDDEN)), ("v", (HIDDEN, HIDDEN)), ("o", (HIDDEN, HIDDEN)),
         ("gate", (MLP, HIDDEN)), ("up", (MLP, HIDDEN)), ("down", (HIDDEN, MLP)))} for _ in range(LAYERS)]
 
