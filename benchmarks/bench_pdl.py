@@ -4,9 +4,9 @@
 
 Four layers of hidden 2048 / MLP 5632 projections (q, k, v, o, gate, up, down: the GEMMs of
 ``bench_model.py``'s model, with its residual adds and SiLU between them, no attention) at
-M = 8 (decode) and M = 4096 (prefill), each captured once with our GEMMs launched as
-programmatic dependents, once in plain stream order (``_plan.DEPENDENT_LAUNCH``), and once
-with ``torch.matmul``; the three graphs replay in interleaved rounds, CUDA events, medians.
+M = 8 (decode) and M = 4096 (prefill), each captured with our GEMMs launched as programmatic
+dependents (``_plan.DEPENDENT_LAUNCH``: all of them, the decode kernels alone, none) and with
+``torch.matmul``; the four graphs replay in interleaved rounds, CUDA events, medians.
 Records ``{case, M, us_per_forward, ratio}`` with ``ratio = torch / case``.
 """
 
@@ -65,12 +65,12 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--json", help="results file (default benchmarks/results/pdl-<gpu>-<date>-<commit>.json)")
     args = p.parse_args(argv)
-    layers, records = _weights(), []
+    layers, records, default = _weights(), [], _plan.DEPENDENT_LAUNCH
     for M in (8, 4096):
         x = torch.randn(M, HIDDEN, device="cuda", dtype=torch.bfloat16)
-        graphs = {"numba_hopper, dependent launches": _graph(x, layers, numba_hopper.gemm, True),
-                  "numba_hopper, stream order": _graph(x, layers, numba_hopper.gemm, False),
-                  "torch": _graph(x, layers, torch.matmul, False)}
+        graphs = {f"numba_hopper, dependent launches: {mode}": _graph(x, layers, numba_hopper.gemm, mode)
+                  for mode in ("all", "decode", "none")}
+        graphs["torch"] = _graph(x, layers, torch.matmul, "none")
         for graph, _ in graphs.values():
             graph.replay()
         ref = graphs["torch"][1].double()
@@ -91,7 +91,7 @@ def main(argv=None):
                 times[case].append(start.elapsed_time(end) / replays * 1e3)
         med = {case: statistics.median(t) for case, t in times.items()}
         records += [{"case": case, "M": M, "us_per_forward": t, "ratio": med["torch"] / t} for case, t in med.items()]
-    _plan.DEPENDENT_LAUNCH = True
+    _plan.DEPENDENT_LAUNCH = default
     out = save_results("pdl", {"model": f"{LAYERS} layers, hidden {HIDDEN}, MLP {MLP}, bf16, no attention",
                                "records": records}, args.json)
     print_table(records, (("case", "case", "s"), ("M", "M", "d"), ("us_per_forward", "us per forward", ".1f"),

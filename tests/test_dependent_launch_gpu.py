@@ -1,6 +1,7 @@
 """GEMMs launched as programmatic dependents (H100): each may start while the previous GEMM of
-the stream still runs, so these chains check that it reads only what that GEMM finished
-writing, and overwrites nothing that GEMM still reads, eagerly and in a CUDA graph.
+the stream still runs, so these chains (every GEMM a dependent: ``DEPENDENT_LAUNCH = "all"``)
+check that it reads only what that GEMM finished writing, and overwrites nothing that GEMM
+still reads, eagerly and in a CUDA graph. By default only the decode kernels launch so.
 
 The first GEMM of each chain is long and narrow (4 tiles of 128 x 128, 256 k-blocks, an
 explicit config so it does not split K): it releases its dependents at once, whose CTAs then
@@ -49,14 +50,31 @@ def _check(x0, w1, w2, p, q, x, y, z):
     assert _rel_err(x, p.double() @ q.double()) < 1e-2
 
 
-def test_plans_launch_gemms_as_programmatic_dependents(torch, monkeypatch):
+def _launched_as_dependents(torch, monkeypatch, mode, *operands):
     asked = []
     real = _plan.prepare_launch
     monkeypatch.setattr(_plan, "prepare_launch", lambda *a, **kw: asked.append(kw["dependent"]) or real(*a, **kw))
+    monkeypatch.setattr(_plan, "DEPENDENT_LAUNCH", mode)
     numba_hopper.matmul.clear_plans()
+    numba_hopper.gemm(*operands)
+    return asked
+
+
+@pytest.mark.parametrize("mode,decode,prefill", [("decode", True, False), ("all", True, True), ("none", False, False)])
+def test_which_plans_launch_as_programmatic_dependents(torch, monkeypatch, mode, decode, prefill):
     x, w1, *_ = _operands(torch)
-    numba_hopper.gemm(x, w1)
-    assert asked == [True]
+    tokens, weight = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for shape in ((8, 2048), (2048, 2048)))
+    assert _launched_as_dependents(torch, monkeypatch, mode, tokens, weight.t()) == [decode]  # runs swapped
+    assert _launched_as_dependents(torch, monkeypatch, mode, x, w1) == [prefill]
+
+
+@pytest.fixture(autouse=True)
+def every_gemm_dependent(monkeypatch):
+    """The chains below need every GEMM launched as a dependent, not only decode products."""
+    monkeypatch.setattr(_plan, "DEPENDENT_LAUNCH", "all")
+    numba_hopper.matmul.clear_plans()
+    yield
+    numba_hopper.matmul.clear_plans()
 
 
 def test_a_chain_reads_and_overwrites_in_stream_order(torch):
