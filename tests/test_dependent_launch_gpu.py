@@ -50,7 +50,7 @@ def _check(x0, w1, w2, p, q, x, y, z):
     assert _rel_err(x, p.double() @ q.double()) < 1e-2
 
 
-def _launched_as_dependents(torch, monkeypatch, mode, *operands):
+def _launched_as_dependents(monkeypatch, mode, *operands):
     asked = []
     real = _plan.prepare_launch
     monkeypatch.setattr(_plan, "prepare_launch", lambda *a, **kw: asked.append(kw["dependent"]) or real(*a, **kw))
@@ -64,8 +64,8 @@ def _launched_as_dependents(torch, monkeypatch, mode, *operands):
 def test_which_plans_launch_as_programmatic_dependents(torch, monkeypatch, mode, decode, prefill):
     x, w1, *_ = _operands(torch)
     tokens, weight = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for shape in ((8, 2048), (2048, 2048)))
-    assert _launched_as_dependents(torch, monkeypatch, mode, tokens, weight.t()) == [decode]  # runs swapped
-    assert _launched_as_dependents(torch, monkeypatch, mode, x, w1) == [prefill]
+    assert _launched_as_dependents(monkeypatch, mode, tokens, weight.t()) == [decode]  # runs swapped
+    assert _launched_as_dependents(monkeypatch, mode, x, w1) == [prefill]
 
 
 @pytest.fixture(autouse=True)
