@@ -5,8 +5,8 @@
 Four layers of hidden 2048 / MLP 5632 projections (q, k, v, o, gate, up, down: the GEMMs of
 ``bench_model.py``'s model, with its residual adds and SiLU between them, no attention) at
 M = 8 (decode) and M = 4096 (prefill), each captured with our GEMMs launched as programmatic
-dependents (``_plan.DEPENDENT_LAUNCH``: all of them, the decode kernels alone, none) and with
-``torch.matmul``; the four graphs replay in interleaved rounds, CUDA events, medians.
+dependents (``_plan.DEPENDENT_LAUNCH = "all"``), without (``"none"``), and with
+``torch.matmul``; the three graphs replay in interleaved rounds, CUDA events, medians.
 Records ``{case, M, us_per_forward, ratio}`` with ``ratio = torch / case``.
 """
 
@@ -69,7 +69,7 @@ def main(argv=None):
     for M in (8, 4096):
         x = torch.randn(M, HIDDEN, device="cuda", dtype=torch.bfloat16)
         graphs = {f"numba_hopper, dependent launches: {mode}": _graph(x, layers, numba_hopper.gemm, mode)
-                  for mode in ("all", "decode", "none")}
+                  for mode in ("all", "none")}
         graphs["torch"] = _graph(x, layers, torch.matmul, "none")
         for graph, _ in graphs.values():
             graph.replay()

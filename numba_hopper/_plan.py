@@ -48,13 +48,13 @@ __all__ = ["Plan", "gemm_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "s
  USER) = range(16)
 GROUP_ROWS = USER  # a grouped call's group sizes (grouped calls take no user epilogue)
 
-# Which GEMM kernels launch as programmatic dependents: each kernel sets up its barriers, then
-# waits in griddepcontrol.wait for the previous kernel of the stream and lets the next start
-# its own set-up. "decode" (the default): the swapped decode kernels (``out_major = "M"``),
-# 1.0-1.4 us less per call back to back; "all": every GEMM (it also helps 15-25 us products,
-# but long 64-row-tile products at M = 64-128 lost 5-13%: benchmarks/NOTES.md, session 18);
-# "none". From NUMBA_HOPPER_PDL at import; a plan keeps what it was built with.
-DEPENDENT_LAUNCH = os.environ.get("NUMBA_HOPPER_PDL", "decode")
+# Whether GEMM kernels launch as programmatic dependents ("all", the default, or "none"): each
+# sets up its barriers, waits in griddepcontrol.wait for the previous kernel of the stream, and
+# lets the next start its set-up once it has issued its last load. Back to back: 1.0-1.4 us
+# less per decode call, 2-7% less time at 2048^3 and 15-25 us products, long products within
+# 2% (benchmarks/NOTES.md, sessions 18 and 19). From NUMBA_HOPPER_PDL at import; a plan keeps
+# what it was built with.
+DEPENDENT_LAUNCH = os.environ.get("NUMBA_HOPPER_PDL", "all")
 
 
 class Src(NamedTuple):
@@ -258,7 +258,7 @@ class _Gemm:
                                            shared_mem=cfg.shared_bytes, cache_key=cache_key)
             grid = min(grid // cfg.cluster_size, resident) * cfg.cluster_size
         launch = prepare_launch(kernel, grid, cfg.threads, args, shared_mem=cfg.shared_bytes, cache_key=cache_key,
-                                cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, dependent=_dependent(cfg))
+                                cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, dependent=_dependent())
         gemm = _launch_step(launch, srcs)
         if not cfg.stream_k:
             return gemm
@@ -271,10 +271,10 @@ class _Gemm:
         return stream_k, gemm[1]
 
 
-def _dependent(cfg):
-    if DEPENDENT_LAUNCH not in ("none", "decode", "all"):
-        raise ValueError(f"NUMBA_HOPPER_PDL must be none, decode or all; got {DEPENDENT_LAUNCH!r}")
-    return DEPENDENT_LAUNCH == "all" or (DEPENDENT_LAUNCH == "decode" and cfg.out_major == "M")
+def _dependent():
+    if DEPENDENT_LAUNCH not in ("none", "all"):
+        raise ValueError(f"NUMBA_HOPPER_PDL must be all or none; got {DEPENDENT_LAUNCH!r}")
+    return DEPENDENT_LAUNCH == "all"
 
 
 def gemm_cache_key(cfg):

@@ -1,11 +1,11 @@
 """GEMMs launched as programmatic dependents (H100): each may start while the previous GEMM of
-the stream still runs, so these chains (every GEMM a dependent: ``DEPENDENT_LAUNCH = "all"``)
-check that it reads only what that GEMM finished writing, and overwrites nothing that GEMM
-still reads, eagerly and in a CUDA graph. By default only the decode kernels launch so.
+the stream still runs, so these chains check that it reads only what that GEMM finished
+writing, and overwrites nothing that GEMM still reads, eagerly and in a CUDA graph.
 
 The first GEMM of each chain is long and narrow (4 tiles of 128 x 128, 256 k-blocks, an
-explicit config so it does not split K): it releases its dependents at once, whose CTAs then
-start on the 128 idle SMs and would race it without ``griddepcontrol.wait``.
+explicit config so it does not split K): it releases its dependents once its loads are
+issued, whose CTAs then start on the 128 idle SMs and would race it without
+``griddepcontrol.wait``.
 """
 
 import pytest
@@ -60,17 +60,17 @@ def _launched_as_dependents(monkeypatch, mode, *operands):
     return asked
 
 
-@pytest.mark.parametrize("mode,decode,prefill", [("decode", True, False), ("all", True, True), ("none", False, False)])
-def test_which_plans_launch_as_programmatic_dependents(torch, monkeypatch, mode, decode, prefill):
+@pytest.mark.parametrize("mode,dependent", [("all", True), ("none", False)])
+def test_which_plans_launch_as_programmatic_dependents(torch, monkeypatch, mode, dependent):
     x, w1, *_ = _operands(torch)
     tokens, weight = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for shape in ((8, 2048), (2048, 2048)))
-    assert _launched_as_dependents(monkeypatch, mode, tokens, weight.t()) == [decode]  # runs swapped
-    assert _launched_as_dependents(monkeypatch, mode, x, w1) == [prefill]
+    assert _launched_as_dependents(monkeypatch, mode, tokens, weight.t()) == [dependent]  # runs swapped
+    assert _launched_as_dependents(monkeypatch, mode, x, w1) == [dependent]
 
 
 @pytest.fixture(autouse=True)
 def every_gemm_dependent(monkeypatch):
-    """The chains below need every GEMM launched as a dependent, not only decode products."""
+    """The chains below need every GEMM launched as a dependent, whatever NUMBA_HOPPER_PDL says."""
     monkeypatch.setattr(_plan, "DEPENDENT_LAUNCH", "all")
     numba_hopper.matmul.clear_plans()
     yield

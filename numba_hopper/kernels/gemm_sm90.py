@@ -151,6 +151,11 @@ def _build_gemm_kernel(cfg: GemmConfig):
                 tile = scheduler.origin(work, item, cta.rm, cta.rn)
                 st = mainloop.load(smem, smem + BARRIERS, st, tmaps, p, item, tile, cta)
                 item = scheduler.next(work, item)
+            # The CTA's last load is issued: the next kernel of the stream may start its set-up
+            # (its CTAs take the SMs that free up, then wait in griddepcontrol.wait). Released at
+            # the kernel's start instead, long products at M = 64-128 ran 5-19% slower
+            # (benchmarks/NOTES.md, session 19).
+            nh.griddepcontrol_launch_dependents()
 
     @cuda.jit(device=True, forceinline=True)
     def consumer(p, ep, smem, tid, cta, work):
@@ -190,9 +195,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
         # Launched as a programmatic dependent, the kernel got here while the previous kernel
         # of the stream may still run: until now it touched only shared memory and its
         # parameters. Past the wait, that kernel's writes are visible and it reads nothing
-        # this kernel overwrites. The next GEMM may then start its own prologue.
+        # this kernel overwrites.
         nh.griddepcontrol_wait()
-        nh.griddepcontrol_launch_dependents()
         work = shared_schedule(p)
         if tid < 128:
             producer(p, smem, tid, cta, work)
