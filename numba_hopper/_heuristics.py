@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from ._arrays import tma_addressable
+from ._arrays import leading_dim, tma_addressable, transpose
 from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
-           "cluster_pays", "choose_config", "grouped_config", "split_count", "max_stages"]
+           "cluster_pays", "rows_straddle_sectors", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
 # (benchmarks/NOTES.md). Up to MANY_WAVES waves (1792x1280x4096: one wave; 4096x3584x18944,
@@ -206,6 +206,24 @@ def cluster_pays(tiles, K, b_major, sms):
     return b_major == "N" and tiles >= 12 * sms and K >= 2048
 
 
+def rows_straddle_sectors(v, row_major):
+    """Whether TMA reads ``v`` (row-major, or its transpose) in rows that start 16 bytes into a
+    32-byte sector: a leading dimension of 16 (mod 32) bytes, as 3000 or 5000 bf16 columns.
+    Measured (benchmarks/NOTES.md, session 19), such operands load at about half the rate: 3000^3
+    and 5000^3 ran at 0.63x and 0.51x cuBLAS, 4096x3000x3000 (x @ W.T) at 0.69x, while pitches
+    of a multiple of 32 bytes that are no multiple of 128 (2000^3, 4000^3, 6000^3) ran at 0.96x."""
+    w = v if row_major else transpose(v)
+    return w.shape[0] > 1 and leading_dim(w) * v.itemsize % 32 != 0
+
+
+# The tile of products whose A and B rows both straddle sectors: a 2x2 cluster of 128 x 128
+# tiles, in which each CTA loads half of its A and half of its B tile and multicasts them
+# (0.74-1.17x cuBLAS where the other tiles ran at 0.50-0.88x; 2x1 and 1x2 clusters, which
+# halve one operand's loads, 0.65-0.88x). Not where B's rows alone straddle (2048x1000x4096:
+# 0.66x against 0.73x unclustered); unmeasured where A's alone do (benchmarks/NOTES.md, session 19).
+STRADDLING_TILE = dict(block_m=128, block_n=128, cluster_m=2, cluster_n=2)
+
+
 def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 * 1024, **kw):
     """The deepest ring of a :class:`GemmConfig` (``kw``: its other fields) that fits in
     ``shared_limit`` bytes of shared memory."""
@@ -243,6 +261,11 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
         if block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
             base = dataclasses.replace(base, cluster_n=2)
+        # (16-bit operands, where it was measured; enough 128 x 128 tiles that split_count keeps K whole)
+        if (block_m == 128 and va.itemsize == 2 and not (epilogue is not None and epilogue.block_scales)
+                and 4 * units * -(-M // 128) * -(-N // 128) > limits.sm_count
+                and rows_straddle_sectors(va, a_major == "K") and rows_straddle_sectors(vb, b_major == "N")):
+            base = GemmConfig(**STRADDLING_TILE)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epilogue=epilogue)
     else:

@@ -48,8 +48,9 @@ CUBIN_CC = (*H100.cc, "a")
 # 32 up to 16384, seven K from 256 to 65536 and 18 batch counts: the same set.)
 SIZES = sorted({1, 8, 65, 96, 129, *range(64, 1025, 64), *range(1280, 4097, 256), *range(5120, 16385, 1024),
                 1000, 1001, 1792, 3000, 5000, 12345})
-# K: short, and long enough for every rule that needs a long K loop (clusters: 2048, split-K).
-KS = (512, 16384)
+# K: short, long enough for every rule that needs a long K loop (clusters: 2048, split-K), and
+# rows of K-major operands that straddle 32-byte sectors (3000: 6000 bytes).
+KS = (512, 3000, 16384)
 # bmm's batch counts, over fewer M: the batch multiplies the tile count.
 UNITS = (2, 3, 5, 8, 16, 64, 512)
 BMM_MS = (1, 65, 128, 512, 2048, 4096)

@@ -23,10 +23,10 @@ ALL_CONFIGS = [
     GemmConfig("bf16", "bf16", "M", "K"),
     GemmConfig("f16", "f32", "K", "K"),
     GemmConfig("f16", "f16", "M", "N", stages=3),
-    # each multicast alone, then both, with the other majors
+    # each multicast alone, then both (on 128 x 128 tiles, as rows straddling sectors run), with the other majors
     GemmConfig("bf16", "bf16", "K", "N", cluster_m=2),
     GemmConfig("bf16", "bf16", "K", "N", cluster_n=2),
-    GemmConfig("bf16", "bf16", "M", "K", cluster_m=2, cluster_n=2),
+    GemmConfig("bf16", "bf16", "M", "K", block_n=128, cluster_m=2, cluster_n=2),
     # narrower tiles: each wgmma width, 160 (32-column sub-tiles) with both B majors, f32 at 192
     *(GemmConfig("bf16", "bf16", "K", "N", block_n=bn, stages=4) for bn in (64, 128, 160)),
     GemmConfig("bf16", "bf16", "M", "K", block_n=160, stages=4),
@@ -302,6 +302,25 @@ def test_cluster_heuristic(tiles, K, b_major, cluster):
     from numba_hopper._heuristics import cluster_pays as _cluster_pays
 
     assert _cluster_pays(tiles, K, b_major, 132) == cluster
+
+
+@pytest.mark.parametrize("M,N,K,layout,clustered", [
+    (3000, 3000, 3000, "RR", True), (3000, 3000, 3000, "CC", True), (5000, 5000, 5000, "RR", True),
+    (4096, 3000, 3000, "RC", True), (512, 3000, 3000, "RC", True), (1000, 1000, 1000, "CR", True),
+    (4096, 4096, 3000, "CR", False), (4096, 3000, 4096, "RC", False),  # those rows run along M or N: aligned
+    (4096, 4096, 3000, "RR", False), (2048, 1000, 4096, "RR", False),  # one operand's rows alone
+    (2000, 2000, 2000, "RR", False), (6000, 6000, 6000, "RR", False),  # rows of a multiple of 32 bytes
+    (256, 1000, 1000, "RC", False), (128, 3000, 3000, "RC", False)])  # 16 tiles; 64-row tiles
+def test_rows_straddling_sectors_run_in_2x2_clusters(M, N, K, layout, clustered):
+    from numba_hopper._arrays import DeviceView
+    from numba_hopper._heuristics import choose_config
+    from numba_hopper.prebuild import H100
+
+    def view(rows, cols, major):
+        return DeviceView(1 << 20, (rows, cols), (cols, 1) if major == "R" else (1, rows), "bf16", 2, 0, "numba")
+
+    cfg = choose_config(view(M, K, layout[0]), view(K, N, layout[1]), view(M, N, "R"), None, False, limits=H100)
+    assert ((cfg.block_m, cfg.block_n, cfg.cluster_m, cfg.cluster_n) == (128, 128, 2, 2)) == clustered
 
 
 @pytest.mark.parametrize("M,N,K,block,splits", [

@@ -286,6 +286,27 @@ def test_clusters_with_multicast(torch, cluster, layout, M, N, K):
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-4
 
 
+@pytest.mark.parametrize("layout", ["RR", "RC", "CR", "CC"])
+def test_rows_straddling_sectors_run_in_2x2_clusters(torch, layout):
+    # Rows of 1000 or 520 bf16 (2000 or 1040 bytes: 16 mod 32) take the 2x2 cluster of 128 x 128
+    # tiles; 5 x 8 tiles leave the last cluster row with one CTA that has no tile of its own.
+    from numba_hopper._arrays import device_view
+    from numba_hopper._heuristics import choose_config
+
+    M, N, K = 520, 1000, 1000
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(np.random.SeedSequence().entropy % 2**63)
+    a = _operand(torch, M, K, "bf16", layout[0], gen)
+    b = _operand(torch, K, N, "bf16", layout[1], gen)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = choose_config(device_view(a), device_view(b), device_view(out), None, False)
+    assert (cfg.block_n, cfg.cluster_m, cfg.cluster_n) == (128, 2, 2)
+    gemm(a, b, out=out)
+    ref = a.double() @ b.double()
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 @pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda c: f"cluster{c[0]}x{c[1]}")
 def test_clusters_persistent_many_tiles(torch, cluster):
     from numba_hopper import GemmConfig

@@ -44,6 +44,7 @@ GEMMS = {  # (M, N, K, A row-major, B row-major)
     "clustered": (16384, 4096, 4096, True, True),
     "one wave of 160-wide tiles": (1792, 1280, 4096, True, True),
     "unaligned, copied": (1000, 1001, 333, True, True),
+    "rows straddling sectors": (4096, 3000, 3000, True, False),
 }
 
 
