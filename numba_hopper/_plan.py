@@ -51,8 +51,8 @@ GROUP_ROWS = USER  # a grouped call's group sizes (grouped calls take no user ep
 # Whether GEMM kernels launch as programmatic dependents ("all", the default, or "none"): each
 # sets up its barriers, waits in griddepcontrol.wait for the previous kernel of the stream, and
 # lets the next start its set-up once it has issued its last load. Back to back: 1.0-1.4 us
-# less per decode call, 2-7% less time at 2048^3 and 15-25 us products, long products within
-# 2% (benchmarks/NOTES.md, sessions 18 and 19). From NUMBA_HOPPER_PDL at import; a plan keeps
+# less per decode call, 6-12% less time for 15-25 us products, long products within 3%
+# (benchmarks/NOTES.md, sessions 18 and 19). From NUMBA_HOPPER_PDL at import; a plan keeps
 # what it was built with.
 DEPENDENT_LAUNCH = os.environ.get("NUMBA_HOPPER_PDL", "all")
 
