@@ -13,7 +13,7 @@ from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
-           "cluster_pays", "rows_straddle_sectors", "choose_config", "grouped_config", "split_count", "max_stages"]
+           "cluster_pays", "rows_straddle_sectors", "straddling_tile", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
 # (benchmarks/NOTES.md). Up to MANY_WAVES waves (1792x1280x4096: one wave; 4096x3584x18944,
@@ -63,13 +63,16 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
         return 64, small_m_tiling(M, N, K, units, sms, can_split=_splits_small_m(M, units, fused),
                                   block_k=block_k)[0]
 
-    def estimate(bn):
-        waves = _ceil(units * _ceil(M, 128) * _ceil(N, bn), sms)
-        return waves * bn * (TILE_COST_MANY_WAVES if waves > MANY_WAVES else TILE_COST)[bn]
-
     widths = [bn for bn in sorted(TILE_COST, reverse=True)
               if not (fused and bn % 64) and (k_major_widths or bn not in K_MAJOR_WIDTHS)]
-    return 128, min(widths, key=estimate)
+    return 128, min(widths, key=lambda bn: _tile_time(M, N, units, sms, bn))
+
+
+def _tile_time(M, N, units, sms, bn):
+    """Estimated run time of ``units`` products of M x N in 128 x ``bn`` tiles: waves x width x
+    the width's cost per column."""
+    waves = _ceil(units * _ceil(M, 128) * _ceil(N, bn), sms)
+    return waves * bn * (TILE_COST_MANY_WAVES if waves > MANY_WAVES else TILE_COST)[bn]
 
 
 # Decode products with at most this many rows (tokens) may run swapped (:func:`narrow_tokens`).
@@ -216,12 +219,25 @@ def rows_straddle_sectors(v, row_major):
     return w.shape[0] > 1 and leading_dim(w) * v.itemsize % 32 != 0
 
 
-# The tile of products whose A and B rows both straddle sectors: a 2x2 cluster of 128 x 128
-# tiles, in which each CTA loads half of its A and half of its B tile and multicasts them
-# (0.74-1.17x cuBLAS where the other tiles ran at 0.50-0.88x; 2x1 and 1x2 clusters, which
-# halve one operand's loads, 0.65-0.88x). Not where B's rows alone straddle (2048x1000x4096:
-# 0.66x against 0.73x unclustered); unmeasured where A's alone do (benchmarks/NOTES.md, session 19).
-STRADDLING_TILE = dict(block_m=128, block_n=128, cluster_m=2, cluster_n=2)
+def straddling_tile(M, N, units, sms, a_straddles, b_straddles):
+    """The clustered tile (``GemmConfig`` fields) of 16-bit products whose operand rows straddle
+    sectors (:func:`rows_straddle_sectors`), or None. Multicast halves each CTA's loads of the
+    operand its cluster shares (benchmarks/NOTES.md, session 19; device time against cuBLAS):
+
+    - both: a 2x2 cluster of 128 x 128 tiles, each CTA loading half of its A and of its B tile
+      (3000^3 0.64 -> 0.90x, 5000^3 0.51 -> 0.90x, 512x3000x3000 ``x @ W.T`` 0.71 -> 1.17x;
+      2x1 and 1x2 clusters, halving one operand's loads, 0.65-0.88x);
+    - B's alone: a 2x1 cluster sharing B, 256 or 128 wide by wave quantization (4096x1000x4096
+      0.77 -> 0.99x, 8192x3000x4096 0.86 -> 1.07x, 2048x1000x4096 0.72 -> 0.86x in 128-wide tiles);
+    - A's alone: none (4096x4096x3000 ran at 0.99x unclustered).
+
+    None where the 128 x 128 tiles would be few enough for :func:`split_count` to split K.
+    """
+    if 4 * units * _ceil(M, 128) * _ceil(N, 128) <= sms or not b_straddles:
+        return None
+    if a_straddles:
+        return dict(block_m=128, block_n=128, cluster_m=2, cluster_n=2)
+    return dict(block_m=128, block_n=min((256, 128), key=lambda bn: _tile_time(M, N, units, sms, bn)), cluster_m=2)
 
 
 def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 * 1024, **kw):
@@ -261,11 +277,10 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
         if block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
             base = dataclasses.replace(base, cluster_n=2)
-        # (16-bit operands, where it was measured; enough 128 x 128 tiles that split_count keeps K whole)
-        if (block_m == 128 and va.itemsize == 2 and not (epilogue is not None and epilogue.block_scales)
-                and 4 * units * -(-M // 128) * -(-N // 128) > limits.sm_count
-                and rows_straddle_sectors(va, a_major == "K") and rows_straddle_sectors(vb, b_major == "N")):
-            base = GemmConfig(**STRADDLING_TILE)
+        straddling = block_m == 128 and va.itemsize == 2 and straddling_tile(  # 16-bit: where it was measured
+            M, N, units, limits.sm_count, rows_straddle_sectors(va, a_major == "K"), rows_straddle_sectors(vb, b_major == "N"))
+        if straddling:
+            base = GemmConfig(**straddling)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epilogue=epilogue)
     else:

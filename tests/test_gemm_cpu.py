@@ -304,14 +304,18 @@ def test_cluster_heuristic(tiles, K, b_major, cluster):
     assert _cluster_pays(tiles, K, b_major, 132) == cluster
 
 
-@pytest.mark.parametrize("M,N,K,layout,clustered", [
-    (3000, 3000, 3000, "RR", True), (3000, 3000, 3000, "CC", True), (5000, 5000, 5000, "RR", True),
-    (4096, 3000, 3000, "RC", True), (512, 3000, 3000, "RC", True), (1000, 1000, 1000, "CR", True),
-    (4096, 4096, 3000, "CR", False), (4096, 3000, 4096, "RC", False),  # those rows run along M or N: aligned
-    (4096, 4096, 3000, "RR", False), (2048, 1000, 4096, "RR", False),  # one operand's rows alone
-    (2000, 2000, 2000, "RR", False), (6000, 6000, 6000, "RR", False),  # rows of a multiple of 32 bytes
-    (256, 1000, 1000, "RC", False), (128, 3000, 3000, "RC", False)])  # 16 tiles; 64-row tiles
-def test_rows_straddling_sectors_run_in_2x2_clusters(M, N, K, layout, clustered):
+@pytest.mark.parametrize("M,N,K,layout,tile", [
+    # both operands' rows straddle: 2x2 clusters of 128 x 128 tiles
+    (3000, 3000, 3000, "RR", (128, 2, 2)), (3000, 3000, 3000, "CC", (128, 2, 2)), (5000, 5000, 5000, "RR", (128, 2, 2)),
+    (4096, 3000, 3000, "RC", (128, 2, 2)), (512, 3000, 3000, "RC", (128, 2, 2)), (1000, 1000, 1000, "CR", (128, 2, 2)),
+    # B's alone: 2x1 clusters sharing B, 256 or 128 wide by waves
+    (4096, 1000, 4096, "RR", (256, 2, 1)), (8192, 3000, 4096, "RR", (256, 2, 1)), (2048, 1000, 4096, "RR", (128, 2, 1)),
+    (1024, 5000, 4096, "RR", (128, 2, 1)),
+    # none: A's rows alone, rows along M or N (aligned), pitches of a multiple of 32 bytes, 16 tiles, 64-row tiles
+    (4096, 4096, 3000, "RR", None), (4096, 4096, 3000, "CR", None), (4096, 3000, 4096, "RC", None),
+    (2000, 2000, 2000, "RR", None), (6000, 6000, 6000, "RR", None), (256, 1000, 1000, "RC", None),
+    (128, 3000, 3000, "RC", None)])
+def test_rows_straddling_sectors_run_in_clusters(M, N, K, layout, tile):
     from numba_hopper._arrays import DeviceView
     from numba_hopper._heuristics import choose_config
     from numba_hopper.prebuild import H100
@@ -320,7 +324,10 @@ def test_rows_straddling_sectors_run_in_2x2_clusters(M, N, K, layout, clustered)
         return DeviceView(1 << 20, (rows, cols), (cols, 1) if major == "R" else (1, rows), "bf16", 2, 0, "numba")
 
     cfg = choose_config(view(M, K, layout[0]), view(K, N, layout[1]), view(M, N, "R"), None, False, limits=H100)
-    assert ((cfg.block_m, cfg.block_n, cfg.cluster_m, cfg.cluster_n) == (128, 128, 2, 2)) == clustered
+    if tile is None:
+        assert (cfg.cluster_m, cfg.cluster_n) == (1, 1)
+    else:
+        assert (cfg.block_m, cfg.block_n, cfg.cluster_m, cfg.cluster_n) == (128, *tile)
 
 
 @pytest.mark.parametrize("M,N,K,block,splits", [

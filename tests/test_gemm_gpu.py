@@ -286,21 +286,23 @@ def test_clusters_with_multicast(torch, cluster, layout, M, N, K):
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-4
 
 
-@pytest.mark.parametrize("layout", ["RR", "RC", "CR", "CC"])
-def test_rows_straddling_sectors_run_in_2x2_clusters(torch, layout):
-    # Rows of 1000 or 520 bf16 (2000 or 1040 bytes: 16 mod 32) take the 2x2 cluster of 128 x 128
-    # tiles; 5 x 8 tiles leave the last cluster row with one CTA that has no tile of its own.
+@pytest.mark.parametrize("layout,M,N,K,tile", [
+    # rows of 1000 or 520 bf16 (2000 or 1040 bytes: 16 mod 32) in both operands: 2x2 clusters
+    *((layout, 520, 1000, 1000, (128, 2, 2)) for layout in ("RR", "RC", "CR", "CC")),
+    # in B alone (A's rows of 1024 or 640 bf16 are aligned): 2x1 clusters sharing B
+    ("RR", 640, 1000, 1024, (128, 2, 1)), ("CR", 640, 1000, 1024, (128, 2, 1)), ("CC", 640, 1000, 1000, (128, 2, 1))])
+def test_rows_straddling_sectors_run_in_clusters(torch, layout, M, N, K, tile):
+    # 5 x 8 tiles leave the last cluster row with one CTA that has no tile of its own.
     from numba_hopper._arrays import device_view
     from numba_hopper._heuristics import choose_config
 
-    M, N, K = 520, 1000, 1000
     gen = torch.Generator(device="cuda")
     gen.manual_seed(np.random.SeedSequence().entropy % 2**63)
     a = _operand(torch, M, K, "bf16", layout[0], gen)
     b = _operand(torch, K, N, "bf16", layout[1], gen)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     cfg = choose_config(device_view(a), device_view(b), device_view(out), None, False)
-    assert (cfg.block_n, cfg.cluster_m, cfg.cluster_n) == (128, 2, 2)
+    assert (cfg.block_n, cfg.cluster_m, cfg.cluster_n) == tile
     gemm(a, b, out=out)
     ref = a.double() @ b.double()
     assert torch.isfinite(out).all()
