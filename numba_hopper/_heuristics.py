@@ -211,10 +211,10 @@ def cluster_pays(tiles, K, b_major, sms):
 
 def rows_straddle_sectors(v, row_major):
     """Whether TMA reads ``v`` (row-major, or its transpose) in rows that start 16 bytes into a
-    32-byte sector: a leading dimension of 16 (mod 32) bytes, as 3000 or 5000 bf16 columns.
-    Measured (benchmarks/NOTES.md, session 19), such operands load at about half the rate: 3000^3
-    and 5000^3 ran at 0.63x and 0.51x cuBLAS, 4096x3000x3000 (x @ W.T) at 0.69x, while pitches
-    of a multiple of 32 bytes that are no multiple of 128 (2000^3, 4000^3, 6000^3) ran at 0.96x."""
+    32-byte sector: a leading dimension of 16 (mod 32) bytes, as 1000, 3000 or 5000 bf16 columns.
+    Such operands load at about half the rate (3000^3: 0.63x cuBLAS, 5000^3: 0.51x), where
+    pitches of 32, 64 or 96 (mod 128) bytes cost nothing (2000^3, 4000^3, 6000^3: 0.96x;
+    benchmarks/NOTES.md, session 19)."""
     w = v if row_major else transpose(v)
     return w.shape[0] > 1 and leading_dim(w) * v.itemsize % 32 != 0
 

@@ -45,7 +45,8 @@ CUBIN_CC = (*H100.cc, "a")
 
 # gemm's M and N: every 64 up to 1024, then coarser (where waves, not single tiles, decide),
 # and sizes that are no multiple of anything. (Checked against a walk of every multiple of
-# 32 up to 16384, seven K from 256 to 65536 and 18 batch counts: the same set.)
+# 32 up to 16384, seven K from 256 to 65536 and 18 batch counts: the same set; a walk of
+# sizes 8 (mod 328) with five K from 1000 to 16392, whose rows straddle sectors, adds none.)
 SIZES = sorted({1, 8, 65, 96, 129, *range(64, 1025, 64), *range(1280, 4097, 256), *range(5120, 16385, 1024),
                 1000, 1001, 1792, 3000, 5000, 12345})
 # K: short, long enough for every rule that needs a long K loop (clusters: 2048, split-K), and
