@@ -240,16 +240,15 @@ def test_tile_shape_heuristic(M, N, K, units, tile):
     (1024, 14336, 4096, (128, 128)),  # 224 measured no faster
 ])
 def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, tile):
-    from numba_hopper._arrays import DeviceView, transpose
+    from numba_hopper._arrays import transpose
     from numba_hopper._heuristics import choose_config, tile_shape
-    from numba_hopper.prebuild import H100
+    from numba_hopper.prebuild import H100, _view
 
     assert tile_shape(M, N, K, 1, 132, k_major_widths=True) == tile
-    x, w = (DeviceView(1 << 20, shape, (shape[1], 1), "bf16", 2, 0, "numba") for shape in ((M, K), (N, K)))
-    out = DeviceView(1 << 20, (M, N), (N, 1), "bf16", 2, 0, "numba")
+    x, w, out = _view(M, K, "bf16", True), _view(N, K, "bf16", True), _view(M, N, "bf16", True)
     assert choose_config(x, transpose(w), out, None, False, limits=H100).block_n == tile[1]  # x @ w.T
     # measured only there: not with a row-major B
-    rr = choose_config(x, DeviceView(1 << 20, (K, N), (N, 1), "bf16", 2, 0, "numba"), out, None, False, limits=H100)
+    rr = choose_config(x, _view(K, N, "bf16", True), out, None, False, limits=H100)
     assert rr.block_n == tile_shape(M, N, K, 1, 132)[1] and rr.block_n not in (224, 144, 112)
 
 
@@ -278,11 +277,10 @@ def test_epilogue_sub_tiles_divide_the_tile(block_n, out_dtype, cols, swizzle):
 def test_decode_products_run_swapped_unless_the_64_row_tiling_splits_k_in_four(M, N, K, block_n):
     from numba_hopper._arrays import DeviceView, transpose
     from numba_hopper._heuristics import choose_config, narrow_config, narrow_tokens
-    from numba_hopper.prebuild import H100
+    from numba_hopper.prebuild import H100, _view
 
     assert narrow_tokens(M, N, K, 132) == block_n
-    views = [DeviceView(1 << 20, shape, (shape[1], 1), "bf16", 2, 0, "numba") for shape in ((M, K), (N, K), (M, N))]
-    a, w, out = views
+    a, w, out = _view(M, K, "bf16", True), _view(N, K, "bf16", True), _view(M, N, "bf16", True)
     cfg = narrow_config(a, transpose(w), out, H100)  # x @ w.t()
     assert (cfg and cfg.block_n) == block_n
     if cfg is not None:  # the swapped product's kernel: w row-major as A, the tokens K-major as B
@@ -290,7 +288,7 @@ def test_decode_products_run_swapped_unless_the_64_row_tiling_splits_k_in_four(M
         assert (run.a_major, run.b_major, run.out_major, run.block_m) == ("K", "K", "M", 64)
         assert run.shared_bytes <= H100.max_shared_per_block_optin
     f32_out = DeviceView(1 << 20, (M, N), (N, 1), "f32", 4, 0, "numba")
-    col_major_a = DeviceView(1 << 20, (M, K), (1, M), "bf16", 2, 0, "numba")
+    col_major_a = _view(M, K, "bf16", False)
     assert narrow_config(a, transpose(w), f32_out, H100) is None
     assert narrow_config(col_major_a, transpose(w), out, H100) is None or M == 1
 
@@ -316,14 +314,11 @@ def test_cluster_heuristic(tiles, K, b_major, cluster):
     (2000, 2000, 2000, "RR", None), (6000, 6000, 6000, "RR", None), (256, 1000, 1000, "RC", None),
     (128, 3000, 3000, "RC", None)])
 def test_rows_straddling_sectors_run_in_clusters(M, N, K, layout, tile):
-    from numba_hopper._arrays import DeviceView
     from numba_hopper._heuristics import choose_config
-    from numba_hopper.prebuild import H100
+    from numba_hopper.prebuild import H100, _view
 
-    def view(rows, cols, major):
-        return DeviceView(1 << 20, (rows, cols), (cols, 1) if major == "R" else (1, rows), "bf16", 2, 0, "numba")
-
-    cfg = choose_config(view(M, K, layout[0]), view(K, N, layout[1]), view(M, N, "R"), None, False, limits=H100)
+    a, b = _view(M, K, "bf16", layout[0] == "R"), _view(K, N, "bf16", layout[1] == "R")
+    cfg = choose_config(a, b, _view(M, N, "bf16", True), None, False, limits=H100)
     if tile is None:
         assert (cfg.cluster_m, cfg.cluster_n) == (1, 1)
     else:
