@@ -4,9 +4,10 @@ The producer's ``load`` walks a work item's k-blocks (128 bytes of K: 64 16-bit 
 elements, ``cfg.block_k``): it acquires a ring slot and loads one k-block of the A tile
 (BM x block_k) and of the B tile (block_k x BN) into it. The consumers' ``mma`` waits for
 each slot, issues ``wgmma.m64nBNk16`` (k32 for fp8) on its 64 rows of A, and releases
-the slot one k-block late, once ``wgmma.wait_group 1`` says the wgmmas that read it are
-done, so the tensor cores always have the next k-block queued (PTX ISA, "Asynchronous
-warpgroup level matrix multiply-accumulate operation", wgmma.wait_group).
+the slot ``cfg.mma_depth`` k-blocks late (one, or more where the ring has slots to spare),
+once ``wgmma.wait_group`` says the wgmmas that read it are done, so the tensor cores
+always have the next k-blocks queued (PTX ISA, "Asynchronous warpgroup level matrix
+multiply-accumulate operation", wgmma.wait_group).
 
 Layouts: a K-major operand (A row-major, B column-major) is loaded as one box of one
 k-block (128 bytes, the 128B swizzle span) by BM or BN rows. An MN-major operand (A
@@ -165,8 +166,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         nh.wgmma_commit_group()
         return accs
 
-    mma = _k_loop(pipe, mma_stage, DEBUG)
-    chained_k_loop = _k_loop(pipe, mma_stage_chained, DEBUG)
+    mma = _k_loop(pipe, mma_stage, DEBUG, cfg.mma_depth)
+    chained_k_loop = _k_loop(pipe, mma_stage_chained, DEBUG, cfg.mma_depth)
 
     @cuda.jit(device=True, forceinline=True)
     def mma_chained(acc, smem, bars, st, p, item, c, peers, tile, ep):
@@ -266,25 +267,30 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     return Mainloop(cluster_cta, load, begin, consumer_mma)
 
 
-def _k_loop(pipe, stage, debug):
+def _k_loop(pipe, stage, debug, depth):
     """``mma(acc, smem, bars, st, params, item, consumer, peers, tile, ep) -> (acc, st)``: the
     consumer's K loop over the item's k-blocks, ``acc = stage(acc, smem, st, cw, first)`` on
-    each (``acc``: whatever ``stage`` accumulates into)."""
+    each (``acc``: whatever ``stage`` accumulates into). ``depth`` k-blocks' wgmmas stay in
+    flight behind the one just issued: a slot is released once ``wgmma.wait_group(depth)``
+    says the wgmmas that read it are done."""
 
     @cuda.jit(device=True, forceinline=True)
     def mma(acc, smem, bars, st, p, item, c, peers, tile, ep):
-        prev = st
+        done = st  # the oldest slot not yet released
         for kb in range(item.k_begin, item.k_end):
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if debug else None)
             acc = stage(acc, smem, st, c.cw, kb == item.k_begin)
-            nh.wgmma_wait_group(1)  # k-block kb-1 is done reading its slot
-            if kb > item.k_begin and c.lane == 0:
-                pipe.consumer_release(bars, prev, peers)
-            prev = st
+            nh.wgmma_wait_group(depth)  # k-block kb - depth is done reading its slot
+            if kb - item.k_begin >= depth:
+                if c.lane == 0:
+                    pipe.consumer_release(bars, done, peers)
+                done = pipe.advance(done)
             st = pipe.advance(st)
         nh.wgmma_wait_group(0)
-        if item.k_end > item.k_begin and c.lane == 0:
-            pipe.consumer_release(bars, prev, peers)
+        for _ in range(min(depth, item.k_end - item.k_begin)):
+            if c.lane == 0:
+                pipe.consumer_release(bars, done, peers)
+            done = pipe.advance(done)
         return acc, st
 
     return mma
