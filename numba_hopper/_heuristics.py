@@ -275,7 +275,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
                                           k_major_widths=b_major == "K" and plain_16bit)
         base = GemmConfig(block_m=block_m, block_n=block_n)
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
-        if block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
+        if block_m == 128 and block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
             base = dataclasses.replace(base, cluster_n=2)
         straddling = block_m == 128 and va.itemsize == 2 and straddling_tile(  # 16-bit: where it was measured
             M, N, units, limits.sm_count, rows_straddle_sectors(va, a_major == "K"), rows_straddle_sectors(vb, b_major == "N"))

@@ -63,6 +63,13 @@ def test_the_set_holds_what_bmm_plans(batch, M, N, K, bf16_set, h100):
     assert {spec.cfg for spec in plan.specs} <= bf16_set
 
 
+def test_the_heuristics_plan_every_shape_of_the_walk():
+    """No shape of the walk is refused (batched 64-row tiles were once given a cluster they cannot run)."""
+    refused = []
+    prebuild.kernel_set(("bf16",), refused=refused)
+    assert refused == []
+
+
 def test_the_set_is_plain_kernels_of_16_bit_inputs(bf16_set):
     assert 10 < len(bf16_set) < 150
     assert all(c.epilogue is None and not c.debug and not c.stream_k for c in bf16_set)
