@@ -210,15 +210,13 @@ class GemmConfig:
     def mma_depth(self):
         """k-blocks whose wgmmas a consumer keeps in flight behind the one it just issued
         (``wgmma.wait_group(mma_depth)``); each holds its ring slot until done, so the
-        consumer holds ``mma_depth + 1`` slots and the producer loads into the rest. Deeper
-        only where the ring has 8 or more slots, measured on 64-row tiles: 2 (64 x 64 and 64
-        x 128 tiles: 64x10240x8192 +3%, 64x8192x8192 +2.6%; on 5-stage 64 x 256 tiles it cost
-        6%), 4 with an accumulator per wgmma of a k-block (the narrow decode tiles' 23-slot
-        rings: 1x4096x14336 and 16x4096x4096 +3.5%; benchmarks/NOTES.md, session 20).
-        Block-wise scaled products wait for every k-block (``mainloop.mma_promoted``)."""
-        if self.block_m != 64 or self.stages < 8:
-            return 1
-        return 4 if self.acc_chains > 1 else 2
+        consumer holds ``mma_depth + 1`` slots and the producer loads into the rest. 2 on
+        64-row tiles with a ring of 8 or more slots (64 x 64 and 64 x 128 tiles:
+        64x10240x8192 +2%; on 5-stage 64 x 256 tiles it cost 6%), else 1. The narrow decode
+        tiles (an accumulator per wgmma) keep 1: deeper measured no faster there
+        (benchmarks/NOTES.md, session 20). Block-wise scaled products wait for every k-block
+        (``mainloop.mma_promoted``)."""
+        return 2 if self.block_m == 64 and self.stages >= 8 and self.acc_chains == 1 else 1
 
     @property
     def tensormaps(self):

@@ -273,27 +273,46 @@ def _k_loop(pipe, stage, debug, depth):
     each (``acc``: whatever ``stage`` accumulates into). ``depth`` k-blocks' wgmmas stay in
     flight behind the one just issued: a slot is released once ``wgmma.wait_group(depth)``
     says the wgmmas that read it are done."""
+    repeated = _repeat(depth)
 
     @cuda.jit(device=True, forceinline=True)
     def mma(acc, smem, bars, st, p, item, c, peers, tile, ep):
-        done = st  # the oldest slot not yet released
+        pending = repeated(st)  # the last ``depth`` slots issued, oldest first
         for kb in range(item.k_begin, item.k_end):
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if debug else None)
             acc = stage(acc, smem, st, c.cw, kb == item.k_begin)
             nh.wgmma_wait_group(depth)  # k-block kb - depth is done reading its slot
-            if kb - item.k_begin >= depth:
-                if c.lane == 0:
-                    pipe.consumer_release(bars, done, peers)
-                done = pipe.advance(done)
+            if kb >= item.k_begin + depth and c.lane == 0:
+                pipe.consumer_release(bars, pending[0], peers)
+            pending = pending[1:] + (st,)
             st = pipe.advance(st)
         nh.wgmma_wait_group(0)
-        for _ in range(min(depth, item.k_end - item.k_begin)):
-            if c.lane == 0:
-                pipe.consumer_release(bars, done, peers)
-            done = pipe.advance(done)
+        for i in range(depth):  # the item's last min(depth, k-blocks) slots
+            if item.k_end > item.k_begin + (depth - 1 - i) and c.lane == 0:
+                pipe.consumer_release(bars, pending[i], peers)
         return acc, st
 
     return mma
+
+
+def _repeat(n):
+    """``repeat(x) -> (x,) * n`` as a device function (numba's tuples do not multiply)."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def repeat(x):
+        return (x,)
+
+    for _ in range(n - 1):
+        repeat = _and_once_more(repeat)
+    return repeat
+
+
+def _and_once_more(repeat):
+    @cuda.jit(device=True, forceinline=True)
+    def longer(x):
+        return repeat(x) + (x,)
+
+    return longer
 
 
 def _scales_ahead(load, n):
