@@ -82,5 +82,11 @@ def install(monkeypatch):
     """Route ``numba_hopper.torch``'s calls to this stand-in for the test."""
     import numba_hopper.matmul
 
-    monkeypatch.setattr(numba_hopper.matmul, "gemm", gemm)
-    monkeypatch.setattr(numba_hopper.matmul, "bmm", bmm)
+    monkeypatch.setattr(numba_hopper.matmul, "gemm", _no_grad(gemm))
+    monkeypatch.setattr(numba_hopper.matmul, "bmm", _no_grad(bmm))
+
+
+def _no_grad(fn):
+    """``fn`` recording no autograd graph, as the GPU kernels record none: gradients must come
+    from ``numba_hopper.torch``'s formulas."""
+    return torch.no_grad()(fn)

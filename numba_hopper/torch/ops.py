@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode  # private: 
 from .. import matmul as _matmul
 from ..errors import ShapeError
 
-__all__ = ["gemm", "gemm_aux", "bmm", "tracing", "needs_grad", "DTYPE_NAMES"]
+__all__ = ["gemm", "gemm_aux", "bmm", "tracing", "needs_grad", "DTYPE_NAMES", "ACTIVATION_BACKWARD"]
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
@@ -151,7 +151,7 @@ def _gemm_grads(ctx, d_pre):
     return da, db, dc, dbias, None, None, None, None, None
 
 
-_ACTIVATION_BACKWARD = {
+ACTIVATION_BACKWARD = {
     "relu": lambda g, pre: torch.ops.aten.threshold_backward(g, pre, 0),
     "gelu": lambda g, pre: torch.ops.aten.gelu_backward(g, pre),
     "gelu_tanh": lambda g, pre: torch.ops.aten.gelu_backward(g, pre, approximate="tanh"),
@@ -162,7 +162,7 @@ _ACTIVATION_BACKWARD = {
 
 def _gemm_aux_grads(ctx, d_out, d_pre):
     pre = ctx.saved_tensors[2]
-    d = _ACTIVATION_BACKWARD[ctx.activation](d_out, pre) if ctx.activation else d_out
+    d = ACTIVATION_BACKWARD[ctx.activation](d_out, pre) if ctx.activation else d_out
     return _gemm_grads(ctx, d if d_pre is None else d + d_pre)
 
 
