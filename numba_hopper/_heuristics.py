@@ -12,7 +12,7 @@ from ._arrays import leading_dim, tma_addressable, transpose
 from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
-__all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "narrow_cluster_k", "block_scaled_tile", "stream_k_schedule",
+__all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
            "cluster_pays", "rows_straddle_sectors", "straddling_tile", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
@@ -81,11 +81,6 @@ NARROW_M = 16
 # Four (one per wgmma of a k-block): 1-8% less device time at 1-16 x 2048-5632 x 2048-5632
 # (benchmarks/NOTES.md, session 17).
 NARROW_ACC_CHAINS = 4
-# A narrow tile's K loop shared by a cluster of this many CTAs (``GemmConfig.cluster_k``) where
-# the tiles are few: each CTA then streams a quarter (half) of the tile's run of the weight,
-# with at least NARROW_MIN_CLUSTER_K_BLOCKS k-blocks each.
-NARROW_CLUSTER_KS = (4, 2)
-NARROW_MIN_CLUSTER_K_BLOCKS = 8
 
 
 def narrow_tokens(M, N, K, sms, block_k=64):
@@ -125,21 +120,9 @@ def narrow_config(va, vb, vo, limits):
     block_n = narrow_tokens(M, N, K, limits.sm_count)
     if block_n is None:
         return None
-    kw = dict(block_m=64, b_major="K", out_major="M", acc_chains=NARROW_ACC_CHAINS,
-              cluster_k=narrow_cluster_k(N, K, limits.sm_count))
+    kw = dict(block_m=64, b_major="K", out_major="M", acc_chains=NARROW_ACC_CHAINS)
     stages = max_stages(va.dtype, vo.dtype, block_n, limits.max_shared_per_block_optin, **kw)
     return GemmConfig(block_n=block_n, stages=stages, **kw)
-
-
-def narrow_cluster_k(N, K, sms, block_k=64):
-    """``cluster_k`` of a narrow tiling of ``N`` weight rows (64-row tiles): the most CTAs per
-    tile of ``NARROW_CLUSTER_KS`` whose clusters all fit on the SMs at once, each with at
-    least ``NARROW_MIN_CLUSTER_K_BLOCKS`` k-blocks; else 1."""
-    tiles, k_blocks = _ceil(N, 64), _ceil(K, block_k)
-    for ck in NARROW_CLUSTER_KS:
-        if tiles * ck <= sms and k_blocks >= NARROW_MIN_CLUSTER_K_BLOCKS * ck:
-            return ck
-    return 1
 
 
 def _splits_small_m(M, units, fused):

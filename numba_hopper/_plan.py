@@ -186,8 +186,7 @@ class _Gemm:
         M, N = d.view.shape
         limits = device_limits(d.view.device)
         tiles = batch.count * -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
-        # Whole clusters (trimmed in prepare); a K cluster takes one tile, so every tile gets one.
-        self.grid = grid or (tiles * cfg.launch_cluster if cfg.cluster_k > 1 else min(tiles * cfg.cluster_size, limits.sm_count))
+        self.grid = grid or min(tiles * cfg.cluster_size, limits.sm_count)  # whole clusters: trimmed in prepare
         self.partials = scratch.take(self.grid * 2 * (cfg.partial_bytes + 4)) if cfg.stream_k else None
 
     def _templates(self, values):
@@ -259,7 +258,7 @@ class _Gemm:
                                            shared_mem=cfg.shared_bytes, cache_key=cache_key)
             grid = min(grid // cfg.cluster_size, resident) * cfg.cluster_size
         launch = prepare_launch(kernel, grid, cfg.threads, args, shared_mem=cfg.shared_bytes, cache_key=cache_key,
-                                cluster=cfg.launch_cluster if cfg.launch_cluster > 1 else None, dependent=_dependent())
+                                cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, dependent=_dependent())
         gemm = _launch_step(launch, srcs)
         if not cfg.stream_k:
             return gemm

@@ -48,14 +48,11 @@ ALL_CONFIGS = [
     GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=8, stages=16, out_major="M", acc_chains=4),
     GemmConfig("f16", "f16", "M", "K", block_m=64, block_n=16, stages=12, out_major="M", acc_chains=4),
     GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=16, stages=12, out_major="M"),
-    # ... and with a K cluster of 4 and of 2 CTAs
-    GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=8, stages=22, out_major="M", acc_chains=4, cluster_k=4),
-    GemmConfig("f16", "f16", "K", "K", block_m=64, block_n=16, stages=12, out_major="M", acc_chains=4, cluster_k=2),
 ]
 
 
 @pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}"
-                         + ("-colmajor" if c.out_major == "M" else "") + f"-a{c.acc_chains}-k{c.cluster_k}")
+                         + ("-colmajor" if c.out_major == "M" else "") + f"-a{c.acc_chains}")
 def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
     assert r.count("HGMMA") >= 4, r.summary()  # 4 k16 steps per 64-wide k-block
@@ -73,29 +70,6 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     assert not r.setmaxnreg_ignored
     assert not any("C7517" in w or "C75" in w for w in r.warnings), r.warnings
-
-
-@pytest.mark.parametrize("ck", [2, 4])
-def test_k_cluster_sums_partials_through_distributed_shared_memory(ck):
-    """CTAs 1.. of a K cluster store their partial tile into CTA 0's shared memory and arrive
-    on its barrier; CTA 0 waits (acquire at cluster scope) and adds them."""
-    cfg = GemmConfig(block_m=64, block_n=16, b_major="K", stages=12, out_major="M", acc_chains=4, cluster_k=ck)
-    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
-    quads = cfg.block_n // 8  # float4s of a consumer thread's partial
-    assert r.count("STS.128") >= quads or r.count("ST.E.128") >= quads, r.summary()  # the remote stores
-    assert r.count("UCGABAR_WAIT") > 0  # the cluster barriers around the kernel
-    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
-
-
-def test_k_cluster_layout_and_rules():
-    cfg = GemmConfig(block_m=64, block_n=8, b_major="K", stages=22, out_major="M", acc_chains=4, cluster_k=4)
-    lay = cfg.layout
-    assert lay.barriers - lay.k_partials == 3 * cfg.partial_bytes and lay.total == lay.k_barrier + 8
-    assert cfg.launch_cluster == 4 and cfg.cluster_size == 1  # no multicast
-    with pytest.raises(ValueError, match="cluster_k"):
-        GemmConfig(block_n=128, cluster_k=2)  # row-major outputs: not built
-    with pytest.raises(ValueError, match="cluster_k"):
-        GemmConfig(block_m=64, block_n=8, b_major="K", out_major="M", cluster_k=3)
 
 
 @pytest.mark.parametrize("cfg,depth", [
@@ -329,17 +303,6 @@ def test_decode_products_run_swapped_unless_the_64_row_tiling_splits_k_in_four(M
     col_major_a = _view(M, K, "bf16", False)
     assert narrow_config(a, transpose(w), f32_out, H100) is None
     assert narrow_config(col_major_a, transpose(w), out, H100) is None or M == 1
-
-
-@pytest.mark.parametrize("N,K,ck", [
-    (2048, 2048, 4), (2048, 5632, 4), (4096, 14336, 2),  # 32 or 64 tiles: 4 or 2 CTAs each fit the SMs
-    (5632, 2048, 1), (32000, 2048, 1),  # 88 and 500 tiles
-    (2048, 1024, 2), (2048, 960, 1),  # 16 and 15 k-blocks: 8 a CTA at least
-])
-def test_narrow_tiles_share_k_in_a_cluster_where_their_clusters_fit(N, K, ck):
-    from numba_hopper._heuristics import narrow_cluster_k
-
-    assert narrow_cluster_k(N, K, 132) == ck
 
 
 @pytest.mark.parametrize("tiles,K,b_major,cluster", [

@@ -184,17 +184,6 @@ def test_swapped_decode_products_with_separate_accumulators(torch, M, N, K):
             _check(torch, M, N, K, layout="CC", config=cfg)
 
 
-@pytest.mark.parametrize("ck", [2, 4])
-@pytest.mark.parametrize("M,N,K,layout", [(8, 2048, 2048, "RC"), (16, 4096, 4096, "RC"), (7, 136, 1000, "RR"),
-                                          (3, 520, 5632, "RC"), (1, 200, 9, "RC")])
-def test_k_cluster_decode_products(torch, ck, M, N, K, layout):
-    """Swapped decode tiles whose K loop a cluster of CTAs shares, summed through distributed
-    shared memory: ragged K, runs of unequal length, CTAs with no k-block (K = 9)."""
-    cfg = GemmConfig(block_m=64, block_n=8 if M <= 8 else 16, b_major="K", out_major="M", stages=8, acc_chains=4,
-                     cluster_k=ck)
-    _check(torch, M, N, K, layout=layout, config=cfg)
-
-
 @pytest.mark.parametrize("out_major", ["C"])
 @pytest.mark.parametrize("layout", ["RR", "CR"])
 def test_column_major_output(torch, layout, out_major):

@@ -40,7 +40,6 @@ __all__ = [
     "ld_shared_cluster_f32",
     "st_shared_cluster_u32",
     "st_shared_cluster_f32",
-    "st_shared_cluster_v4_f32",
 ]
 
 
@@ -150,12 +149,6 @@ def st_shared_cluster_u32(addr: u32, value: u32):
 @ptx_asm("st.shared::cluster.f32 [{addr}], {value};")
 def st_shared_cluster_f32(addr: u32, value: f32):
     """PTX ISA 9.7.9.10 st: store an f32 to shared::cluster address ``addr`` (see mapa)."""
-
-
-@ptx_asm("st.shared::cluster.v4.f32 [{addr}], {{x}, {y}, {z}, {w}};")
-def st_shared_cluster_v4_f32(addr: u32, x: f32, y: f32, z: f32, w: f32):
-    """PTX ISA 9.7.9.10 st: store four f32 to 16-byte-aligned shared::cluster address ``addr``
-    (see mapa)."""
 
 
 # --- cluster barrier ----------------------------------------------------------------------

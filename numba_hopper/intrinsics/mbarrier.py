@@ -18,7 +18,6 @@ __all__ = [
     "mbarrier_try_wait_parity",
     "mbarrier_test_wait_parity",
     "mbarrier_wait_parity",
-    "mbarrier_wait_parity_cluster",
     "mbarrier_wait_parity_timeout",
     "mbarrier_inval",
     "fence_mbarrier_init",
@@ -84,16 +83,6 @@ def mbarrier_wait_parity(bar: u32, phase: u32):
     """PTX ISA 9.7.13.15.16 mbarrier.try_wait.parity in a spin loop (one asm block, CUTLASS
     ClusterBarrier::wait): returns once the phase of parity ``phase`` has completed.
     """
-
-
-@ptx_asm(
-    "{ .reg .pred p; NH_CWAIT: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [{bar}], {phase}; "
-    "@!p bra NH_CWAIT; }"
-)
-def mbarrier_wait_parity_cluster(bar: u32, phase: u32):
-    """PTX ISA 9.7.13.15.16 mbarrier.try_wait.parity, acquire at cluster scope, in a spin loop:
-    what other CTAs of the cluster wrote before their ``mbarrier_arrive_cluster`` (release at
-    cluster scope) is visible after it."""
 
 
 @ptx_asm(

@@ -30,7 +30,6 @@ __all__ = [
     "ld_shared_f32",
     "ld_shared_v2_f32",
     "ld_shared_v4_u32",
-    "ld_shared_v4_f32",
     "st_shared_u16",
     "st_shared_u32",
     "st_shared_v2_f32",
@@ -176,11 +175,6 @@ def ld_shared_v2_f32(addr: u32) -> tuple[f32, f32]:
 @ptx_asm("ld.shared::cta.v4.u32 {{out0}, {out1}, {out2}, {out3}}, [{addr}];")
 def ld_shared_v4_u32(addr: u32) -> tuple[u32, u32, u32, u32]:
     """PTX ISA 9.7.9.8 ld: 16 bytes (four u32) from a 16-byte-aligned .shared::cta address."""
-
-
-@ptx_asm("ld.shared::cta.v4.f32 {{out0}, {out1}, {out2}, {out3}}, [{addr}];")
-def ld_shared_v4_f32(addr: u32) -> tuple[f32, f32, f32, f32]:
-    """PTX ISA 9.7.9.8 ld: four f32 from a 16-byte-aligned .shared::cta address."""
 
 
 @ptx_asm("st.shared::cta.u16 [{addr}], {value};")

@@ -64,11 +64,6 @@ class GemmConfig:
     ``acc_chains``: 1, or 4 independent accumulators, one per wgmma of a k-block, summed
     after the K loop: a narrow tile's wgmmas are short, and chained on one accumulator
     each waits for the one before it (block_n <= 64, plain or fused, not block-wise scaled).
-    ``cluster_k``: 1, or a cluster of 2 or 4 CTAs that share one output tile's K loop, each
-    running a contiguous quarter (half) of its k-blocks; the others add their sums into
-    CTA 0's through distributed shared memory, and CTA 0 stores the tile. One tile per
-    cluster (no persistent walk): the narrow decode tiles (``out_major = "M"``), whose few
-    tiles leave most SMs idle while each streams a long run of the weight.
     ``grouped``: None, or the grouped GEMM's scheduler to compile in (``kernels/scheduler.py``):
     "contiguous" (the groups' rows one after another in a 2-D A and output, cut by
     cumulative ends) or "masked" (a 3-D A and output, the first ``masked_m[g]`` rows of
@@ -94,7 +89,6 @@ class GemmConfig:
     b_dtype: str | None = None
     out_major: str = "N"
     acc_chains: int = 1
-    cluster_k: int = 1
 
     def __post_init__(self):
         if self.in_dtype not in INPUT_BYTES:
@@ -155,9 +149,6 @@ class GemmConfig:
         if not (self.acc_chains == 1 or chained and self.block_n <= 64 and not self.block_scaled):
             raise ValueError(f"acc_chains must be 1, or {ACC_CHAINS} with block_n <= 64 and no block-wise scales; "
                              f"got {self.acc_chains} with block_n = {self.block_n}")
-        if self.cluster_k not in (1, 2, 4) or (self.cluster_k > 1 and self.out_major != "M"):
-            raise ValueError(f"cluster_k must be 1, or 2 or 4 with out_major = 'M' (narrow decode tiles); got "
-                             f"{self.cluster_k} with out_major = {self.out_major!r}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
         if self.split_k < 1:
@@ -212,11 +203,6 @@ class GemmConfig:
         return self.block_m // WG_ROWS
 
     @property
-    def launch_cluster(self):
-        """CTAs per cluster at launch: the multicast cluster's, times ``cluster_k``."""
-        return self.cluster_size * self.cluster_k
-
-    @property
     def threads(self):
         return 128 * (1 + self.consumers)
 
@@ -249,7 +235,7 @@ class GemmConfig:
 
     @property
     def partial_bytes(self):
-        """One consumer's partial tile (stream-K, a K cluster): 64 x ``block_n`` f32 in fragment order."""
+        """One consumer's stream-K partial tile: 64 x ``block_n`` f32 in fragment order."""
         return WG_ROWS * self.block_n * 4
 
     @property
@@ -353,9 +339,7 @@ class SharedLayout:
 
     In order: the ring's A tiles, its B tiles, two output sub-tile buffers per consumer,
     two residual-C sub-tile buffers per consumer, each consumer's staged column vectors,
-    the ring's block-wise scales of A, the K cluster's partial sums (``cluster_k - 1`` per
-    consumer, in CTA 0), the ring's barriers, the C buffers' barriers and the partial sums'
-    barrier.
+    the ring's block-wise scales of A, the ring's barriers and the C buffers' barriers.
     """
 
     a: int
@@ -365,10 +349,8 @@ class SharedLayout:
     vec: int
     vec_bytes: int
     a_scales: int
-    k_partials: int
     barriers: int
     c_barriers: int
-    k_barrier: int
     total: int
 
     @staticmethod
@@ -379,16 +361,14 @@ class SharedLayout:
         vec = c + 2 * cfg.consumers * cfg.c_buf_bytes
         vec_bytes = cfg.epilogue.column_bytes(cfg.block_n) if cfg.epilogue else 0
         a_scales = vec + cfg.consumers * vec_bytes
-        k_partials = a_scales + cfg.stages * cfg.a_scales_bytes
-        barriers = k_partials + (cfg.cluster_k - 1) * cfg.consumers * cfg.partial_bytes
+        barriers = a_scales + cfg.stages * cfg.a_scales_bytes
         c_barriers = barriers + pipeline_barrier_bytes(cfg.stages)
-        k_barrier = c_barriers + (2 * cfg.consumers * 8 if cfg.has_c else 0)
-        total = k_barrier + (8 if cfg.cluster_k > 1 else 0)
+        total = c_barriers + (2 * cfg.consumers * 8 if cfg.has_c else 0)
         # Swizzled tiles keep the swizzle's period; mbarriers are 8-byte aligned.
         assert cfg.a_tile_bytes % SWIZZLE_ALIGN == 0 and cfg.b_tile_bytes % SWIZZLE_ALIGN == 0, cfg
         assert b % SWIZZLE_ALIGN == 0 and epi % SWIZZLE_ALIGN == 0 and c % SWIZZLE_ALIGN == 0, cfg
         assert a_scales % 128 == 0 and barriers % 8 == 0, cfg  # (TMA writes 128-byte-aligned boxes)
-        return SharedLayout(0, b, epi, c, vec, vec_bytes, a_scales, k_partials, barriers, c_barriers, k_barrier, total)
+        return SharedLayout(0, b, epi, c, vec, vec_bytes, a_scales, barriers, c_barriers, total)
 
 
 class GemmParams(NamedTuple):

@@ -103,8 +103,6 @@ def _build_gemm_kernel(cfg: GemmConfig):
     UNIFORM_WARPGROUP = cfg.grouped is not None and SCALED and BN > KBLOCK_SCALE
     PRODUCER_REGS, CONSUMER_REGS = register_budget(cfg)
     BARRIERS = cfg.layout.barriers
-    # A K cluster's CTAs 1.. arrive on CTA 0's barrier once per consumer thread (scheduler.py).
-    CK, K_BARRIER, LAUNCH_CLUSTER = cfg.cluster_k, cfg.layout.k_barrier, cfg.launch_cluster
     C_MAP = 3 if HAS_C else 0
     GROUPED = cfg.grouped is not None
     # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
@@ -177,7 +175,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
             terms = epilogue.begin_tile(smem, c, tile, stored, tmaps.c, p, ep)
             acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile, ep)
             frag = nh.tuple_as_array(acc)
-            if scheduler.fixup(frag, work, item, p.workspace, smem, c):
+            if scheduler.fixup(frag, work, item, p.workspace, c):
                 stored = epilogue.store_tile(frag, smem, c, tile, stored, tmaps.d, tmaps.c, p, ep, terms)
             item = scheduler.next(work, item)
         epilogue.drain(c, stored, ep)
@@ -189,11 +187,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
         if tid == 0:
             epilogue.init(smem)
             pipe.init(smem + BARRIERS)
-            if CK > 1:
-                nh.mbarrier_init(smem + K_BARRIER, 128 * CONSUMERS * (CK - 1))
-                nh.fence_mbarrier_init()
         cta = mainloop.cluster_cta()
-        if LAUNCH_CLUSTER > 1:
+        if CLUSTER > 1:
             nh.cluster_sync()  # every barrier of the cluster is initialized before any use
         else:
             cuda.syncthreads()
@@ -207,9 +202,9 @@ def _build_gemm_kernel(cfg: GemmConfig):
             producer(p, smem, tid, cta, work)
         else:
             consumer(p, ep, smem, tid, cta, work)
-        if LAUNCH_CLUSTER > 1:
-            # No CTA may exit while a peer can still arrive on its barriers or write into
-            # its shared memory.
+        if CLUSTER > 1:
+            # No CTA may exit while a peer can still arrive on its barriers or multicast
+            # into its shared memory.
             cuda.syncwarp()
             nh.cluster_sync()
 

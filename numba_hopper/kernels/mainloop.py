@@ -166,9 +166,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         nh.wgmma_commit_group()
         return accs
 
-    counted = cfg.cluster_k > 1
-    mma = _k_loop(pipe, mma_stage, DEBUG, cfg.mma_depth, counted)
-    chained_k_loop = _k_loop(pipe, mma_stage_chained, DEBUG, cfg.mma_depth, counted)
+    mma = _k_loop(pipe, mma_stage, DEBUG, cfg.mma_depth)
+    chained_k_loop = _k_loop(pipe, mma_stage_chained, DEBUG, cfg.mma_depth)
 
     @cuda.jit(device=True, forceinline=True)
     def mma_chained(acc, smem, bars, st, p, item, c, peers, tile, ep):
@@ -268,33 +267,28 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     return Mainloop(cluster_cta, load, begin, consumer_mma)
 
 
-def _k_loop(pipe, stage, debug, depth, counted):
+def _k_loop(pipe, stage, debug, depth):
     """``mma(acc, smem, bars, st, params, item, consumer, peers, tile, ep) -> (acc, st)``: the
     consumer's K loop over the item's k-blocks, ``acc = stage(acc, smem, st, cw, first)`` on
     each (``acc``: whatever ``stage`` accumulates into). ``depth`` k-blocks' wgmmas stay in
     flight behind the one just issued: a slot is released once ``wgmma.wait_group(depth)``
-    says the wgmmas that read it are done. ``counted``: the loop's index runs from 0 over the
-    item's k-blocks (a K cluster's items start at a run-time k-block other than 0: a loop
-    from there had ptxas serialize the wgmmas, C7519); else over their ids (what the other
-    kernels were measured with)."""
+    says the wgmmas that read it are done."""
     repeated = _repeat(depth)
 
     @cuda.jit(device=True, forceinline=True)
     def mma(acc, smem, bars, st, p, item, c, peers, tile, ep):
         pending = repeated(st)  # the last ``depth`` slots issued, oldest first
-        lo, hi = (0, item.k_end - item.k_begin) if counted else (item.k_begin, item.k_end)
-        for kb in range(lo, hi):
-            site = debug_site(p.debug_record, item.tile, kb + item.k_begin - lo) if debug else None
-            pipe.consumer_wait(bars, st, site)
-            acc = stage(acc, smem, st, c.cw, kb == lo)
+        for kb in range(item.k_begin, item.k_end):
+            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if debug else None)
+            acc = stage(acc, smem, st, c.cw, kb == item.k_begin)
             nh.wgmma_wait_group(depth)  # k-block kb - depth is done reading its slot
-            if kb >= lo + depth and c.lane == 0:
+            if kb >= item.k_begin + depth and c.lane == 0:
                 pipe.consumer_release(bars, pending[0], peers)
             pending = pending[1:] + (st,)
             st = pipe.advance(st)
         nh.wgmma_wait_group(0)
         for i in range(depth):  # the item's last min(depth, k-blocks) slots
-            if hi > lo + (depth - 1 - i) and c.lane == 0:
+            if item.k_end > item.k_begin + (depth - 1 - i) and c.lane == 0:
                 pipe.consumer_release(bars, pending[i], peers)
         return acc, st
 

@@ -5,9 +5,7 @@ then, with stream-K, pieces of the K loops of the last tiles. The walk gives a C
 (a tile and a k-block range each) one after another, and maps a linear tile id to
 output-tile coordinates. Producer and consumers call the same functions on the same ids,
 so they agree on every item without communicating. A stream-K tile's pieces meet in the
-fix-up: partial sums passed from CTA to CTA through a global workspace. A K cluster
-(``cfg.cluster_k``) is one tile whose CTAs each take a contiguous run of its k-blocks; its
-fix-up adds the others' sums into CTA 0's through distributed shared memory.
+fix-up: partial sums passed from CTA to CTA through a global workspace.
 
 Grouped kernels (``cfg.grouped``, mixture-of-experts layers) number the tiles of all
 groups in one sequence, group after group, and walk it the same way (``cta, cta + ctas,
@@ -144,10 +142,9 @@ def make_tile_scheduler(cfg) -> TileScheduler:
       work.num_tiles`` ends the walk;
     - ``origin(work, item, rm, rn) -> OutputTile``: batch and first row and column of the
       output tile of CTA ``(rm, rn)`` of the cluster in the cluster tile of ``item``;
-    - ``fixup(frag, work, item, workspace, smem, consumer) -> bool``: stream-K's exchange of
-      partial sums through ``workspace``, or a K cluster's through ``smem`` (nothing
-      without either); True when ``frag`` now holds the tile's whole sum and this consumer
-      stores it.
+    - ``fixup(frag, work, item, workspace, consumer) -> bool``: stream-K's exchange of
+      partial sums (nothing without ``cfg.stream_k``); True when ``frag`` now holds the
+      tile's whole sum and this consumer stores it.
 
     With ``cfg.grouped`` the same functions walk the tiles of every group
     (:func:`_group_walk`): ``work`` is a :class:`GroupWork`, the items :class:`GroupItem`
@@ -157,9 +154,6 @@ def make_tile_scheduler(cfg) -> TileScheduler:
         return _grouped_scheduler(cfg)
     BM, BN, CM, CN, GROUP_M = cfg.block_m, cfg.block_n, cfg.cluster_m, cfg.cluster_n, cfg.group_m
     CLUSTER = cfg.cluster_size
-    CK = cfg.cluster_k
-    CK_SHIFT = CK.bit_length() - 1  # (1, 2 or 4 CTAs)
-    K_PARTIALS, K_BARRIER = cfg.layout.k_partials, cfg.layout.k_barrier
     ONE_PRODUCT = cfg.epilogue is not None  # gemm() neither batches nor splits K with an epilogue
     STREAM_K = cfg.stream_k
     BK = cfg.block_k
@@ -178,20 +172,15 @@ def make_tile_scheduler(cfg) -> TileScheduler:
         num_tiles = p.batches * per_batch
         k_blocks = p.k_split if p.k_split else (p.K + BK - 1) // BK
         dp_tiles = p.dp_tiles if STREAM_K else num_tiles
-        return Work(ctiles_m, ctiles_n, per_batch, num_tiles, k_blocks, cuda.blockIdx.x // (CLUSTER * CK),
-                    cuda.gridDim.x // (CLUSTER * CK), dp_tiles)
+        return Work(ctiles_m, ctiles_n, per_batch, num_tiles, k_blocks, cuda.blockIdx.x // CLUSTER,
+                    cuda.gridDim.x // CLUSTER, dp_tiles)
 
     @cuda.jit(device=True, forceinline=True)
     def first(w):
-        if CK > 1:  # the cluster's tile; this CTA's run of its k-blocks
-            rank = np.int64(nh.cluster_ctarank())
-            return WorkItem(w.cta, (w.k_blocks * rank) >> CK_SHIFT, (w.k_blocks * (rank + 1)) >> CK_SHIFT)
         return WorkItem(*first_item(w.cta, w.ctas, w.dp_tiles, w.num_tiles, w.k_blocks))
 
     @cuda.jit(device=True, forceinline=True)
     def next_(w, item):
-        if CK > 1:  # one tile per cluster
-            return WorkItem(w.num_tiles, np.int64(0), np.int64(0))
         return WorkItem(*next_item(item, w.cta, w.ctas, w.dp_tiles, w.num_tiles, w.k_blocks))
 
     @cuda.jit(device=True, forceinline=True)
@@ -240,32 +229,7 @@ def make_tile_scheduler(cfg) -> TileScheduler:
                 frag[4 * q + e] += p[e]
 
     @cuda.jit(device=True, forceinline=True)
-    def cluster_k_reduce(frag, smem, c):
-        """A K cluster's sum: CTAs 1.. store their partial sums into CTA 0's shared memory
-        (slot ``rank - 1``, fragment order) and arrive on its barrier, releasing the stores
-        at cluster scope; CTA 0 adds them in rank order (deterministic) once all are there.
-        One tile per launch of the cluster, so the barrier's phase 0 is the only one."""
-        rank = nh.cluster_ctarank()
-        slots = smem + K_PARTIALS + c.cw * (CK - 1) * PARTIAL_BYTES + 16 * c.t  # this thread's in slot 0
-        if rank > 0:
-            base = nh.mapa(slots + (rank - 1) * PARTIAL_BYTES, 0)
-            for q in range(PARTIAL_QUADS):
-                nh.st_shared_cluster_v4_f32(base + 2048 * q, frag[4 * q], frag[4 * q + 1], frag[4 * q + 2],
-                                            frag[4 * q + 3])
-            nh.mbarrier_arrive_cluster(nh.mapa(smem + K_BARRIER, 0))
-            return False
-        nh.mbarrier_wait_parity_cluster(smem + K_BARRIER, 0)
-        for r in range(CK - 1):
-            for q in range(PARTIAL_QUADS):
-                p = nh.ld_shared_v4_f32(slots + r * PARTIAL_BYTES + 2048 * q)
-                for e in range(4):
-                    frag[4 * q + e] += p[e]
-        return True
-
-    @cuda.jit(device=True, forceinline=True)
-    def fixup(frag, w, item, workspace, smem, c):
-        if CK > 1:
-            return cluster_k_reduce(frag, smem, c)
+    def fixup(frag, w, item, workspace, c):
         if not STREAM_K:
             return True
         if item.k_end < w.k_blocks:  # the next CTA did the rest of the K loop
@@ -363,7 +327,7 @@ def _grouped_scheduler(cfg) -> TileScheduler:
                          np.int64(cuda.gridDim.x), p.batches, p.group_rows, p.M)
 
     @cuda.jit(device=True, forceinline=True)
-    def fixup(frag, w, item, workspace, smem, c):
+    def fixup(frag, w, item, workspace, c):
         return True
 
     return TileScheduler(work, first, next_, origin, fixup)
