@@ -9,8 +9,8 @@ Traced (``torch.compile``, ``torch.export``), a linear is the custom operators o
 :mod:`numba_hopper.torch.ops` (``numba_hopper::gemm_aux`` where there is an activation to
 differentiate). Eagerly with a gradient, it is one ``torch.autograd.Function`` whose forward
 and backward call :func:`numba_hopper.gemm` directly: no reshape, transpose or operator layer
-of its own in the autograd graph, which cost a training step of the ``bench_torch.py`` model
-about 1 ms of host time (36 us a linear) where PyTorch's C++ ``linear`` costs none.
+of its own in the autograd graph (which took a quarter of a linear's host time, forward and
+backward: benchmarks/NOTES.md, session 21).
 """
 
 from __future__ import annotations
