@@ -117,17 +117,25 @@ def test_cuda_graph_capture_and_replay_with_new_data():
 
 
 @pytest.mark.serial
-def test_linear_call_never_waits_for_the_gpu():
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "forward+backward"])
+def test_linear_call_never_waits_for_the_gpu(grad):
     x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)
-    nht.linear(x, w, activation="silu")  # warm: the plan exists
+    w = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+
+    def call(x):
+        y = nht.linear(x.requires_grad_(grad), w, activation="silu")
+        if grad:
+            y.backward(torch.ones_like(y))
+        return y
+
+    call(x)  # warm: the plans exist
     fresh = torch.randn_like(x)
     torch.cuda.synchronize()
     torch.cuda._sleep(1_000_000_000)
     gate = torch.cuda.Event()
     gate.record()
     start = time.perf_counter()
-    y = nht.linear(fresh, w, activation="silu")
+    y = call(fresh)
     host = time.perf_counter() - start
     assert not gate.query(), "linear returned only after the queued sleep had finished"
     assert host < 0.05, host
