@@ -65,6 +65,8 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     # programmatic dependent launch: one wait before the first global access, one release
     assert r.count("ACQBULK") == 1 and r.count("PREEXIT") == 1
     assert r.sass.index("ACQBULK") < r.sass.index("UTMALDG")
+    # A, B and D's tensor maps are fetched into the descriptor cache before that wait
+    assert r.count("UTMACCTL.PF") == 3 and r.sass.index("UTMACCTL.PF") < r.sass.index("ACQBULK")
     # the consumers keep mma_depth k-blocks of wgmmas in flight (deeper on 64-row tiles' long rings)
     assert f"WARPGROUP.DEPBAR.LE gsb0, {cfg.mma_depth:#x} " in r.sass
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()

@@ -125,6 +125,20 @@ def _build_gemm_kernel(cfg: GemmConfig):
                           nh.tensormap_param_address(p.maps[MAPS - 1]))
 
     @cuda.jit(device=True, forceinline=True)
+    def prefetch_tensormaps(p):
+        """Start fetching the maps into the descriptor cache while the barriers are set up and
+        (as a programmatic dependent) the previous kernel finishes: the first loads and stores
+        then find them there instead of each waiting for its map from memory."""
+        maps = tensormaps(p)
+        nh.prefetch_tensormap(maps.a)
+        nh.prefetch_tensormap(maps.b)
+        nh.prefetch_tensormap(maps.d)
+        if HAS_C:
+            nh.prefetch_tensormap(maps.c)
+        if SCALED:
+            nh.prefetch_tensormap(maps.a_scales)
+
+    @cuda.jit(device=True, forceinline=True)
     def shared_schedule(p):
         """The CTA's schedule, computed before the roles split; a grouped kernel's (eight
         64-bit values) is computed by each role after ``setmaxnreg`` instead, as the producer
@@ -185,6 +199,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
         tid = cuda.threadIdx.x
         smem = nh.dynamic_shared_base()
         if tid == 0:
+            prefetch_tensormaps(p)
             epilogue.init(smem)
             pipe.init(smem + BARRIERS)
         cta = mainloop.cluster_cta()
