@@ -101,6 +101,9 @@ def _build_gemm_kernel(cfg: GemmConfig):
     # register files (a bf16 128x256 grouped kernel with silu then spills 12 + 36 B), and the
     # measured kernels stay as they were.
     UNIFORM_WARPGROUP = cfg.grouped is not None and SCALED and BN > KBLOCK_SCALE
+    # Those kernels' consumers also spill (120 + 204 B) when the tensor maps are prefetched: ptxas
+    # then keeps the maps' addresses live from the kernel's start. They load without the prefetch.
+    AT_REGISTER_LIMIT = UNIFORM_WARPGROUP
     PRODUCER_REGS, CONSUMER_REGS = register_budget(cfg)
     BARRIERS = cfg.layout.barriers
     C_MAP = 3 if HAS_C else 0
@@ -129,6 +132,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
         """Start fetching the maps into the descriptor cache while the barriers are set up and
         (as a programmatic dependent) the previous kernel finishes: the first loads and stores
         then find them there instead of each waiting for its map from memory."""
+        if AT_REGISTER_LIMIT:
+            return
         maps = tensormaps(p)
         nh.prefetch_tensormap(maps.a)
         nh.prefetch_tensormap(maps.b)
