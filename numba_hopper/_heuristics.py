@@ -81,6 +81,11 @@ NARROW_M = 16
 # Four (one per wgmma of a k-block): 1-8% less device time at 1-16 x 2048-5632 x 2048-5632
 # (benchmarks/NOTES.md, session 17).
 NARROW_ACC_CHAINS = 4
+# Their rings hold 12 k-blocks, not the 21-23 that fit: deeper rings only queue more of the
+# weight's loads behind the SM's TMA, and 12 streamed 1-6% faster (device time, 1-16 x 2048-
+# 32000 x 2048-14336; graph decode 0.985 -> 0.996; benchmarks/NOTES.md, session 22). 8 lost at
+# long K (8x2048x5632: 0.92x cuBLAS vs 1.06x).
+NARROW_STAGES = 12
 
 
 def narrow_tokens(M, N, K, sms, block_k=64):
@@ -121,7 +126,7 @@ def narrow_config(va, vb, vo, limits):
     if block_n is None:
         return None
     kw = dict(block_m=64, b_major="K", out_major="M", acc_chains=NARROW_ACC_CHAINS)
-    stages = max_stages(va.dtype, vo.dtype, block_n, limits.max_shared_per_block_optin, **kw)
+    stages = min(NARROW_STAGES, max_stages(va.dtype, vo.dtype, block_n, limits.max_shared_per_block_optin, **kw))
     return GemmConfig(block_n=block_n, stages=stages, **kw)
 
 

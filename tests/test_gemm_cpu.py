@@ -299,7 +299,7 @@ def test_decode_products_run_swapped_unless_the_64_row_tiling_splits_k_in_four(M
     assert (cfg and cfg.block_n) == block_n
     if cfg is not None:  # the swapped product's kernel: w row-major as A, the tokens K-major as B
         run = choose_config(w, transpose(a), transpose(out), cfg, False, limits=H100)
-        assert (run.a_major, run.b_major, run.out_major, run.block_m) == ("K", "K", "M", 64)
+        assert (run.a_major, run.b_major, run.out_major, run.block_m, run.stages) == ("K", "K", "M", 64, 12)
         assert run.shared_bytes <= H100.max_shared_per_block_optin
     f32_out = DeviceView(1 << 20, (M, N), (N, 1), "f32", 4, 0, "numba")
     col_major_a = _view(M, K, "bf16", False)
