@@ -81,10 +81,10 @@ NARROW_M = 16
 # Four (one per wgmma of a k-block): 1-8% less device time at 1-16 x 2048-5632 x 2048-5632
 # (benchmarks/NOTES.md, session 17).
 NARROW_ACC_CHAINS = 4
-# Their rings hold 12 k-blocks, not the 21-23 that fit: deeper rings only queue more of the
-# weight's loads behind the SM's TMA, and 12 streamed 1-6% faster (device time, 1-16 x 2048-
-# 32000 x 2048-14336; graph decode 0.985 -> 0.996; benchmarks/NOTES.md, session 22). 8 lost at
-# long K (8x2048x5632: 0.92x cuBLAS vs 1.06x).
+# Their rings hold 12 k-blocks, not the 21-23 that fit: every slot holds a load in flight
+# either way, and the shorter queue ran 0.4-7% faster (device time, 1-16 x 2048-32000 x
+# 2048-14336; graph decode 0.985 -> 0.996; benchmarks/NOTES.md, session 22). 8 lost at long K
+# (8x2048x5632: 0.92x cuBLAS vs 1.06x).
 NARROW_STAGES = 12
 
 
