@@ -12,7 +12,7 @@ from ._arrays import leading_dim, tma_addressable, transpose
 from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
-__all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
+__all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
            "cluster_pays", "rows_straddle_sectors", "straddling_tile", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
@@ -31,6 +31,10 @@ MANY_WAVES = 16
 TILE_COST = {256: 1.0, 224: 1.07, 192: 1.075, 160: 1.15, 144: 1.2, 128: 1.065, 112: 1.15, 64: 1.52}
 TILE_COST_MANY_WAVES = {**TILE_COST, 224: 1.03, 192: 1.0, 144: 1.3, 128: 1.25, 112: 1.35}
 K_MAJOR_WIDTHS = (224, 144, 112)
+# Grouped kernels' 128 x 192 tiles run 5-9% behind their 128 x 256 ones, where dense products
+# run both alike (device time, 8 groups of 2048 rows: Mixtral's 14336 x 4096, 687-674 vs 731-708
+# TFLOP/s; 7168 x 2048, 704 vs 739; 4096 x 7168, 641-627 vs 699-696; benchmarks/NOTES.md, session 23).
+GROUPED_SLOW_WIDTHS = (192,)
 # M <= SMALL_M reads B once and does little math, so its time is B's bytes over the rate the
 # busy SMs stream them: per SM by tile width (GB/s; from 64-row tiles at 1x3584x18944,
 # 1x4096x14336, 1x8192x28672), together at most the HBM rate cuBLAS reaches on most of the
@@ -46,7 +50,7 @@ def _ceil(a, b):
     return -(-a // b)
 
 
-def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=False):
+def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=False, grouped=False):
     """``(block_m, block_n)``: the tile with the shortest estimated run.
 
     M <= SMALL_M: 64-row tiles (the width :func:`small_m_tiling` picks); at M = 128 two of
@@ -57,14 +61,16 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
     8192^3 takes 128x192 (21 waves) over 128x256 (16 waves, fuller). Ties go to the wider
     tile. A fused epilogue runs only widths 64 divides. ``k_major_widths``: whether
     ``K_MAJOR_WIDTHS`` may run. ``block_k``: elements per k-block (64, or 128 for fp8, whose
-    tiles are those of 16-bit inputs: not yet tuned).
+    tiles are those of 16-bit inputs: not yet tuned). ``grouped``: a grouped kernel's tile,
+    never one of ``GROUPED_SLOW_WIDTHS``.
     """
     if M <= SMALL_M:
         return 64, small_m_tiling(M, N, K, units, sms, can_split=_splits_small_m(M, units, fused),
                                   block_k=block_k)[0]
 
     widths = [bn for bn in sorted(TILE_COST, reverse=True)
-              if not (fused and bn % 64) and (k_major_widths or bn not in K_MAJOR_WIDTHS)]
+              if not (fused and bn % 64) and (k_major_widths or bn not in K_MAJOR_WIDTHS)
+              and not (grouped and bn in GROUPED_SLOW_WIDTHS)]
     return 128, min(widths, key=lambda bn: _tile_time(M, N, units, sms, bn))
 
 
@@ -307,7 +313,7 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
     it for ``groups`` products of that many rows: 64-row tiles for groups of <= 128 rows,
     where a 128-row tile would be mostly padding. Block-wise scaled fp8 groups take
     :func:`block_scaled_tile`'s (at most 128 wide: 192-wide grouped tiles are unmeasured)
-    for ``groups`` such products. Not yet fitted to H100 timings.
+    for ``groups`` such products. 16-bit groups were measured on the H100 (``GROUPED_SLOW_WIDTHS``).
     """
     limits = limits or device_limits(mo.device)
     if config is None:
@@ -317,7 +323,7 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
             block_m, block_n = block_scaled_tile(rows, N, limits.sm_count, units=groups, wide=False)
         else:
             block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
-                                          block_k=KBLOCK_BYTES // ma.itemsize)
+                                          block_k=KBLOCK_BYTES // ma.itemsize, grouped=True)
         # fp8 B is K-major (the caller checked): a (1, K) or (K, 1) view would pass both tests.
         b_major = "N" if ma.dtype not in FP8_DTYPES and tma_addressable(mb, row_major=True) else "K"
         config = GemmConfig(block_m=block_m, block_n=block_n, stages=max_stages(

@@ -93,21 +93,14 @@ def register_budget(cfg: GemmConfig):
 def _build_gemm_kernel(cfg: GemmConfig):
     BN, CONSUMERS, THREADS, CLUSTER, MAPS = cfg.block_n, cfg.consumers, cfg.threads, cfg.cluster_size, cfg.tensormaps
     HAS_C, SCALED = cfg.has_c, cfg.block_scaled
-    # Grouped kernels branch on a consumer warpgroup's rows (a tile that crosses its group's
-    # end). Unless ptxas sees that the warpgroup index is warp-uniform, as it does for lane 0's
-    # thread index broadcast by shfl.sync (PTX ISA, "shfl.sync"), it moves the consumers' loop
-    # state out of uniform registers, and a 192-wide block-scaled tile's consumers spill
-    # (124 + 220 B). Only there: elsewhere the broadcast moves other values between the
-    # register files (a bf16 128x256 grouped kernel with silu then spills 12 + 36 B), and the
-    # measured kernels stay as they were.
-    UNIFORM_WARPGROUP = cfg.grouped is not None and SCALED and BN > KBLOCK_SCALE
-    # Those kernels' consumers also spill (120 + 204 B) when the tensor maps are prefetched: ptxas
-    # then keeps the maps' addresses live from the kernel's start. They load without the prefetch.
-    AT_REGISTER_LIMIT = UNIFORM_WARPGROUP
+    GROUPED = cfg.grouped is not None
+    # The 192-wide block-scaled grouped kernels' consumers spill (120 + 204 B) when the tensor maps
+    # are prefetched: ptxas then keeps the maps' addresses live from the kernel's start. They load
+    # without the prefetch.
+    AT_REGISTER_LIMIT = GROUPED and SCALED and BN > KBLOCK_SCALE
     PRODUCER_REGS, CONSUMER_REGS = register_budget(cfg)
     BARRIERS = cfg.layout.barriers
     C_MAP = 3 if HAS_C else 0
-    GROUPED = cfg.grouped is not None
     # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
     # column (B), so all of their consumer warps must release it.
     empty_arrivals = 4 * CONSUMERS * (cfg.cluster_m + cfg.cluster_n - 1)
@@ -180,7 +173,13 @@ def _build_gemm_kernel(cfg: GemmConfig):
     def consumer(p, ep, smem, tid, cta, work):
         if CONSUMERS > 1:
             nh.setmaxnreg_inc(CONSUMER_REGS)
-        wg = (cuda.shfl_sync(0xFFFFFFFF, tid, 0) if UNIFORM_WARPGROUP else tid) // 128
+        # Grouped kernels branch on a consumer warpgroup's rows (a tile that crosses its group's
+        # end). Unless ptxas sees that the warpgroup index is warp-uniform, as it does for lane
+        # 0's thread index broadcast by shfl.sync (PTX ISA, "shfl.sync"), it treats the loop as
+        # divergent and moves its state out of uniform registers (R2UR before every wgmma,
+        # WARPSYNC before each k-block): bf16 grouped kernels ran 1-10% slower
+        # (benchmarks/NOTES.md, session 23) and 192-wide block-scaled ones spilled (124 + 220 B).
+        wg = (cuda.shfl_sync(0xFFFFFFFF, tid, 0) if GROUPED else tid) // 128
         t = tid - 128 * wg
         c = Consumer(wg - 1, t, t % 32, 16 * (t // 32) + (t % 32) // 4, t == 0)
         tmaps, work = tensormaps(p), role_schedule(p, work)
