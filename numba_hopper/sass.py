@@ -109,6 +109,17 @@ class KernelReport:
         """
         return "setmaxnreg." in self.ptx and self.count("USETMAXREG") == 0
 
+    @property
+    def warpsync_before_wgmma(self) -> bool:
+        """True when a ``WARPSYNC`` comes within 8 instructions before a batch of wgmmas
+        (``WARPGROUP.ARRIVE``): ptxas puts one there when it cannot prove that the loop's warps
+        are converged, and then keeps the loop's state in vector registers, moved to uniform
+        ones (``R2UR``) before each wgmma. A branch on ``threadIdx.x // 128`` does that; the
+        same index broadcast from lane 0 (``shfl.sync``) does not."""
+        lines = self.sass.splitlines()
+        return any("WARPSYNC" in before for i, line in enumerate(lines) if "WARPGROUP.ARRIVE" in line
+                   for before in lines[max(0, i - 8):i])
+
     def count(self, prefix: str) -> int:
         """Number of SASS instructions whose mnemonic is ``prefix`` or starts with ``prefix.``."""
         return sum(n for op, n in self.opcodes.items() if op == prefix or op.startswith(prefix + "."))

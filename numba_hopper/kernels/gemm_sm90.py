@@ -175,10 +175,12 @@ def _build_gemm_kernel(cfg: GemmConfig):
             nh.setmaxnreg_inc(CONSUMER_REGS)
         # Grouped kernels branch on a consumer warpgroup's rows (a tile that crosses its group's
         # end). Unless ptxas sees that the warpgroup index is warp-uniform, as it does for lane
-        # 0's thread index broadcast by shfl.sync (PTX ISA, "shfl.sync"), it treats the loop as
-        # divergent and moves its state out of uniform registers (R2UR before every wgmma,
-        # WARPSYNC before each k-block): bf16 grouped kernels ran 1-10% slower
-        # (benchmarks/NOTES.md, session 23) and 192-wide block-scaled ones spilled (124 + 220 B).
+        # 0's thread index broadcast by shfl.sync (PTX ISA, "shfl.sync"), it treats the k-block
+        # loop as divergent and moves its state out of uniform registers (R2UR before every
+        # wgmma, WARPSYNC before each k-block): grouped kernels ran 1-16% slower
+        # (benchmarks/NOTES.md, session 23), and 192-wide block-scaled ones spilled (124 + 220 B).
+        # Dense block-scaled kernels (whose consumers branch on their turn) lose the uniform
+        # registers too, but ran no faster with the broadcast (-5% to +8%, session 23).
         wg = (cuda.shfl_sync(0xFFFFFFFF, tid, 0) if GROUPED else tid) // 128
         t = tid - 128 * wg
         c = Consumer(wg - 1, t, t % 32, 16 * (t // 32) + (t % 32) // 4, t == 0)
