@@ -313,7 +313,7 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
     it for ``groups`` products of that many rows: 64-row tiles for groups of <= 128 rows,
     where a 128-row tile would be mostly padding. Block-wise scaled fp8 groups take
     :func:`block_scaled_tile`'s (at most 128 wide: 192-wide grouped tiles are unmeasured)
-    for ``groups`` such products. 16-bit groups were measured on the H100 (``GROUPED_SLOW_WIDTHS``).
+    for ``groups`` such products. 16-bit groups never take ``GROUPED_SLOW_WIDTHS`` (H100 timings).
     """
     limits = limits or device_limits(mo.device)
     if config is None:
