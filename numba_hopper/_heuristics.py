@@ -24,11 +24,13 @@ __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS",
 # 224-, 144- and 112-wide tiles fill a wave where N is a multiple of 7 x 512 or of 9 x 512
 # (3584, 4608, 14336: Qwen, Mixtral), at a cost fitted on those shapes (session 15):
 # 1024x3584x3584 takes 128 tiles of 128x224 (0.95 -> 1.02x cuBLAS), 512x3584x18944 128 of
-# 128x112 (0.89 -> 0.96), 1024x4608x3584 256 of 128x144 (0.92 -> 0.95). Measured only on
+# 128x112 (0.89 -> 0.96), 1024x4608x3584 256 of 128x144 (0.92 -> 0.95); 224 at 1.06 rather than
+# 1.07 (session 23) takes it where it ties 128 (1024x14336x4096 0.975 -> 0.999, 4096x3584x3584
+# 1.034 -> 1.063, 4096x3584x18944 1.072 -> 1.096, 512x28672x4096 1.001 -> 1.007; device time). Measured only on
 # plain products with a K-major B (``x @ W.T``), which alone take them (``K_MAJOR_WIDTHS``):
 # an N-major B would load them in whole 64-wide boxes (224 loads 256).
 MANY_WAVES = 16
-TILE_COST = {256: 1.0, 224: 1.07, 192: 1.075, 160: 1.15, 144: 1.2, 128: 1.065, 112: 1.15, 64: 1.52}
+TILE_COST = {256: 1.0, 224: 1.06, 192: 1.075, 160: 1.15, 144: 1.2, 128: 1.065, 112: 1.15, 64: 1.52}
 TILE_COST_MANY_WAVES = {**TILE_COST, 224: 1.03, 192: 1.0, 144: 1.3, 128: 1.25, 112: 1.35}
 K_MAJOR_WIDTHS = (224, 144, 112)
 # Grouped kernels' 128 x 192 tiles run 5-9% behind their 128 x 256 ones, where dense products
