@@ -67,6 +67,11 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     assert r.sass.index("ACQBULK") < r.sass.index("UTMALDG")
     # A, B and D's tensor maps are fetched into the descriptor cache before that wait
     assert r.count("UTMACCTL.PF") == 3 and r.sass.index("UTMACCTL.PF") < r.sass.index("ACQBULK")
+    # a decode kernel (column-major output) prefetches its first k-blocks into L2 before that wait
+    if cfg.out_major == "M":
+        assert r.count("UTMAPF.L2") > 0 and r.sass.index("UTMAPF.L2") < r.sass.index("ACQBULK")
+    else:
+        assert r.count("UTMAPF") == 0
     # the consumers keep mma_depth k-blocks of wgmmas in flight (deeper on 64-row tiles' long rings)
     assert f"WARPGROUP.DEPBAR.LE gsb0, {cfg.mma_depth:#x} " in r.sass
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()

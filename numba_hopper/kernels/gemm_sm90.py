@@ -98,6 +98,12 @@ def _build_gemm_kernel(cfg: GemmConfig):
     # are prefetched: ptxas then keeps the maps' addresses live from the kernel's start. They load
     # without the prefetch.
     AT_REGISTER_LIMIT = GROUPED and SCALED and BN > KBLOCK_SCALE
+    # A decode kernel (the narrow tiles of a swapped product) runs for a few microseconds, about
+    # one of them waiting for its first k-blocks from DRAM. A consumer thread, idle until they
+    # arrive, prefetches them into L2 before griddepcontrol.wait: the prefetch moves no data
+    # into the CTA, and the previous kernel's writes go to that same L2. Wider tiles ran
+    # slower with it (1024^3 and 2048^3 by 5-17%: benchmarks/NOTES.md, session 24).
+    PREFETCH_FIRST_TILE = cfg.out_major == "M"
     PRODUCER_REGS, CONSUMER_REGS = register_budget(cfg)
     BARRIERS = cfg.layout.barriers
     C_MAP = 3 if HAS_C else 0
@@ -135,6 +141,13 @@ def _build_gemm_kernel(cfg: GemmConfig):
             nh.prefetch_tensormap(maps.c)
         if SCALED:
             nh.prefetch_tensormap(maps.a_scales)
+
+    @cuda.jit(device=True, forceinline=True)
+    def prefetch_first_tile(p, cta):
+        work = scheduler.work(p)
+        item = scheduler.first(work)
+        if item.tile < work.num_tiles:
+            mainloop.prefetch(tensormaps(p), p, item, scheduler.origin(work, item, cta.rm, cta.rn))
 
     @cuda.jit(device=True, forceinline=True)
     def shared_schedule(p):
@@ -213,6 +226,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
             nh.cluster_sync()  # every barrier of the cluster is initialized before any use
         else:
             cuda.syncthreads()
+        if PREFETCH_FIRST_TILE and tid == 128:
+            prefetch_first_tile(p, cta)
         # Launched as a programmatic dependent, the kernel got here while the previous kernel
         # of the stream may still run: until now it touched only shared memory and its
         # parameters. Past the wait, that kernel's writes are visible and it reads nothing

@@ -41,10 +41,13 @@ from .pipeline import TmaPipeline, debug_site
 
 __all__ = ["Mainloop", "ClusterCta", "make_mainloop"]
 
-Mainloop = namedtuple("Mainloop", ["cluster_cta", "load", "begin", "mma"])
+Mainloop = namedtuple("Mainloop", ["cluster_cta", "prefetch", "load", "begin", "mma"])
 ClusterCta = namedtuple("ClusterCta", ["rm", "rn", "a_mask", "b_mask", "peers"])
 
 MN_BOX_BYTES = 64 * 128  # a 64 x 64 box of an MN-major operand
+# The k-blocks ``prefetch`` brings into L2: 4 ran decode kernels faster than 12 (graph-replayed
+# decode 0.997 vs 0.994 of stock; benchmarks/NOTES.md, session 24).
+PREFETCH_KBLOCKS = 4
 
 
 def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
@@ -54,6 +57,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     - ``cluster_cta() -> ClusterCta``: this CTA's place in its cluster, the ranks that
       share its A tile (``a_mask``, same ``rm``) and its B tile (``b_mask``, same ``rn``),
       and ``peers``, the ranks whose producers write into its slots;
+    - ``prefetch(tmaps, params, item, tile)``: (one thread) an L2 prefetch of the boxes ``load``
+      loads for the first ``PREFETCH_KBLOCKS`` k-blocks of work ``item``;
     - ``load(smem, bars, st, tmaps, params, item, tile, cta) -> st``: (the producer's elected
       thread) the loads of work ``item``'s k-blocks of output ``tile`` (``tmaps``: the CTA's
       tensor maps, ``.a``, ``.b`` and, with block-wise scales, ``.a_scales``);
@@ -77,6 +82,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     B_SWIZZLE = cfg.b_swizzle
     # CTAs of a tile row share its A tile, CTAs of a tile column its B tile.
     load_a, load_b = _operand_loader(A_K_MAJOR, BM, CN), _operand_loader(B_K_MAJOR, BN, CM)
+    prefetch_a, prefetch_b = _operand_prefetcher(A_K_MAJOR, BM), _operand_prefetcher(B_K_MAJOR, BN)
     # wgmma descriptors (128B swizzle). K-major: 8-row groups 1024 B apart (SBO), a k16 step
     # (k32 for fp8) is 32 B along the swizzled row. MN-major (16-bit only): 64-element MN
     # atoms one box apart (LBO), 8-k groups 1024 B apart (SBO), a k16 step is 16 rows of 128 B; with 64B swizzle (one
@@ -116,6 +122,15 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         for i in range(CM):
             b_mask |= 1 << (i + CM * rn)
         return ClusterCta(rm, rn, a_mask, b_mask, a_mask | b_mask)
+
+    @cuda.jit(device=True, forceinline=True)
+    def prefetch(tmaps, p, item, tile):
+        b = tile.batch
+        k_first = b * p.k_split
+        for kb in range(item.k_begin, min(item.k_end, item.k_begin + PREFETCH_KBLOCKS)):
+            k0 = (k_first + kb) * BK
+            prefetch_a(tmaps.a, tile.m0, k0, b * p.a_batched)
+            prefetch_b(tmaps.b, tile.n0, k0, b * p.b_batched)
 
     @cuda.jit(device=True, forceinline=True)
     def load(smem, bars, st, tmaps, p, item, tile, cta):
@@ -264,7 +279,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
 
     assert cfg.acc_chains in (1, K_STEPS), cfg  # one accumulator per wgmma of a k-block
     consumer_mma = mma_promoted if cfg.block_scaled else mma_chained if cfg.acc_chains > 1 else mma
-    return Mainloop(cluster_cta, load, begin, consumer_mma)
+    return Mainloop(cluster_cta, prefetch, load, begin, consumer_mma)
 
 
 def _k_loop(pipe, stage, debug, depth):
@@ -364,3 +379,19 @@ def _operand_loader(k_major, rows, sharers):
                 nh.tma_load_multicast_3d(dst + box * MN_BOX_BYTES, tmap, mn0 + 64 * box, k0, batch, full, mask)
 
     return load
+
+
+def _operand_prefetcher(k_major, rows):
+    """``prefetch(tmap, mn0, k0, batch)``: an L2 prefetch of the boxes that ``_operand_loader``
+    loads for one k-block of an operand tile of ``rows`` rows."""
+    boxes = -(-rows // 64)
+
+    @cuda.jit(device=True, forceinline=True)
+    def prefetch(tmap, mn0, k0, batch):
+        if k_major:
+            nh.tma_prefetch_3d(tmap, k0, mn0, batch)
+        else:
+            for i in range(boxes):
+                nh.tma_prefetch_3d(tmap, mn0 + 64 * i, k0, batch)
+
+    return prefetch
