@@ -102,7 +102,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     # one of them waiting for its first k-blocks from DRAM. A consumer thread, idle until they
     # arrive, prefetches them into L2 before griddepcontrol.wait: the prefetch moves no data
     # into the CTA, and the previous kernel's writes go to that same L2. Wider tiles ran
-    # slower with it (1024^3 and 2048^3 by 5-17%: benchmarks/NOTES.md, session 24).
+    # slower with it (1024^3 and 2048^3 by 5-16%: benchmarks/NOTES.md, session 24).
     PREFETCH_FIRST_TILE = cfg.out_major == "M"
     PRODUCER_REGS, CONSUMER_REGS = register_budget(cfg)
     BARRIERS = cfg.layout.barriers

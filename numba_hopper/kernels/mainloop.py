@@ -45,8 +45,8 @@ Mainloop = namedtuple("Mainloop", ["cluster_cta", "prefetch", "load", "begin", "
 ClusterCta = namedtuple("ClusterCta", ["rm", "rn", "a_mask", "b_mask", "peers"])
 
 MN_BOX_BYTES = 64 * 128  # a 64 x 64 box of an MN-major operand
-# The k-blocks ``prefetch`` brings into L2: 4 ran decode kernels faster than 12 (graph-replayed
-# decode 0.997 vs 0.994 of stock; benchmarks/NOTES.md, session 24).
+# The k-blocks ``prefetch`` brings into L2: graph-replayed decode ran faster with 4 than with 2,
+# 8 or 12 (benchmarks/NOTES.md, session 24).
 PREFETCH_KBLOCKS = 4
 
 
