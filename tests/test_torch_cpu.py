@@ -207,6 +207,18 @@ def test_a_graph_traced_without_grad_calls_the_operators_without_a_formula(doubl
     assert not any("no_grad" in t for t in with_grad)
 
 
+def test_inductor_calls_numba_hopper_gemm_directly_for_mm_no_grad(double):
+    """Inductor lowers ``mm_no_grad`` to ``numba_hopper.gemm(a, b, out=buf)`` called from its
+    wrapper (``_lowering``), not the operator through the dispatcher."""
+    from torch._inductor.utils import run_and_get_code
+
+    x, w = torch.randn(33, 64, dtype=torch.bfloat16), torch.randn(48, 64, dtype=torch.bfloat16)
+    compiled = torch.compile(lambda x, w: torch.ops.numba_hopper.mm_no_grad.default(x, w.t()), fullgraph=True)
+    got, (code, *_) = run_and_get_code(compiled, x, w)
+    assert "extern_kernels.numba_hopper_mm(" in code and "torch.ops.numba_hopper" not in code, code
+    assert cases.rel_error(got, x.double() @ w.double().t()) < 1e-2
+
+
 def test_export_graph_holds_the_custom_ops(double):
     _, ours = cases.models("cpu", torch.bfloat16)
     exported = torch.export.export(ours, (torch.randn(2, 33, 64, dtype=torch.bfloat16),), strict=True)

@@ -71,6 +71,23 @@ def test_linear_inference_eager_and_compiled(shape):
             assert cases.rel_error(y, ref) < 1e-2
 
 
+def test_compiled_no_grad_linear_calls_gemm_directly():
+    """Inductor's wrapper calls ``numba_hopper.gemm(a, b, out=buf)`` for a linear without bias
+    (``_lowering``); ragged M, then a dynamic M, each checked against float64."""
+    from torch._inductor.utils import run_and_get_code
+
+    w = torch.randn(264, 384, device="cuda", dtype=torch.bfloat16) / 20
+    compiled = torch.compile(nht.linear, fullgraph=True)
+    codes = []
+    for m in (1, 7, 129, 1000):  # compiles for 1, then once for a dynamic M
+        x = torch.randn(m, 384, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            y, new_codes = run_and_get_code(compiled, x, w)
+        codes += new_codes
+        assert y.shape == (m, 264) and cases.rel_error(y, x.double() @ w.double().t()) < 1e-2
+    assert codes and all("extern_kernels.numba_hopper_mm(" in c and "torch.ops.numba_hopper" not in c for c in codes)
+
+
 def test_training_follows_nn_linear():
     stock, ours = cases.models("cuda", torch.bfloat16)
     ref = cases.training_losses(stock, "cuda", torch.bfloat16)

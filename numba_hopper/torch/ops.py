@@ -26,7 +26,8 @@ run the implementation directly, inside a ``torch.autograd.Function`` with the s
 when a gradient is needed. Traced with grad mode off, they call ``gemm_no_grad`` and
 ``bmm_no_grad``: the same operators without the formula, which a compiled inference
 graph then calls without the autograd layer's Python (``mm_no_grad(a, b)`` for a plain
-product: the fewer arguments, the less the dispatcher costs).
+product, which Inductor lowers to a direct call of ``numba_hopper.gemm(a, b, out=buf)``, as it
+calls ``extern_kernels.mm`` for ``aten.mm``: ``_lowering``).
 
 The backward computes each gradient in its input's layout (a column-major ``b``, such as
 ``weight.t()``, gets a column-major gradient), so AccumulateGrad needs no layout copy.
@@ -37,9 +38,11 @@ from __future__ import annotations
 import re
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily  # private: as below
 from torch.utils._python_dispatch import _get_current_dispatch_mode  # private: PyTorch has no public one
 
 from .. import matmul as _matmul
+from . import _lowering
 from ..errors import ShapeError
 
 __all__ = ["gemm", "gemm_aux", "bmm", "tracing", "needs_grad", "DTYPE_NAMES", "ACTIVATION_BACKWARD"]
@@ -88,6 +91,12 @@ def _gemm_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activat
 
 def _gemm_aux_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
     return _out_like(a, b, out_dtype), _out_like(a, b, out_dtype)
+
+
+def _mm_fake(a, b):
+    with unset_fake_temporarily():  # Inductor's modules, imported here, must not see fake tensors
+        _lowering.register()  # before Inductor lowers a graph that holds the operator
+    return _out_like(a, b, None)
 
 
 def _bmm_fake(a, b, out_dtype=None):
@@ -238,7 +247,8 @@ _gemm_no_grad_op = _define("gemm_no_grad", f"({_no_defaults(_EPILOGUE)}) -> Tens
 _bmm_no_grad_op = _define("bmm_no_grad", f"({_no_defaults(_BMM)}) -> Tensor", _bmm_impl, _bmm_fake)
 # A plain product (a linear without bias) in such a graph: the dispatcher's cost grows with the
 # schema's arguments (a Python implementation of 9 arguments 3.7 us a call on a CPU, of 2: 1.9).
-_mm_no_grad_op = _define("mm_no_grad", "(Tensor a, Tensor b) -> Tensor", _gemm_impl, _gemm_fake)
+# Inductor lowers it to a direct call of numba_hopper.gemm (``_lowering``): no dispatcher at all.
+_mm_no_grad_op = _define("mm_no_grad", "(Tensor a, Tensor b) -> Tensor", _gemm_impl, _mm_fake)
 
 
 def _gemm_no_grad(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype):

@@ -1,0 +1,53 @@
+"""Inductor's lowering of ``numba_hopper::mm_no_grad``: the compiled graph's wrapper calls
+``numba_hopper.gemm(a, b, out=buf)`` itself, as it calls ``extern_kernels.mm(a, b, out=buf)``
+for ``aten.mm``, instead of calling the operator through the dispatcher.
+
+Why: a compiled forward issues each GEMM from Inductor's Python wrapper, and the dispatcher's
+call of a Python implementation costs more than the GEMM call itself (H100 host, one call of a
+4096 x 2048 x 2048 product: the operator 25.8 us, ``numba_hopper.gemm`` 21.3, Inductor's
+``extern_kernels.mm(out=)`` 20.0). Where the host trails the GPU (a forward's first kernels),
+that is the forward's time.
+
+The lowering uses Inductor's internals (``register_lowering``, ``ExternKernelChoice``); PyTorch
+has no public way to lower a custom operator to a Python call. It is registered the first time
+the operator's fake implementation runs (Dynamo and AOTAutograd run it before Inductor lowers the
+graph), so that ``import numba_hopper.torch`` does not import Inductor (about 2 s). A C++ wrapper
+(AOTInductor, ``cpp_wrapper``) cannot call Python, so there the graph keeps the operator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import matmul as _matmul
+
+_registered = False
+
+
+def numba_hopper_mm(a, b, *, out):
+    """The extern kernel: ``out = a @ b`` into Inductor's buffer."""
+    _matmul.gemm(a, b, out=out)
+
+
+def register():
+    """Lower ``numba_hopper::mm_no_grad`` to :func:`numba_hopper_mm` (once per process)."""
+    global _registered
+    if _registered:
+        return
+    from torch._inductor.kernel.mm_common import mm_args
+    from torch._inductor.lowering import fallback_handler, register_lowering
+    from torch._inductor.select_algorithm import ExternKernelChoice
+    from torch._inductor.virtualized import V
+
+    op = torch.ops.numba_hopper.mm_no_grad.default
+    kernel = ExternKernelChoice(numba_hopper_mm)  # generated code calls extern_kernels.numba_hopper_mm
+    call_operator = fallback_handler(op, add_to_fallback_set=False)
+
+    @register_lowering(op, type_promotion_kind=None)
+    def lower(a, b):
+        if V.graph.cpp_wrapper:
+            return call_operator(a, b)
+        *_, layout, a, b = mm_args(a, b)  # a row-major (M, N) output buffer
+        return kernel.bind((a, b), layout).output_node()
+
+    _registered = True
