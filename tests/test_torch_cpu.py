@@ -177,14 +177,14 @@ def test_no_grad_ops_pass_opcheck(double):
     bias = torch.randn(9, dtype=torch.bfloat16)
     # (schemas without defaults: the traced call passes every argument, by position)
     torch.library.opcheck(torch.ops.numba_hopper.gemm_no_grad.default, (a, b, None, bias, 0.5, 0.0, 1, "relu", None))
-    torch.library.opcheck(torch.ops.numba_hopper.mm_no_grad.default, (a, b))
+    torch.library.opcheck(torch.ops.numba_hopper.mm.default, (a, b))
     torch.library.opcheck(torch.ops.numba_hopper.bmm_no_grad.default,
                           (torch.randn(3, 5, 10, dtype=torch.float16), torch.randn(3, 10, 6, dtype=torch.float16), None))
 
 
 def test_a_graph_traced_without_grad_calls_the_operators_without_a_formula(double):
     """Under torch.no_grad() the traced graph holds ``gemm_no_grad`` (no autograd layer to run in
-    Python per call), ``mm_no_grad`` for the linear without bias; with grad, ``gemm``, whose
+    Python per call), ``mm`` for the linear without bias; with grad, ``gemm``, whose
     formula the backward needs."""
     _, ours = cases.models("cpu", torch.bfloat16)
     x = torch.randn(2, 33, 64, dtype=torch.bfloat16)
@@ -200,20 +200,20 @@ def test_a_graph_traced_without_grad_calls_the_operators_without_a_formula(doubl
         assert cases.rel_error(got, ours(x)) < 1e-2
     compiled(x)
     without, with_grad = graphs
-    assert {"numba_hopper.gemm_no_grad.default", "numba_hopper.mm_no_grad.default",
+    assert {"numba_hopper.gemm_no_grad.default", "numba_hopper.mm.default",
             "numba_hopper.bmm_no_grad.default"} <= without, without
     assert not any(t in without for t in ("numba_hopper.gemm.default", "numba_hopper.bmm.default"))
     assert {"numba_hopper.gemm.default", "numba_hopper.bmm.default"} <= with_grad, with_grad
-    assert not any("no_grad" in t for t in with_grad)
+    assert not any("no_grad" in t or t == "numba_hopper.mm.default" for t in with_grad)
 
 
-def test_inductor_calls_numba_hopper_gemm_directly_for_mm_no_grad(double):
-    """Inductor lowers ``mm_no_grad`` to ``numba_hopper.gemm(a, b, out=buf)`` called from its
+def test_inductor_calls_numba_hopper_gemm_directly_for_mm(double):
+    """Inductor lowers ``mm`` to ``numba_hopper.gemm(a, b, out=buf)`` called from its
     wrapper (``_lowering``), not the operator through the dispatcher."""
     from torch._inductor.utils import run_and_get_code
 
     x, w = torch.randn(33, 64, dtype=torch.bfloat16), torch.randn(48, 64, dtype=torch.bfloat16)
-    compiled = torch.compile(lambda x, w: torch.ops.numba_hopper.mm_no_grad.default(x, w.t()), fullgraph=True)
+    compiled = torch.compile(lambda x, w: torch.ops.numba_hopper.mm.default(x, w.t()), fullgraph=True)
     got, (code, *_) = run_and_get_code(compiled, x, w)
     assert "extern_kernels.numba_hopper_mm(" in code and "torch.ops.numba_hopper" not in code, code
     assert cases.rel_error(got, x.double() @ w.double().t()) < 1e-2

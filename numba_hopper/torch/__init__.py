@@ -7,7 +7,7 @@
 
 - :mod:`~numba_hopper.torch.ops`: the ``torch.library`` custom ops ``numba_hopper::gemm``,
   ``numba_hopper::gemm_aux`` and ``numba_hopper::bmm``, with fake implementations (for
-  ``torch.compile`` and ``torch.export``) and autograd formulas (and ``gemm_no_grad``, ``mm_no_grad``,
+  ``torch.compile`` and ``torch.export``) and autograd formulas (and ``gemm_no_grad``, ``mm``,
   ``bmm_no_grad`` without: what graphs traced under ``torch.no_grad()`` call);
 - :mod:`~numba_hopper.torch.functional`: ``mm``, ``addmm``, ``bmm``, ``baddbmm`` and
   ``matmul``, with PyTorch's semantics (broadcasting, 1-D operands, ``beta``/``alpha``,

@@ -1,4 +1,4 @@
-"""Inductor's lowering of ``numba_hopper::mm_no_grad``: the compiled graph's wrapper calls
+"""Inductor's lowering of ``numba_hopper::mm``: the compiled graph's wrapper calls
 ``numba_hopper.gemm(a, b, out=buf)`` itself, as it calls ``extern_kernels.mm(a, b, out=buf)``
 for ``aten.mm``, instead of calling the operator through the dispatcher.
 
@@ -30,7 +30,7 @@ def numba_hopper_mm(a, b, *, out):
 
 
 def register():
-    """Lower ``numba_hopper::mm_no_grad`` to :func:`numba_hopper_mm` (once per process)."""
+    """Lower ``numba_hopper::mm`` to :func:`numba_hopper_mm` (once per process)."""
     global _registered
     if _registered:
         return
@@ -39,7 +39,7 @@ def register():
     from torch._inductor.select_algorithm import ExternKernelChoice
     from torch._inductor.virtualized import V
 
-    op = torch.ops.numba_hopper.mm_no_grad.default
+    op = torch.ops.numba_hopper.mm.default
     kernel = ExternKernelChoice(numba_hopper_mm)  # generated code calls extern_kernels.numba_hopper_mm
     call_operator = fallback_handler(op, add_to_fallback_set=False)
 

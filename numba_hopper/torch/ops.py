@@ -25,9 +25,9 @@ while something traces (``torch.compile``, ``torch.export``, fake tensors); eage
 run the implementation directly, inside a ``torch.autograd.Function`` with the same formula
 when a gradient is needed. Traced with grad mode off, they call ``gemm_no_grad`` and
 ``bmm_no_grad``: the same operators without the formula, which a compiled inference
-graph then calls without the autograd layer's Python (``mm_no_grad(a, b)`` for a plain
-product, which Inductor lowers to a direct call of ``numba_hopper.gemm(a, b, out=buf)``, as it
-calls ``extern_kernels.mm`` for ``aten.mm``: ``_lowering``).
+graph then calls without the autograd layer's Python; a plain product calls ``mm(a, b)``,
+which Inductor lowers to a direct call of ``numba_hopper.gemm(a, b, out=buf)``, as it calls
+``extern_kernels.mm`` for ``aten.mm`` (``_lowering``).
 
 The backward computes each gradient in its input's layout (a column-major ``b``, such as
 ``weight.t()``, gets a column-major gradient), so AccumulateGrad needs no layout copy.
@@ -245,15 +245,16 @@ _bmm_op = _define("bmm", f"({_BMM}) -> Tensor", _bmm_impl, _bmm_fake, _bmm_grads
 # position, so these schemas have no defaults (``_call`` passes every argument).
 _gemm_no_grad_op = _define("gemm_no_grad", f"({_no_defaults(_EPILOGUE)}) -> Tensor", _gemm_impl, _gemm_fake)
 _bmm_no_grad_op = _define("bmm_no_grad", f"({_no_defaults(_BMM)}) -> Tensor", _bmm_impl, _bmm_fake)
-# A plain product (a linear without bias) in such a graph: the dispatcher's cost grows with the
-# schema's arguments (a Python implementation of 9 arguments 3.7 us a call on a CPU, of 2: 1.9).
-# Inductor lowers it to a direct call of numba_hopper.gemm (``_lowering``): no dispatcher at all.
-_mm_no_grad_op = _define("mm_no_grad", "(Tensor a, Tensor b) -> Tensor", _gemm_impl, _mm_fake)
+# A plain product (a linear without bias) in such a graph, also without a formula, which Inductor
+# lowers to a direct call of numba_hopper.gemm (``_lowering``): no dispatcher at all. Inductor's
+# cache keys a graph by its operators, not by their lowerings, so the lowered operator has a name
+# of its own: a numba_hopper without the lowering never gets a cached graph that needs it.
+_mm_op = _define("mm", "(Tensor a, Tensor b) -> Tensor", _gemm_impl, _mm_fake)
 
 
 def _gemm_no_grad(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype):
     if c is None and bias is None and alpha == 1.0 and activation is None and out_dtype is None:
-        return _mm_no_grad_op(a, b)
+        return _mm_op(a, b)
     return _gemm_no_grad_op(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype)
 
 
