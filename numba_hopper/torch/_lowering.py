@@ -2,11 +2,11 @@
 ``numba_hopper.gemm(a, b, out=buf)`` itself, as it calls ``extern_kernels.mm(a, b, out=buf)``
 for ``aten.mm``, instead of calling the operator through the dispatcher.
 
-Why: a compiled forward issues each GEMM from Inductor's Python wrapper, and the dispatcher's
-call of a Python implementation costs more than the GEMM call itself (H100 host, one call of a
-4096 x 2048 x 2048 product: the operator 25.8 us, ``numba_hopper.gemm`` 21.3, Inductor's
-``extern_kernels.mm(out=)`` 20.0). Where the host trails the GPU (a forward's first kernels),
-that is the forward's time.
+Why: a compiled forward issues each GEMM from Inductor's Python wrapper, and through the
+dispatcher a Python-implemented operator costs more than the GEMM call itself (an H100 host, a
+4096 x 2048 x 2048 product: the operator 25.5 us a call, this direct call 16.6, Inductor's
+``extern_kernels.mm(out=)`` 19.3). Where the host trails the GPU (a forward's first kernels),
+that is the forward's time (benchmarks/NOTES.md, "Session 25").
 
 The lowering uses Inductor's internals (``register_lowering``, ``ExternKernelChoice``); PyTorch
 has no public way to lower a custom operator to a Python call. It is registered the first time

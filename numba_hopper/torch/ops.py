@@ -42,8 +42,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily  # private: as 
 from torch.utils._python_dispatch import _get_current_dispatch_mode  # private: PyTorch has no public one
 
 from .. import matmul as _matmul
-from . import _lowering
 from ..errors import ShapeError
+from . import _lowering
 
 __all__ = ["gemm", "gemm_aux", "bmm", "tracing", "needs_grad", "DTYPE_NAMES", "ACTIVATION_BACKWARD"]
 
