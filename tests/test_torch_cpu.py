@@ -219,6 +219,18 @@ def test_inductor_calls_numba_hopper_gemm_directly_for_mm(double):
     assert cases.rel_error(got, x.double() @ w.double().t()) < 1e-2
 
 
+def test_inductor_cpp_wrapper_keeps_the_mm_operator(double):
+    """A C++ wrapper (AOTInductor's) cannot call Python: the lowering leaves it the operator."""
+    from torch._inductor.utils import run_and_get_code
+
+    x, w = torch.randn(33, 64, dtype=torch.bfloat16), torch.randn(48, 64, dtype=torch.bfloat16)
+    with torch._inductor.config.patch(cpp_wrapper=True):
+        compiled = torch.compile(lambda x, w: torch.ops.numba_hopper.mm.default(x, w.t()), fullgraph=True)
+        got, codes = run_and_get_code(compiled, x, w)
+    assert any('"numba_hopper::mm"' in c for c in codes) and not any("numba_hopper_mm(" in c for c in codes)
+    assert cases.rel_error(got, x.double() @ w.double().t()) < 1e-2
+
+
 def test_export_graph_holds_the_custom_ops(double):
     _, ours = cases.models("cpu", torch.bfloat16)
     exported = torch.export.export(ours, (torch.randn(2, 33, 64, dtype=torch.bfloat16),), strict=True)
