@@ -70,6 +70,7 @@ def graph_forward(model, batch, seq):
         graph.replay()
         return logits
 
+    run.input_ids = ids  # every replay reads it: it lives as long as the graph
     return run
 
 

@@ -28,7 +28,7 @@ from numba_hopper import intrinsics as nh
 from numba_hopper.cli import run_example
 from numba_hopper.launch import launch
 from numba_hopper.kernels.pipeline import (
-    PipelineState, consumer_release, consumer_wait, pipeline_advance, pipeline_init,
+    consumer_release, consumer_wait, pipeline_advance, pipeline_init, pipeline_start,
     producer_acquire, producer_commit,
 )
 from numba_hopper.tensormap import TensorMap
@@ -50,7 +50,7 @@ def row_sums(tmap, chunks, out):
         pipeline_init(bars, STAGES, 1)  # one consumer arrival per slot: lane 0 of warp 1
     cuda.syncthreads()
 
-    st = PipelineState(0, 0)
+    st = pipeline_start()
     if warp == 0:
         if nh.elect_sync():  # one thread of the warp issues every load
             nh.fence_proxy_tensormap_acquire(tmap)

@@ -16,12 +16,12 @@ from numba_hopper import intrinsics as nh
 from numba_hopper.debug import DebugRecord
 from numba_hopper.errors import PipelineHangError
 from numba_hopper.kernels.pipeline import (
-    PipelineState,
     consumer_release,
     consumer_wait,
     debug_site,
     pipeline_advance,
     pipeline_init,
+    pipeline_start,
     producer_acquire,
     producer_commit,
 )
@@ -36,7 +36,7 @@ def one_thread_pipeline(record, arrivals, tx_bytes, k_blocks):
     bars = nh.shared_address(cuda.shared.array(BARRIERS, np.uint64))
     if cuda.threadIdx.x == 0:
         pipeline_init(bars, STAGES, arrivals)
-        st = PipelineState(0, 0)
+        st = pipeline_start()
         for kb in range(k_blocks):
             producer_acquire(bars, STAGES, st, debug_site(record, 0, kb))
             producer_commit(bars, st, tx_bytes)

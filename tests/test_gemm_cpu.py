@@ -1,5 +1,7 @@
 """The GEMM on a CPU: what its kernels compile to, its host logic and its input checks."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -77,6 +79,24 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     assert not r.setmaxnreg_ignored
     assert not any("C7517" in w or "C75" in w for w in r.warnings), r.warnings
+    # the consumers' k-block loop (unrolled or not) computes its wgmma descriptors in uniform
+    # registers: none is moved there from a vector register before its wgmma
+    loop = _k_block_loop(r.sass)
+    assert sum("GMMA." in line for line in loop) % (cfg.block_k // 16) == 0, loop
+    assert not [line for line in loop if "R2UR" in line], loop
+
+
+def _k_block_loop(sass):
+    """The SASS lines of the innermost loop around the first wgmma (the consumers' k-block loop):
+    from the label that a later branch jumps back to, to that branch."""
+    lines = sass.splitlines()
+    first = next(i for i, line in enumerate(lines) if "GMMA." in line)
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+    for j in range(first, len(lines)):
+        m = re.search(r"BRA\S* `\((\.L_x_\d+)\)", lines[j])
+        if m and labels.get(m.group(1), first) < first:
+            return [line for line in lines[labels[m.group(1)]:j + 1] if "/*" in line]
+    raise AssertionError("no loop around the first wgmma")
 
 
 @pytest.mark.parametrize("cfg,depth", [

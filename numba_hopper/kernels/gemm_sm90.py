@@ -37,13 +37,14 @@ import dataclasses
 import functools
 from collections import namedtuple
 
+import numpy as np
 from numba import cuda
 
 from .. import intrinsics as nh
 from .epilogue import EpilogueArgs, make_epilogue
 from .gemm_config import KBLOCK_SCALE, Consumer, GemmConfig, GemmParams
 from .mainloop import make_mainloop
-from .pipeline import PipelineState, make_tma_pipeline
+from .pipeline import make_tma_pipeline, pipeline_start
 from .scheduler import make_tile_scheduler
 
 # The kernel's tensor maps (kernel parameters, by value); A's block-wise scales last: (1, K blocks, M)
@@ -170,7 +171,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
             nh.setmaxnreg_dec(PRODUCER_REGS)
         if tid < 32 and nh.elect_sync():
             tmaps, work = tensormaps(p), role_schedule(p, work)
-            st = PipelineState(0, 0)
+            st = pipeline_start()
             item = scheduler.first(work)
             while item.tile < work.num_tiles:
                 tile = scheduler.origin(work, item, cta.rm, cta.rn)
@@ -186,20 +187,21 @@ def _build_gemm_kernel(cfg: GemmConfig):
     def consumer(p, ep, smem, tid, cta, work):
         if CONSUMERS > 1:
             nh.setmaxnreg_inc(CONSUMER_REGS)
-        # Grouped kernels branch on a consumer warpgroup's rows (a tile that crosses its group's
-        # end). Unless ptxas sees that the warpgroup index is warp-uniform, as it does for lane
-        # 0's thread index broadcast by shfl.sync (PTX ISA, "shfl.sync"), it treats the k-block
-        # loop as divergent and moves its state out of uniform registers (R2UR before every
-        # wgmma, WARPSYNC before each k-block): grouped kernels ran 1-16% slower
-        # (benchmarks/NOTES.md, session 23), and 192-wide block-scaled ones spilled (124 + 220 B).
-        # Dense block-scaled kernels (whose consumers branch on their turn) lose the uniform
-        # registers too, but ran no faster with the broadcast (-5% to +8%, session 23).
-        wg = (cuda.shfl_sync(0xFFFFFFFF, tid, 0) if GROUPED else tid) // 128
+        # Unless ptxas sees that the warpgroup index is warp-uniform, as it does for lane 0's
+        # thread index broadcast by shfl.sync (PTX ISA, "shfl.sync"), it computes A's wgmma
+        # descriptors (which depend on it) in vector registers and moves them to uniform ones
+        # (R2UR) before every wgmma: 16 more instructions per k-block of every consumer warp.
+        # Grouped kernels, which branch on a warpgroup's rows, also lose the k-block loop's
+        # uniform registers (WARPSYNC before each k-block): 1-16% slower, and 192-wide
+        # block-scaled ones spilled (benchmarks/NOTES.md, sessions 23 and 26). Dense
+        # block-scaled kernels ran -5% to +8% with the broadcast (session 23): they keep tid.
+        wg = (tid if SCALED and not GROUPED else cuda.shfl_sync(0xFFFFFFFF, tid, 0)) // 128
         t = tid - 128 * wg
-        c = Consumer(wg - 1, t, t % 32, 16 * (t // 32) + (t % 32) // 4, t == 0)
+        # (a 32-bit lane: the k-block loop's release test stays a 32-bit compare)
+        c = Consumer(wg - 1, t, np.int32(t % 32), 16 * (t // 32) + (t % 32) // 4, t == 0)
         tmaps, work = tensormaps(p), role_schedule(p, work)
         acc = nh.wgmma_accumulator(BN, "f32")
-        st = PipelineState(0, 0)
+        st = pipeline_start()
         stored = epilogue.start()
         mainloop.begin(c)
         item = scheduler.first(work)

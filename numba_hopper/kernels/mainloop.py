@@ -150,9 +150,12 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
 
     @cuda.jit(device=True, forceinline=True)
     def stage_descriptors(smem, st, cw):
-        """wgmma descriptors of the slot's A rows of consumer ``cw`` and of its B tile."""
-        return (nh.matrix_descriptor(smem + st.stage * A_TILE + cw * A_WG_OFF, A_LBO, 1024, 128, 0),
-                nh.matrix_descriptor(smem + B_OFF + st.stage * B_TILE, B_LBO, B_SBO, B_SWIZZLE, 0))
+        """wgmma descriptors of the slot's A rows of consumer ``cw`` and of its B tile: slot 0's
+        (loop-invariant) advanced by whole slots, one multiply-add each (the address field
+        counts 16 bytes and the ring stays below its 256 KiB span, so nothing carries out)."""
+        stage = np.uint64(st.stage)
+        return (nh.matrix_descriptor(smem + cw * A_WG_OFF, A_LBO, 1024, 128, 0) + stage * np.uint64(A_TILE // 16),
+                nh.matrix_descriptor(smem + B_OFF, B_LBO, B_SBO, B_SWIZZLE, 0) + stage * np.uint64(B_TILE // 16))
 
     @cuda.jit(device=True, forceinline=True)
     def k_step(acc, descs, kk, scale_d):
@@ -293,18 +296,21 @@ def _k_loop(pipe, stage, debug, depth):
     @cuda.jit(device=True, forceinline=True)
     def mma(acc, smem, bars, st, p, item, c, peers, tile, ep):
         pending = repeated(st)  # the last ``depth`` slots issued, oldest first
-        for kb in range(item.k_begin, item.k_end):
-            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if debug else None)
-            acc = stage(acc, smem, st, c.cw, kb == item.k_begin)
-            nh.wgmma_wait_group(depth)  # k-block kb - depth is done reading its slot
-            if kb >= item.k_begin + depth and c.lane == 0:
+        # A 32-bit count: numba's 64-bit loop index and compares cost each k-block ~10
+        # instructions of every consumer warp.
+        k_blocks = np.int32(item.k_end - item.k_begin)
+        for i in range(k_blocks):
+            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, item.k_begin + i) if debug else None)
+            acc = stage(acc, smem, st, c.cw, i == 0)
+            nh.wgmma_wait_group(depth)  # k-block i - depth is done reading its slot
+            if i >= depth and c.lane == 0:
                 pipe.consumer_release(bars, pending[0], peers)
             pending = pending[1:] + (st,)
             st = pipe.advance(st)
         nh.wgmma_wait_group(0)
-        for i in range(depth):  # the item's last min(depth, k-blocks) slots
-            if item.k_end > item.k_begin + (depth - 1 - i) and c.lane == 0:
-                pipe.consumer_release(bars, pending[i], peers)
+        for j in range(depth):  # the item's last min(depth, k-blocks) slots
+            if k_blocks > depth - 1 - j and c.lane == 0:
+                pipe.consumer_release(bars, pending[j], peers)
         return acc, st
 
     return mma

@@ -8,8 +8,9 @@ shared address, 8-byte aligned):
 - ``empty[s]`` at ``bars + 8*(stages + s)``: one arrival per consumer (``consumer_arrivals``
   fixed at init).
 
-Both sides walk the slots with a :class:`PipelineState` ``(stage, phase)``: the stage wraps
-at ``stages`` and the phase flips when it does. The state runs on across output tiles of a
+Both sides walk the slots with a :class:`PipelineState` ``(stage, phase)``, two 32-bit
+integers from :func:`pipeline_start`: the stage wraps at ``stages`` and the phase flips when
+it does. The state runs on across output tiles of a
 persistent kernel and is never reset (as CUTLASS's ``PipelineState``: resetting it per tile makes
 the producer and consumers disagree about parity after a tile whose k-block count is not a
 multiple of ``stages``). The producer waits on ``empty`` with the opposite parity, so its
@@ -19,6 +20,7 @@ first pass over the fresh barriers does not block (CuTe's ``make_producer_start_
 slot, cluster peers) as a :class:`TmaPipeline` of device functions, the way a kernel uses
 it. The functions below are its parts, also usable on their own::
 
+    st = pipeline_start()                           st = pipeline_start()
     # producer (one elected thread)                 # consumers
     producer_acquire(bars, STAGES, st)              consumer_wait(bars, st)
     full = producer_commit(bars, st, TX_BYTES)      ... wgmma on slot st.stage ...
@@ -62,6 +64,7 @@ __all__ = [
     "DEBUG_TIMEOUT_NS",
     "pipeline_barrier_bytes",
     "pipeline_init",
+    "pipeline_start",
     "pipeline_advance",
     "producer_acquire",
     "producer_commit",
@@ -97,13 +100,20 @@ def pipeline_init(bars, stages, consumer_arrivals):
 
 
 @cuda.jit(device=True, forceinline=True)
+def pipeline_start():
+    """The state of a ring's first slot, on its first pass."""
+    return PipelineState(np.uint32(0), np.uint32(0))
+
+
+@cuda.jit(device=True, forceinline=True)
 def pipeline_advance(state, stages):
     """The next slot's state: the stage wraps at ``stages`` and the phase flips when it does."""
-    # (A field named "index" would be shadowed by numba's tuple.index method.)
-    stage = state.stage + 1
+    # (A field named "index" would be shadowed by numba's tuple.index method.) numba widens
+    # integer arithmetic to 64 bits; the casts keep the state in 32-bit registers.
+    stage = np.uint32(state.stage + 1)
     if stage == stages:
-        return PipelineState(0, state.phase ^ 1)
-    return PipelineState(stage, state.phase)
+        return PipelineState(np.uint32(0), np.uint32(state.phase ^ 1))
+    return PipelineState(stage, np.uint32(state.phase))
 
 
 @cuda.jit(device=True, forceinline=True)
