@@ -296,8 +296,8 @@ def _k_loop(pipe, stage, debug, depth):
     @cuda.jit(device=True, forceinline=True)
     def mma(acc, smem, bars, st, p, item, c, peers, tile, ep):
         pending = repeated(st)  # the last ``depth`` slots issued, oldest first
-        # A 32-bit count: numba's 64-bit loop index and compares cost each k-block ~10
-        # instructions of every consumer warp.
+        # A 32-bit count: numba's 64-bit loop index and compares cost each k-block of every
+        # consumer warp a few more instructions (benchmarks/NOTES.md, session 26).
         k_blocks = np.int32(item.k_end - item.k_begin)
         for i in range(k_blocks):
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, item.k_begin + i) if debug else None)

@@ -10,11 +10,11 @@ shared address, 8-byte aligned):
 
 Both sides walk the slots with a :class:`PipelineState` ``(stage, phase)``, two 32-bit
 integers from :func:`pipeline_start`: the stage wraps at ``stages`` and the phase flips when
-it does. The state runs on across output tiles of a
-persistent kernel and is never reset (as CUTLASS's ``PipelineState``: resetting it per tile makes
-the producer and consumers disagree about parity after a tile whose k-block count is not a
-multiple of ``stages``). The producer waits on ``empty`` with the opposite parity, so its
-first pass over the fresh barriers does not block (CuTe's ``make_producer_start_state``).
+it does. The state runs on across output tiles of a persistent kernel and is never reset (as
+CUTLASS's ``PipelineState``: resetting it per tile makes the producer and consumers disagree
+about parity after a tile whose k-block count is not a multiple of ``stages``). The producer
+waits on ``empty`` with the opposite parity, so its first pass over the fresh barriers does
+not block (CuTe's ``make_producer_start_state``).
 
 :func:`make_tma_pipeline` bundles these for one ring (stage count, arrivals, bytes per
 slot, cluster peers) as a :class:`TmaPipeline` of device functions, the way a kernel uses
