@@ -115,14 +115,15 @@ def _config(name, layout="RR"):
     a cluster shape ``MxN`` (``2x1``), ``m<block_m>`` (``m64``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``),
     ``p<pipeline stages>`` (``p3``), ``g<tile-rows per raster group>`` (``g16``), ``sk`` (stream-K),
     ``swap`` (the product computed swapped, a column-major output tile: ``m64-n8-swap``), ``a<accumulators>``
-    (``a4``); e.g. ``n128-s2``, ``n192-sk``. Unnamed parts keep GemmConfig's defaults (128x256 tiles, no cluster,
+    (``a4``), ``e<output buffers per consumer>`` (``e1``); e.g. ``n128-s2``, ``n192-sk``. Unnamed parts keep GemmConfig's defaults (128x256 tiles, no cluster,
     no split, no stream-K, the deepest ring that fits). ``layout``: the operands' (``RC``: A row-major, B
     column-major), whose majors the config is checked with.
     """
     if name == "default":
         return None
     kw = {"a_major": "K" if layout[0] == "R" else "M", "b_major": "N" if layout[1] == "R" else "K"}
-    parts = {"m": "block_m", "n": "block_n", "s": "split_k", "p": "stages", "g": "group_m", "a": "acc_chains"}
+    parts = {"m": "block_m", "n": "block_n", "s": "split_k", "p": "stages", "g": "group_m", "a": "acc_chains",
+             "e": "epi_buffers"}
     for part in name.split("-"):
         if "x" in part:
             kw["cluster_m"], kw["cluster_n"] = (int(x) for x in part.split("x"))

@@ -7,9 +7,10 @@ function is pure host arithmetic, so the CPU tests pin the choices down.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ._arrays import leading_dim, tma_addressable, transpose
-from .kernels.gemm_config import FP8_DTYPES, KBLOCK_BYTES, GemmConfig
+from .kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, GemmConfig
 from .launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
@@ -232,14 +233,26 @@ def rows_straddle_sectors(v, row_major):
     return w.shape[0] > 1 and leading_dim(w) * v.itemsize % 32 != 0
 
 
-def straddling_tile(M, N, units, sms, a_straddles, b_straddles):
+# A 192 x 192 tile (three consumers, one output buffer each, a 4-slot ring) in a cluster does
+# 2.25x a 128 x 128 tile's work in about 1.97x its time where both operands' rows straddle
+# sectors (benchmarks/NOTES.md, session 27: 3000^3 0.90 -> 0.99x cuBLAS, 7000^3 0.86 -> 0.98x).
+STRADDLING_192_COST = 1.97
+
+
+def straddling_tile(M, N, units, sms, a_straddles, b_straddles, a_major="K", b_major="N", plain=False):
     """The clustered tile (``GemmConfig`` fields) of 16-bit products whose operand rows straddle
     sectors (:func:`rows_straddle_sectors`), or None. Multicast halves each CTA's loads of the
-    operand its cluster shares (benchmarks/NOTES.md, session 19; device time against cuBLAS):
+    operand its cluster shares (benchmarks/NOTES.md, sessions 19 and 27; device time against
+    cuBLAS):
 
     - both: a 2x2 cluster of 128 x 128 tiles, each CTA loading half of its A and of its B tile
       (3000^3 0.64 -> 0.90x, 5000^3 0.51 -> 0.90x, 512x3000x3000 ``x @ W.T`` 0.71 -> 1.17x;
-      2x1 and 1x2 clusters, halving one operand's loads, 0.65-0.88x);
+      2x1 and 1x2 clusters, halving one operand's loads, 0.65-0.88x); or, for a plain product
+      whose 192 x 192 tiles take fewer waves x ``STRADDLING_192_COST`` than these take waves,
+      192 x 192 tiles with one output buffer per consumer (a fourth ring slot) in a 1x2 or 2x1
+      cluster, whichever pads the grid to fewer waves (8192x5000x5000: 2x1 9 waves 0.96-0.98x,
+      1x2 10 waves 0.87x). A column-major A's 192-row boxes do not split over a 1x2 cluster, nor
+      a row-major B's 192-column ones over a 2x1;
     - B's alone: a 2x1 cluster sharing B, 256 or 128 wide by wave quantization (4096x1000x4096
       0.77 -> 0.99x, 8192x3000x4096 0.86 -> 1.07x, 2048x1000x4096 0.72 -> 0.86x in 128-wide tiles);
     - A's alone: none (4096x4096x3000 ran at 0.99x unclustered).
@@ -249,6 +262,15 @@ def straddling_tile(M, N, units, sms, a_straddles, b_straddles):
     if 4 * units * _ceil(M, 128) * _ceil(N, 128) <= sms or not b_straddles:
         return None
     if a_straddles:
+        def waves(tile, cluster):  # a cluster's CTAs all take a tile slot, with a tile or not
+            slots = (c * _ceil(_ceil(n, tile), c) for n, c in zip((M, N), cluster))
+            return _ceil(units * math.prod(slots), sms)
+
+        clusters = [c for c, fits in (((1, 2), a_major == "K"), ((2, 1), b_major == "K")) if fits]
+        if plain and clusters:
+            cluster = min(clusters, key=lambda c: waves(192, c))  # (1x2 on a tie)
+            if waves(192, cluster) * STRADDLING_192_COST < waves(128, (2, 2)):
+                return dict(block_m=192, block_n=192, cluster_m=cluster[0], cluster_n=cluster[1], epi_buffers=1)
         return dict(block_m=128, block_n=128, cluster_m=2, cluster_n=2)
     return dict(block_m=128, block_n=min((256, 128), key=lambda bn: _tile_time(M, N, units, sms, bn)), cluster_m=2)
 
@@ -291,11 +313,13 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         if block_m == 128 and block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
             base = dataclasses.replace(base, cluster_n=2)
         straddling = block_m == 128 and va.itemsize == 2 and straddling_tile(  # 16-bit: where it was measured
-            M, N, units, limits.sm_count, rows_straddle_sectors(va, a_major == "K"), rows_straddle_sectors(vb, b_major == "N"))
+            M, N, units, limits.sm_count, rows_straddle_sectors(va, a_major == "K"), rows_straddle_sectors(vb, b_major == "N"),
+            a_major, b_major, plain=epilogue is None and ELEMENT_BYTES[vo.dtype] == 2)
         if straddling:
-            base = GemmConfig(**straddling)
+            base = GemmConfig(a_major=a_major, b_major=b_major, **straddling)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
-                            a_major=a_major, b_major=b_major, block_m=base.block_m, epilogue=epilogue)
+                            a_major=a_major, b_major=b_major, block_m=base.block_m, epi_buffers=base.epi_buffers,
+                            epilogue=epilogue)
     else:
         base, stages = config, config.stages
     cfg = dataclasses.replace(base, in_dtype=va.dtype, b_dtype=vb.dtype if vb.dtype != va.dtype else None,

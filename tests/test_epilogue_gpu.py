@@ -136,10 +136,10 @@ def test_64_row_tiles_with_every_option(torch, M, N, K, out_dtype, acc_chains):
            activation="silu", row_scale=True, col_scale=True, aux_dtype="bf16", epilogue=_scale_cols, config=config)
 
 
-@pytest.mark.parametrize("cluster_m", [1, 2])
-def test_192_row_tiles_with_bias_gelu_residual(torch, cluster_m):
+@pytest.mark.parametrize("cluster_m,epi_buffers", [(1, 2), (2, 2), (1, 1)])
+def test_192_row_tiles_with_bias_gelu_residual(torch, cluster_m, epi_buffers):
     _check(torch, 1000, 1040, 520, bias="bf16", activation="gelu_tanh", beta=1.0, with_c=True, aux_dtype="bf16",
-           config=GemmConfig(block_m=192, block_n=128, stages=3, cluster_m=cluster_m))
+           config=GemmConfig(block_m=192, block_n=128, stages=3, cluster_m=cluster_m, epi_buffers=epi_buffers))
 
 
 @pytest.mark.parametrize("layout", ["RR", "CC"])

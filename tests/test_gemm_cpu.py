@@ -45,6 +45,9 @@ ALL_CONFIGS = [
     GemmConfig("bf16", "bf16", "K", "K", block_m=192, block_n=192, stages=3, cluster_m=2),
     GemmConfig("bf16", "bf16", "K", "N", block_m=192, block_n=128, stages=3, cluster_n=2),
     GemmConfig("bf16", "f32", "M", "N", block_m=192, block_n=128, stages=3),
+    # one output buffer per consumer (a fourth slot for 192 x 192 tiles), in each cluster they run in
+    GemmConfig("bf16", "bf16", "K", "N", block_m=192, block_n=192, stages=4, cluster_n=2, epi_buffers=1),
+    GemmConfig("bf16", "bf16", "M", "K", block_m=192, block_n=192, stages=4, cluster_m=2, epi_buffers=1),
     # column-major outputs (swapped decode products): each narrow width, both 16-bit types and A
     # majors, one accumulator per wgmma of a k-block (as the heuristic runs them) and one in all
     GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=8, stages=16, out_major="M", acc_chains=4),
@@ -206,7 +209,7 @@ def test_stage_count_fills_shared_memory():
     (dict(block_n=8), "out_major"), (dict(block_m=64, block_n=64, out_major="M"), "out_major"),
     (dict(block_m=64, block_n=8, b_major="K", out_major="M", out_dtype="f32"), "plain 16-bit"),
     (dict(block_m=64, block_n=8, out_major="M"), "K-major B"),
-    (dict(stages=1), "stages"), (dict(cluster_m=4), "cluster"),
+    (dict(stages=1), "stages"), (dict(cluster_m=4), "cluster"), (dict(epi_buffers=3), "epi_buffers"),
     (dict(block_m=192), "block_n <= 192"), (dict(block_m=192, block_n=128, stream_k=True), "block_m = 192"),
     (dict(block_m=192, block_n=128, a_major="M", cluster_n=2), "block_m = 192"),
 ])
@@ -342,12 +345,18 @@ def test_cluster_heuristic(tiles, K, b_major, cluster):
 
 
 @pytest.mark.parametrize("M,N,K,layout,tile", [
-    # both operands' rows straddle: 2x2 clusters of 128 x 128 tiles
-    (3000, 3000, 3000, "RR", (128, 2, 2)), (3000, 3000, 3000, "CC", (128, 2, 2)), (5000, 5000, 5000, "RR", (128, 2, 2)),
-    (4096, 3000, 3000, "RC", (128, 2, 2)), (512, 3000, 3000, "RC", (128, 2, 2)), (1000, 1000, 1000, "CR", (128, 2, 2)),
+    # both operands' rows straddle: 192 x 192 tiles in 1x2 or 2x1 clusters where they take
+    # fewer waves, else 2x2 clusters of 128 x 128 tiles (always with a row-major B and a
+    # column-major A)
+    (3000, 3000, 3000, "RR", (192, 192, 1, 2)), (3000, 3000, 3000, "CC", (192, 192, 2, 1)),
+    (5000, 5000, 5000, "RR", (192, 192, 1, 2)), (16384, 3000, 3000, "RC", (192, 192, 1, 2)),
+    (8192, 5000, 5000, "RC", (192, 192, 2, 1)),  # 27 tiles across: 1x2 clusters would pad to 28
+    (3000, 3000, 3000, "CR", (128, 128, 2, 2)), (2000, 3000, 3000, "RR", (128, 128, 2, 2)),
+    (1024, 5000, 5000, "RC", (128, 128, 2, 2)), (512, 3000, 3000, "RC", (128, 128, 2, 2)),
+    (1000, 1000, 1000, "CR", (128, 128, 2, 2)),
     # B's alone: 2x1 clusters sharing B, 256 or 128 wide by waves
-    (4096, 1000, 4096, "RR", (256, 2, 1)), (8192, 3000, 4096, "RR", (256, 2, 1)), (2048, 1000, 4096, "RR", (128, 2, 1)),
-    (1024, 5000, 4096, "RR", (128, 2, 1)),
+    (4096, 1000, 4096, "RR", (128, 256, 2, 1)), (8192, 3000, 4096, "RR", (128, 256, 2, 1)),
+    (2048, 1000, 4096, "RR", (128, 128, 2, 1)), (1024, 5000, 4096, "RR", (128, 128, 2, 1)),
     # none: A's rows alone, rows along M or N (aligned), pitches of a multiple of 32 bytes, 16 tiles, 64-row tiles
     (4096, 4096, 3000, "RR", None), (4096, 4096, 3000, "CR", None), (4096, 3000, 4096, "RC", None),
     (2000, 2000, 2000, "RR", None), (6000, 6000, 6000, "RR", None), (256, 1000, 1000, "RC", None),
@@ -361,7 +370,20 @@ def test_rows_straddling_sectors_run_in_clusters(M, N, K, layout, tile):
     if tile is None:
         assert (cfg.cluster_m, cfg.cluster_n) == (1, 1)
     else:
-        assert (cfg.block_m, cfg.block_n, cfg.cluster_m, cfg.cluster_n) == (128, *tile)
+        assert (cfg.block_m, cfg.block_n, cfg.cluster_m, cfg.cluster_n) == tile
+        # three consumers keep one output buffer each, for a fourth ring slot
+        assert cfg.epi_buffers == 2 if cfg.block_m == 128 else (cfg.epi_buffers, cfg.stages) == (1, 4)
+
+
+def test_straddling_192_tiles_only_for_plain_16_bit_outputs():
+    from numba_hopper._heuristics import choose_config
+    from numba_hopper.prebuild import H100, _view
+
+    a, b = _view(3000, 3000, "bf16", True), _view(3000, 3000, "bf16", True)
+    for out, epilogue in [(_view(3000, 3000, "f32", True), None),
+                          (_view(3000, 3000, "bf16", True), EpilogueConfig(activation="silu"))]:
+        cfg = choose_config(a, b, out, None, False, epilogue=epilogue, limits=H100)
+        assert (cfg.block_m, cfg.block_n, cfg.cluster_m, cfg.cluster_n, cfg.epi_buffers) == (128, 128, 2, 2, 2)
 
 
 @pytest.mark.parametrize("M,N,K,block,splits", [

@@ -95,6 +95,18 @@ def test_192_row_tiles_in_clusters(torch, cluster, block_n, layout, M, N, K):
     _check(torch, M, N, K, layout=layout, config=cfg)
 
 
+@pytest.mark.parametrize("cfg,layout,out_dtype", [
+    (GemmConfig(block_m=192, block_n=192, stages=4, cluster_n=2, epi_buffers=1), "RR", "bf16"),
+    (GemmConfig(a_major="M", b_major="K", block_m=192, block_n=192, stages=4, cluster_m=2, epi_buffers=1), "CC", "bf16"),
+    (GemmConfig(b_major="K", block_n=256, stages=4, epi_buffers=1), "RC", "f32")],
+    ids=["192x192-1x2-RR", "192x192-2x1-CC", "128x256-RC-f32"])
+def test_one_output_buffer_per_consumer(torch, cfg, layout, out_dtype):
+    """Each sub-tile waits for the store before it to read the consumer's one buffer: several
+    sub-tiles and tiles per consumer, ragged edges, clusters with a CTA left without a tile."""
+    for M, N, K in [(1, 300, 77), (7, 1000, 300), (193, 129, 129), (1000, 520, 270), (4100, 600, 640)]:
+        _check(torch, M, N, K, layout=layout, out_dtype=out_dtype, config=cfg)
+
+
 @pytest.mark.parametrize("block_n", [64, 128, 192])
 @pytest.mark.parametrize("M,N,K,layout", [
     (1792, 1280, 640, "CR"),  # fewer tiles than SMs: runs shorter than a tile, chains of 2-3 CTAs
@@ -290,7 +302,9 @@ def test_clusters_with_multicast(torch, cluster, layout, M, N, K):
     # rows of 1000 or 520 bf16 (2000 or 1040 bytes: 16 mod 32) in both operands: 2x2 clusters
     *((layout, 520, 1000, 1000, (128, 2, 2)) for layout in ("RR", "RC", "CR", "CC")),
     # in B alone (A's rows of 1024 or 640 bf16 are aligned): 2x1 clusters sharing B
-    ("RR", 640, 1000, 1024, (128, 2, 1)), ("CR", 640, 1000, 1024, (128, 2, 1)), ("CC", 640, 1000, 1000, (128, 2, 1))])
+    ("RR", 640, 1000, 1024, (128, 2, 1)), ("CR", 640, 1000, 1024, (128, 2, 1)), ("CC", 640, 1000, 1000, (128, 2, 1)),
+    # in both, with enough tiles: 192 x 192 tiles in 1x2 (2x1 with a column-major A) clusters
+    ("RR", 3000, 3000, 3000, (192, 1, 2)), ("CC", 3000, 3000, 3000, (192, 2, 1))])
 def test_rows_straddling_sectors_run_in_clusters(torch, layout, M, N, K, tile):
     # 5 x 8 tiles leave the last cluster row with one CTA that has no tile of its own.
     from numba_hopper._arrays import device_view

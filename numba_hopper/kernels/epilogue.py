@@ -6,7 +6,8 @@ map, so the writes are bank-conflict free; 8-byte stores for f32, 2-byte ones fo
 -> ``fence.proxy.async`` -> one thread issues a TMA store of a 64 x 64 (16-bit, fp8) or
 64 x 32 (f32) sub-tile. Two sub-tile buffers per
 consumer alternate, so a store drains while the next sub-tile is written, and the last
-stores of a tile drain while the next tile's main loop runs. TMA clips stores outside the
+stores of a tile drain while the next tile's main loop runs (``cfg.epi_buffers`` = 1: one
+buffer, each sub-tile waits until the store before it has read it). TMA clips stores outside the
 tensor, so partial tiles need no code.
 
 Grouped kernels (``cfg.grouped``): a tile's rows may run past its group's end
@@ -369,6 +370,8 @@ def make_epilogue(cfg) -> Epilogue:
     CHUNK_COLS = 16 // ELEMENT_BYTES[OUT_T]
     layout = cfg.layout
     EPI_OFF, VEC_OFF, VEC_BYTES = layout.epi, layout.vec, layout.vec_bytes
+    EPI_BUFS = cfg.epi_buffers
+    STORES_IN_FLIGHT = EPI_BUFS - 1  # a consumer's TMA stores that may still read its buffers
     C_OFF, C_BAR_OFF, C_BUF = layout.c, layout.c_barriers, cfg.c_buf_bytes
     C_BOX_COLS = c_box_cols(cfg) if HAS_C else EPI_COLS
     C_BOX_BYTES = EPI_ROWS * C_BOX_COLS * (ELEMENT_BYTES[EPI.c_dtype] if HAS_C else 2)
@@ -513,9 +516,9 @@ def make_epilogue(cfg) -> Epilogue:
     def store_subtile(q, state, ts):
         """Sub-tile ``q`` of a tile (the consumer's ``state.stores``-th) to global memory; the next state."""
         c, smem, stores = ts.c, ts.smem, state.stores
-        buf = smem + EPI_OFF + (2 * c.cw + stores % 2) * EPI_BUF_BYTES
+        buf = smem + EPI_OFF + (EPI_BUFS * c.cw + stores % EPI_BUFS) * EPI_BUF_BYTES
         if c.leader:
-            nh.bulk_wait_group_read(1)  # the store that last read buf is done
+            nh.bulk_wait_group_read(STORES_IN_FLIGHT)  # the store that last read buf is done
         nh.named_barrier_sync(1 + c.cw, 128)
         at = None
         if FUSED:
@@ -539,7 +542,7 @@ def make_epilogue(cfg) -> Epilogue:
         """Sub-tile ``q`` as :func:`store_subtile`, but only its first ``ts.rows`` rows, copied
         from the swizzled buffer to global memory by every thread (grouped kernels)."""
         c, smem, stores = ts.c, ts.smem, state.stores
-        buf = smem + EPI_OFF + (2 * c.cw + stores % 2) * EPI_BUF_BYTES
+        buf = smem + EPI_OFF + (EPI_BUFS * c.cw + stores % EPI_BUFS) * EPI_BUF_BYTES
         if c.leader:
             nh.bulk_wait_group_read(0)  # no TMA store of this consumer still reads either buffer
         nh.named_barrier_sync(1 + c.cw, 128)

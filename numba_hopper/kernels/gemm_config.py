@@ -64,6 +64,9 @@ class GemmConfig:
     ``acc_chains``: 1, or 4 independent accumulators, one per wgmma of a k-block, summed
     after the K loop: a narrow tile's wgmmas are short, and chained on one accumulator
     each waits for the one before it (block_n <= 64, plain or fused, not block-wise scaled).
+    ``epi_buffers``: output sub-tile buffers per consumer, 2 (a sub-tile is written while the
+    previous one's TMA store still reads its buffer) or 1 (each waits for the one before: 16 KB
+    less shared memory per consumer, a fourth ring slot for 192 x 192 tiles).
     ``grouped``: None, or the grouped GEMM's scheduler to compile in (``kernels/scheduler.py``):
     "contiguous" (the groups' rows one after another in a 2-D A and output, cut by
     cumulative ends) or "masked" (a 3-D A and output, the first ``masked_m[g]`` rows of
@@ -89,6 +92,7 @@ class GemmConfig:
     b_dtype: str | None = None
     out_major: str = "N"
     acc_chains: int = 1
+    epi_buffers: int = 2
 
     def __post_init__(self):
         if self.in_dtype not in INPUT_BYTES:
@@ -149,6 +153,8 @@ class GemmConfig:
         if not (self.acc_chains == 1 or chained and self.block_n <= 64 and not self.block_scaled):
             raise ValueError(f"acc_chains must be 1, or {ACC_CHAINS} with block_n <= 64 and no block-wise scales; "
                              f"got {self.acc_chains} with block_n = {self.block_n}")
+        if self.epi_buffers not in (1, 2):
+            raise ValueError(f"epi_buffers must be 1 or 2, got {self.epi_buffers}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
         if self.split_k < 1:
@@ -337,7 +343,7 @@ class GemmConfig:
 class SharedLayout:
     """Byte offsets in the kernel's dynamic shared memory (from its 1024-aligned base).
 
-    In order: the ring's A tiles, its B tiles, two output sub-tile buffers per consumer,
+    In order: the ring's A tiles, its B tiles, ``epi_buffers`` output sub-tile buffers per consumer,
     two residual-C sub-tile buffers per consumer, each consumer's staged column vectors,
     the ring's block-wise scales of A, the ring's barriers and the C buffers' barriers.
     """
@@ -357,7 +363,7 @@ class SharedLayout:
     def of(cfg: GemmConfig) -> "SharedLayout":
         b = cfg.stages * cfg.a_tile_bytes
         epi = b + cfg.stages * cfg.b_tile_bytes
-        c = epi + 2 * cfg.consumers * EPI_BUF_BYTES
+        c = epi + cfg.epi_buffers * cfg.consumers * EPI_BUF_BYTES
         vec = c + 2 * cfg.consumers * cfg.c_buf_bytes
         vec_bytes = cfg.epilogue.column_bytes(cfg.block_n) if cfg.epilogue else 0
         a_scales = vec + cfg.consumers * vec_bytes
