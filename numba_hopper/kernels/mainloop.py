@@ -201,13 +201,13 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return nh.array_as_tuple(total, acc), st
 
     @cuda.jit(device=True, forceinline=True)
-    def load_b_scale(ep, g, n_block, kb, k_end):
-        """B's scale of the tile's 128 x 128 block in k-block ``kb`` (block 0's past ``k_end``);
-        ``g``: a grouped tile's group."""
-        k = np.uint64(kb if kb < k_end else 0)
+    def load_b_scale(ep, g, n_block, k_begin, i, k_blocks):
+        """B's scale of the tile's 128 x 128 block in k-block ``k_begin + i`` of the item's
+        ``k_blocks`` (k-block 0's from ``i = k_blocks`` on); ``g``: a grouped tile's group."""
+        k = np.uint32(k_begin + i) if i < k_blocks else np.uint32(0)
         if B_SCALES_BY_GROUP:
-            return ep.b_block_scales[np.uint64(g), k, np.uint64(n_block)]
-        return ep.b_block_scales[k, np.uint64(n_block)]
+            return ep.b_block_scales[np.uint64(g), k, n_block]
+        return ep.b_block_scales[k, n_block]
 
     first_b_scales = _scales_ahead(load_b_scale, SCALE_AHEAD)
 
@@ -237,23 +237,28 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         ahead, so the L2's latency hides behind wgmmas. The sum comes back as a tuple like
         ``acc`` (whose registers the next tile's wgmmas overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
-        n_block = tile.n0 // KBLOCK_SCALE
+        # 32-bit k-block count and scale indices, as in _k_loop: with numba's 64-bit ones, the
+        # loop's B-scale addresses took 64-bit compares and multiplies.
+        k_begin, k_blocks = np.uint32(item.k_begin), np.int32(item.k_end - item.k_begin)
+        n0 = np.uint32(tile.n0)
+        n_block = np.uint32(n0 // KBLOCK_SCALE)
         # this thread's two rows in the box (which starts at the 16-byte boundary before m0)
         row_scales = smem + A_SCALES + 4 * (tile.m0 % 4 + c.cw * WG_ROWS + c.row_in_wg)
-        b_scales = first_b_scales(ep, tile.batch, n_block, item.k_begin, item.k_end)
+        b_scales = first_b_scales(ep, tile.batch, n_block, k_begin, k_blocks)
         if TWO_B_BLOCKS:
             # The tile's columns from 128 - n0 % 128 on lie in the next block. n0 is a multiple
             # of 64 (of 192), so its first 64 columns lie in this block, its last 64 in the
             # next, and its middle 64 in the next iff n0 % 128 == 64. Past B's last block the
             # columns are padding (TMA clips their stores): they take the last block's scale.
-            n_next = min(n_block + 1, ep.b_block_scales.shape[-1] - 1)
-            mid_next = tile.n0 % KBLOCK_SCALE != 0
-            b_next_scales = first_b_scales(ep, tile.batch, n_next, item.k_begin, item.k_end)
-        for kb in range(item.k_begin, item.k_end):
-            b_later = load_b_scale(ep, tile.batch, n_block, kb + SCALE_AHEAD, item.k_end)
+            n_next = np.uint32(min(n_block + 1, ep.b_block_scales.shape[-1] - 1))
+            mid_next = n0 % KBLOCK_SCALE != 0
+            b_next_scales = first_b_scales(ep, tile.batch, n_next, k_begin, k_blocks)
+        for i in range(k_blocks):
+            ahead = np.int32(i + SCALE_AHEAD)
+            b_later = load_b_scale(ep, tile.batch, n_block, k_begin, ahead, k_blocks)
             if TWO_B_BLOCKS:
-                b_next_later = load_b_scale(ep, tile.batch, n_next, kb + SCALE_AHEAD, item.k_end)
-            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
+                b_next_later = load_b_scale(ep, tile.batch, n_next, k_begin, ahead, k_blocks)
+            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + i) if DEBUG else None)
             if TAKE_TURNS:
                 nh.named_barrier_sync(TURN + c.cw, 256)
             acc = mma_stage(acc, smem, st, c.cw, True)
@@ -337,11 +342,11 @@ def _and_once_more(repeat):
 
 
 def _scales_ahead(load, n):
-    """``first(ep, g, n_block, k_begin, k_end)``: the tuple of ``load(ep, g, n_block, kb,
-    k_end)`` for the ``n`` k-blocks from ``k_begin``."""
+    """``first(ep, g, n_block, k_begin, k_blocks)``: the tuple of ``load(ep, g, n_block, k_begin,
+    i, k_blocks)`` for the item's first ``n`` k-blocks, i = 0 .. n - 1."""
 
     @cuda.jit(device=True, forceinline=True)
-    def first(ep, g, n_block, k_begin, k_end):
+    def first(ep, g, n_block, k_begin, k_blocks):
         return ()
 
     for i in range(n):
@@ -351,8 +356,8 @@ def _scales_ahead(load, n):
 
 def _then_load(first, load, i):
     @cuda.jit(device=True, forceinline=True)
-    def first_then(ep, g, n_block, k_begin, k_end):
-        return first(ep, g, n_block, k_begin, k_end) + (load(ep, g, n_block, k_begin + i, k_end),)
+    def first_then(ep, g, n_block, k_begin, k_blocks):
+        return first(ep, g, n_block, k_begin, k_blocks) + (load(ep, g, n_block, k_begin, np.int32(i), k_blocks),)
 
     return first_then
 
