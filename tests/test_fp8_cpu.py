@@ -7,6 +7,7 @@ import pytest
 from numba.cuda import types
 
 from _fakes import FakeCAI
+from test_gemm_cpu import _k_block_loop
 import numba_hopper.matmul as g
 from numba_hopper import gemm
 from numba_hopper._heuristics import max_stages
@@ -256,7 +257,8 @@ def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
     """Each k-block: A's scales loaded by TMA with the k-block, four k32 QGMMAs started afresh,
     a full wait, then one FFMA per accumulator (a 192-wide tile too: its two scale blocks are
     chosen once per k-block, not per register). No spills: 96 sums beside 96 accumulators fit
-    in the consumers' 240 registers (255 for a single 64-row consumer)."""
+    in the consumers' 240 registers (255 for a single 64-row consumer). The k-block loop moves
+    no wgmma descriptor into a uniform register (R2UR): the warpgroup index is broadcast."""
     cfg = _fp8(block_m=block_m, block_n=block_n, epilogue=EpilogueConfig(block_scales=True))
     m2 = types.Array(types.float32, 2, "A")
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (m2,)))  # B's scales; A's by TMA
@@ -266,6 +268,7 @@ def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
     assert r.count("FFMA") == block_n // 2, r.summary()
     assert r.count("UTMALDG") > 14 and r.count("LDS") >= 2  # the scales' loads, then their reads
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert not [line for line in _k_block_loop(r.sass) if "R2UR" in line]
 
 
 def test_bmm_refuses_fp8():

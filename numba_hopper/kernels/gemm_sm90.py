@@ -193,9 +193,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
         # (R2UR) before every wgmma: 16 more instructions per k-block of every consumer warp.
         # Grouped kernels, which branch on a warpgroup's rows, also lose the k-block loop's
         # uniform registers (WARPSYNC before each k-block): 1-16% slower, and 192-wide
-        # block-scaled ones spilled (benchmarks/NOTES.md, sessions 23 and 26). Dense
-        # block-scaled kernels ran -5% to +8% with the broadcast (session 23): they keep tid.
-        wg = (tid if SCALED and not GROUPED else cuda.shfl_sync(0xFFFFFFFF, tid, 0)) // 128
+        # block-scaled ones spilled (benchmarks/NOTES.md, sessions 23 and 26).
+        wg = cuda.shfl_sync(0xFFFFFFFF, tid, 0) // 128
         t = tid - 128 * wg
         # (a 32-bit lane: the k-block loop's release test stays a 32-bit compare)
         c = Consumer(wg - 1, t, np.int32(t % 32), 16 * (t // 32) + (t % 32) // 4, t == 0)
