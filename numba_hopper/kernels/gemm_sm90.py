@@ -193,7 +193,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
         # (R2UR) before every wgmma: 16 more instructions per k-block of every consumer warp.
         # Grouped kernels, which branch on a warpgroup's rows, also lose the k-block loop's
         # uniform registers (WARPSYNC before each k-block): 1-16% slower, and 192-wide
-        # block-scaled ones spilled (benchmarks/NOTES.md, sessions 23 and 26).
+        # block-scaled ones spilled (benchmarks/NOTES.md, sessions 23, 26 and 27).
         wg = cuda.shfl_sync(0xFFFFFFFF, tid, 0) // 128
         t = tid - 128 * wg
         # (a 32-bit lane: the k-block loop's release test stays a 32-bit compare)
