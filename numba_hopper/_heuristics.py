@@ -183,14 +183,17 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
 # consumer, which idles the tensor cores while it promotes. A 128 x 192 tile does 1.5x a
 # 128 x 128 one's work about 12% faster per FLOP (4096x24576x1536, where both fill their
 # waves: 1023 vs 928 TFLOP/s), so it wins where it wastes no more of a wave (8192^3: +11%,
-# 4096x2112x7168: +23%) and loses where it does (4096^3: 704 tiles in 6 waves, -6%).
-BLOCK_SCALED_TILE_COST = {(128, 128): 1.0, (128, 64): 0.7, (64, 128): 0.8, (128, 192): 1.34}
+# 4096x2112x7168: +23%) and loses where it does (4096^3: 704 tiles in 6 waves, -6%). A 128 x 256
+# tile (two 128-column halves a k-block) does 2x the work in 1.68-1.78x the time (device time,
+# session 28: 4096^3 1079 -> 1211 TFLOP/s, 4096x4096x7168 1038 -> 1190, 8192^3 1095 with 128 x
+# 192 -> 1121), and loses where its tiles leave more of a wave empty (4096x2112x7168: -23%).
+BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (128, 128): 1.0, (128, 64): 0.7, (64, 128): 0.8, (128, 192): 1.34}
 
 
 def block_scaled_tile(M, N, sms, units=1, wide=True):
     """``(block_m, block_n)`` of ``units`` block-wise scaled fp8 products of M x N: the fewest
-    waves x tile cost (ties to the first, the largest tile). ``wide``: whether 192-wide tiles
-    may run (not with column vectors in the epilogue)."""
+    waves x tile cost (ties to the first, the largest tile). ``wide``: whether tiles over 128
+    wide may run (not with column vectors in the epilogue, nor in grouped products)."""
     def estimate(tile):
         return _ceil(units * _ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * BLOCK_SCALED_TILE_COST[tile]
 

@@ -114,7 +114,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       ``scale_a`` float32 (M, ceil(K / 128)), one per row and 128 K, with ``scale_b`` float32
       (ceil(K / 128), ceil(N / 128)), one per 128 x 128 block of ``b`` (K, N); any strides.
       The kernel scales each 128-deep k-block's product and adds it to an f32 register sum
-      (two-level accumulation), on 64-, 128- or 192-wide tiles (a 192-wide one spans two of
+      (two-level accumulation), on 64- to 256-wide tiles (a 192- or 256-wide one spans two of
       ``scale_b``'s blocks; not with ``col_scale`` or a column bias); any
       K (a partial last block reads its scale like the others), a row-major output, and the
       rest of the fused epilogue (``row_scale``/``col_scale`` included) after it.

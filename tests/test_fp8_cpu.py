@@ -221,14 +221,15 @@ def test_block_wise_scales_need_fp8():
 
 
 def test_block_wise_tile_choice():
-    """128 x 192 tiles where they waste no more of a wave than 128 x 128 ones (measured:
-    benchmarks/NOTES.md), never with column vectors or in grouped products."""
+    """128 x 256 and 128 x 192 tiles where they waste no more of a wave than 128 x 128 ones
+    (measured: benchmarks/NOTES.md), never with column vectors or in grouped products."""
     from numba_hopper._heuristics import block_scaled_tile
 
-    assert block_scaled_tile(4096, 4096, 132) == (128, 128)  # 704 192-wide tiles leave 6 waves a third empty
+    assert block_scaled_tile(4096, 4096, 132) == (128, 256)  # 4 full waves (704 192-wide tiles: 6, a third empty)
+    assert block_scaled_tile(4096, 7168, 132) == (128, 256)
     assert block_scaled_tile(128, 7168, 132) == (128, 64)  # 112 tiles fill the GPU where 56 would not
-    assert block_scaled_tile(4096, 2112, 132) == (128, 192)  # 3 waves, not 5
-    assert block_scaled_tile(8192, 8192, 132) == (128, 192)
+    assert block_scaled_tile(4096, 2112, 132) == (128, 192)  # 3 waves, not 5 (256: 3 waves of larger tiles)
+    assert block_scaled_tile(8192, 8192, 132) == (128, 256)
     assert block_scaled_tile(128, 24576, 132) == (128, 192)  # one full wave, not two
     for M, N in itertools.product((1, 128, 1000, 4096), (128, 2112, 7168)):
         assert block_scaled_tile(M, N, 132, wide=False)[1] <= 128
@@ -237,32 +238,38 @@ def test_block_wise_tile_choice():
         GemmConfig("bf16", "bf16", "K", "K", block_n=128, epilogue=EpilogueConfig(block_scales=True))
 
 
-def test_block_wise_192_wide_tiles_are_opt_in():
-    """A 128x192 block-scaled kernel is a config one asks for: the heuristic never picks it
-    (above), and it runs without column vectors, whose staged terms would spill."""
+def test_block_wise_wide_tiles():
+    """192-wide block-scaled tiles run with 64 or 128 rows, 256-wide ones (two halves a k-block)
+    with 128, ungrouped; both without column vectors, whose staged terms would spill."""
     blocks = EpilogueConfig(block_scales=True)
     for block_m in (128, 64):
         assert GemmConfig("e4m3", "bf16", "K", "K", block_m=block_m, block_n=192, epilogue=blocks).block_scaled
+    assert GemmConfig("e4m3", "bf16", "K", "K", block_n=256, stages=4, epilogue=blocks).block_scaled
     GemmConfig("e4m3", "bf16", "K", "K", block_n=192, epilogue=EpilogueConfig(row_scale=True, activation="gelu_tanh",
                                                                               block_scales=True))
-    with pytest.raises(ValueError, match=r"block_n in \(64, 128, 192\); got e4m3, block_n = 256"):
-        GemmConfig("e4m3", "bf16", "K", "K", block_n=256, epilogue=blocks)
-    for columns in (dict(col_scale=True), dict(bias="col")):
-        with pytest.raises(ValueError, match="192-wide tiles run without column vectors"):
-            GemmConfig("e4m3", "bf16", "K", "K", block_n=192, epilogue=EpilogueConfig(block_scales=True, **columns))
+    with pytest.raises(ValueError, match="block_n = 160 runs without a fused epilogue"):
+        GemmConfig("e4m3", "bf16", "K", "K", block_n=160, epilogue=blocks)
+    for kw in (dict(block_m=64), dict(grouped="contiguous")):
+        with pytest.raises(ValueError, match="256-wide tiles run with block_m = 128, ungrouped"):
+            GemmConfig("e4m3", "bf16", "K", "K", block_n=256, epilogue=blocks, **kw)
+    for width, columns in itertools.product((192, 256), (dict(col_scale=True), dict(bias="col"))):
+        with pytest.raises(ValueError, match="tiles over 128 wide run without column vectors"):
+            GemmConfig("e4m3", "bf16", "K", "K", block_n=width, epilogue=EpilogueConfig(block_scales=True, **columns))
 
 
-@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (128, 192), (64, 192)])
+@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (128, 192), (64, 192), (128, 256)])
 def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
-    """Each k-block: A's scales loaded by TMA with the k-block, four k32 QGMMAs started afresh,
-    a full wait, then one FFMA per accumulator (a 192-wide tile too: its two scale blocks are
-    chosen once per k-block, not per register). No spills: 96 sums beside 96 accumulators fit
-    in the consumers' 240 registers (255 for a single 64-row consumer). The k-block loop moves
-    no wgmma descriptor into a uniform register (R2UR): the warpgroup index is broadcast."""
+    """Each k-block: A's scales loaded by TMA with the k-block, four k32 QGMMAs started afresh
+    (a 256-wide tile: four for each 128-column half), a full wait, then one FFMA per sum (a
+    192-wide tile too: its two scale blocks are chosen once per k-block, not per register). No
+    spills: 96 sums beside 96 accumulators (128 beside 64) fit in the consumers' 240 registers
+    (255 for a single 64-row consumer). The k-block loop moves no wgmma descriptor into a
+    uniform register (R2UR): the warpgroup index is broadcast."""
     cfg = _fp8(block_m=block_m, block_n=block_n, epilogue=EpilogueConfig(block_scales=True))
     m2 = types.Array(types.float32, 2, "A")
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (m2,)))  # B's scales; A's by TMA
-    assert r.sass.count(f"QGMMA.64x{block_n}x32.F32.E4M3.E4M3 ") == 4, r.summary()
+    mma_n = 128 if block_n == 256 else block_n  # a 256-wide tile: two 128-column halves
+    assert r.sass.count(f"QGMMA.64x{mma_n}x32.F32.E4M3.E4M3 ") == 4 * block_n // mma_n, r.summary()
     assert ", RZ, !UPT" in r.sass  # scale_d = 0: each k-block's product starts from zero
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" in r.sass
     assert r.count("FFMA") == block_n // 2, r.summary()

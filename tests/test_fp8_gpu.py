@@ -336,7 +336,8 @@ def test_fp8_block_wise_matches_float64(torch, M, N, K):
     _check_block(torch, out, _block_reference(torch, a, b, sa, sb), "bf16", f"{M}x{N}x{K}")
 
 
-@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (64, 64), (128, 192), (64, 192)])
+@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (64, 64), (128, 192), (64, 192),
+                                             (128, 256)])
 @pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
 def test_fp8_block_wise_tiles(torch, block_m, block_n, out_dtype):
     """Every tile a block-wise product runs on, with partial tiles and a partial last k-block;
@@ -349,19 +350,21 @@ def test_fp8_block_wise_tiles(torch, block_m, block_n, out_dtype):
     _check_block(torch, out, _block_reference(torch, a, b, sa, sb), out_dtype, f"{block_m}x{block_n}")
 
 
-# 192-wide tiles (opt-in) span two of B's 128-column scale blocks: a tile at n0 = 0 mod 384
-# takes the next block from its column 128 on, one at 192 mod 384 from its column 64 on;
-# past B's last block (N = 192 + 1..64, 1000) its padding columns take the last one. Ragged M.
+# 192- and 256-wide tiles span two of B's 128-column scale blocks: a 192-wide tile at n0 = 0
+# mod 384 takes the next block from its column 128 on, one at 192 mod 384 from its column 64
+# on, a 256-wide one from its column 128 on; past B's last block (N = 192 + 1..64, 1000, 320)
+# their padding columns take the last one. Ragged M.
 @pytest.mark.parametrize("M,N,K", [(129, 192, 128), (1000, 320, 384), (129, 384, 1008), (1000, 576, 128),
                                    (129, 1000, 384), (1000, 1000, 1008), (64, 200, 384)], ids=str)
 @pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
-def test_fp8_block_wise_192_wide_tiles(torch, M, N, K, out_dtype):
+@pytest.mark.parametrize("block_n", [192, 256])
+def test_fp8_block_wise_wide_tiles(torch, M, N, K, out_dtype, block_n):
     a, b = _operands(torch, M, N, K)
     sa, sb = _block_scales(torch, M, N, K)
     contrast_column_blocks(torch, sb)
     out = torch.full((M, N), float("nan"), dtype=getattr(torch, TORCH_OUT[out_dtype]), device="cuda")
-    gemm(a, b, out, scale_a=sa, scale_b=sb, config=GemmConfig(block_m=128, block_n=192))
-    _check_block(torch, out, _block_reference(torch, a, b, sa, sb), out_dtype, f"{M}x{N}x{K} 128x192")
+    gemm(a, b, out, scale_a=sa, scale_b=sb, config=GemmConfig(block_m=128, block_n=block_n))
+    _check_block(torch, out, _block_reference(torch, a, b, sa, sb), out_dtype, f"{M}x{N}x{K} 128x{block_n}")
 
 
 @pytest.mark.parametrize("fp8,out_dtype", [("e4m3", "f16"), ("e5m2", "bf16"), ("e5m2", "f32")])

@@ -134,7 +134,7 @@ def test_contiguous_block_wise_tiles(torch, block_m, block_n, out_dtype):
 
 
 # 128x192 tiles read two of b[g]'s 128-column scale blocks (tests/test_fp8_gpu.py,
-# test_fp8_block_wise_192_wide_tiles), here 16x apart, in every group.
+# test_fp8_block_wise_wide_tiles), here 16x apart, in every group.
 @pytest.mark.parametrize("N,K", [(192, 128), (320, 384), (384, 1008), (576, 128), (1000, 384)], ids=str)
 @pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
 def test_contiguous_block_wise_192_wide_tiles(torch, N, K, out_dtype):

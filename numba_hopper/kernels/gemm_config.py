@@ -37,8 +37,9 @@ BLOCK_NS = (8, 16, 32, 64, 112, 128, 144, 160, 192, 224, 256)
 NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a decode product's tokens
 STREAM_K_MAX_BLOCK_N = 192
 # Block-wise scaled tile widths: the promoted sums double the accumulators, which fit in the
-# consumers' registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests).
-BLOCK_SCALED_NS = (64, 128, 192)
+# consumers' registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests); a
+# 256-wide tile accumulates each k-block in two 128-column halves (64 + 128).
+BLOCK_SCALED_NS = (64, 128, 192, 256)
 SWIZZLE_ALIGN = 1024  # a 128B-swizzled tile starts on a 1024-byte boundary (the swizzle's period)
 
 
@@ -172,8 +173,11 @@ class GemmConfig:
             # Beside 96 sums and 96 accumulators, the staged column terms' shared-memory
             # addresses (hoisted out of the tile loop) spill: 120 B with col_scale and a
             # column bias (SASS; either alone leaves 3 registers of 240).
-            raise ValueError("block-wise scales on 192-wide tiles run without column vectors (col_scale, "
+            raise ValueError("block-wise scales on tiles over 128 wide run without column vectors (col_scale, "
                              "a column bias)")
+        if self.block_scaled and self.block_n == 256 and (self.block_m != 128 or self.grouped is not None):
+            # (the two-halves k-block is measured on dense 128-row tiles only)
+            raise ValueError("block-wise scales on 256-wide tiles run with block_m = 128, ungrouped")
         if self.block_scaled and self.cluster_size > 1:  # (never run on a GPU)
             raise ValueError("block-wise scales run without a cluster")
         if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:

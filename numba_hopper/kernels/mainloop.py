@@ -24,8 +24,8 @@ Block-wise fp8 scales (``cfg.block_scaled``): a slot also holds A's scales of th
 rows for its k-block (one more TMA box), and the consumers' ``mma`` is two-level: each
 k-block's product is waited for and added, scaled, into an f32 register sum
 (``mma_promoted``). The sums double the accumulators, so block-scaled tiles are at most 192
-wide (96 + 96 registers per thread); a 192-wide tile takes B's scales of two 128-column
-blocks.
+wide (96 + 96 registers per thread), or 256 wide in two 128-column halves per k-block (64 + 128);
+192- and 256-wide tiles take B's scales of two 128-column blocks.
 """
 
 from __future__ import annotations
@@ -105,10 +105,16 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     TURN = 3  # named barriers 3 and 4 (0: __syncthreads, 1 and 2: each consumer's own)
     SCALE_AHEAD = 2  # k-blocks: B's scales' loads (from L2) take about two k-blocks' wgmmas
     B_SCALES_BY_GROUP = cfg.grouped is not None  # grouped kernels: B's scales are (G, K/128, N/128)
-    # A 192-wide tile spans two of B's 128-column scale blocks; a 64- or 128-wide one, at a
-    # multiple of its width, lies in one (and compiles none of the second block's code).
+    # A 192- or 256-wide tile spans two of B's 128-column scale blocks; a 64- or 128-wide one, at
+    # a multiple of its width, lies in one (and compiles none of the second block's code).
     TWO_B_BLOCKS = BN > KBLOCK_SCALE
     CHUNK_REGS = 32  # accumulator registers of 64 columns: 8 columns per 4 registers
+    # A 256-wide tile's sums (128 registers a thread) leave room for one 128-column accumulator:
+    # each k-block runs as two halves, one B scale block each, issued, waited for and promoted
+    # one after the other (the consumers taking turns per half).
+    HALVES = 2 if BLOCK_SCALED and BN == 2 * KBLOCK_SCALE else 1
+    HALF_N = BN // 2
+    B_HALF_DESC = KBLOCK_SCALE * 128 // 16  # B's rows 128 on: 128 K-major rows of 128 B, in 16 B units
 
     @cuda.jit(device=True, forceinline=True)
     def cluster_cta():
@@ -164,13 +170,17 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
                                   scale_d, IN_T, B_T, 1, 1, TNSP_A, TNSP_B)
 
     @cuda.jit(device=True, forceinline=True)
-    def mma_stage(acc, smem, st, cw, first):
-        descs = stage_descriptors(smem, st, cw)
+    def mma_block(acc, descs, first):
+        """One k-block's wgmmas on the slot at ``descs``, committed as one group."""
         nh.wgmma_fence()
         for kk in range(K_STEPS):
             acc = k_step(acc, descs, kk, 0 if first and kk == 0 else 1)
         nh.wgmma_commit_group()
         return acc
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_stage(acc, smem, st, cw, first):
+        return mma_block(acc, stage_descriptors(smem, st, cw), first)
 
     @cuda.jit(device=True, forceinline=True)
     def mma_stage_chained(accs, smem, st, cw, first):
@@ -217,24 +227,45 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             nh.named_barrier_arrive(TURN, 256)
 
     @cuda.jit(device=True, forceinline=True)
-    def promote(sums, part, begin, end, s0, s1):
-        """``sums[e] += part[e] * scale`` for accumulator registers ``begin`` to ``end``:
+    def promote(sums, at, part, begin, end, s0, s1):
+        """``sums[at + e] += part[e] * scale`` for accumulator registers ``begin`` to ``end``:
         ``s0`` on this thread's first row, ``s1`` on its second. Register 4i + 2j + c holds
         row row_in_wg + 8j, column 8i + 2 * (lane % 4) + c (PTX ISA 9.7.15.5.1.1, the
-        accumulator D's fragment)."""
+        accumulator D's fragment), so ``at`` = 64 is 128 columns on."""
         for e in range(begin, end):
-            sums[e] += part[e] * (s0 if e % 4 < 2 else s1)
+            sums[at + e] += part[e] * (s0 if e % 4 < 2 else s1)
+
+    @cuda.jit(device=True, forceinline=True)
+    def take_turn(acc, descs, c):
+        """Issue one k-block's (or half's) wgmmas on ``descs``, afresh, in this consumer's turn."""
+        if TAKE_TURNS:
+            nh.named_barrier_sync(TURN + c.cw, 256)
+        acc = mma_block(acc, descs, True)
+        if TAKE_TURNS:
+            nh.named_barrier_arrive(TURN + 1 - c.cw, 256)
+        return acc
+
+    @cuda.jit(device=True, forceinline=True)
+    def the_tile_accumulator(acc):
+        return acc
+
+    @cuda.jit(device=True, forceinline=True)
+    def a_half_accumulator(acc):
+        return nh.wgmma_accumulator(HALF_N, "f32")
+
+    part_accumulator = a_half_accumulator if HALVES == 2 else the_tile_accumulator
 
     @cuda.jit(device=True, forceinline=True)
     def mma_promoted(acc, smem, bars, st, p, item, c, peers, tile, ep):
         """Two-level accumulation (block-wise scales): each k-block's product in ``acc``
-        (started afresh), waited for, then added, times its scales, into f32 ``sums``
+        (started afresh; a 256-wide tile's in two halves, see HALVES), waited for, then
+        added, times its scales, into f32 ``sums``
         (ptxas serializes wgmmas whose accumulators are read while others are in flight,
         so a consumer cannot queue the next k-block first: the two consumers take turns
         instead, see TAKE_TURNS). A's scales arrive with the k-block in the ring (TMA) and
-        are read while its wgmmas run; B's, one per k-block (two for a 192-wide tile, whose
-        columns span two 128-column blocks: TWO_B_BLOCKS), are loaded SCALE_AHEAD k-blocks
-        ahead, so the L2's latency hides behind wgmmas. The sum comes back as a tuple like
+        are read while its wgmmas run; B's, one per k-block (two for a 192- or 256-wide tile,
+        whose columns span two 128-column blocks: TWO_B_BLOCKS), are loaded SCALE_AHEAD k-blocks
+        ahead (a 256-wide tile's halves lie in one block each), so the L2's latency hides behind wgmmas. The sum comes back as a tuple like
         ``acc`` (whose registers the next tile's wgmmas overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         # 32-bit k-block count and scale indices, as in _k_loop: with numba's 64-bit ones, the
@@ -246,43 +277,53 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         row_scales = smem + A_SCALES + 4 * (tile.m0 % 4 + c.cw * WG_ROWS + c.row_in_wg)
         b_scales = first_b_scales(ep, tile.batch, n_block, k_begin, k_blocks)
         if TWO_B_BLOCKS:
-            # The tile's columns from 128 - n0 % 128 on lie in the next block. n0 is a multiple
-            # of 64 (of 192), so its first 64 columns lie in this block, its last 64 in the
-            # next, and its middle 64 in the next iff n0 % 128 == 64. Past B's last block the
-            # columns are padding (TMA clips their stores): they take the last block's scale.
+            # The tile's columns from 128 - n0 % 128 on lie in the next block. A 192-wide tile's
+            # n0 is a multiple of 64, so its first 64 columns lie in this block, its last 64 in
+            # the next, and its middle 64 in the next iff n0 % 128 == 64; a 256-wide tile's
+            # halves lie in this block and the next. Past B's last block the columns are
+            # padding (TMA clips their stores): they take the last block's scale.
             n_next = np.uint32(min(n_block + 1, ep.b_block_scales.shape[-1] - 1))
             mid_next = n0 % KBLOCK_SCALE != 0
             b_next_scales = first_b_scales(ep, tile.batch, n_next, k_begin, k_blocks)
-        for i in range(k_blocks):
+        part_acc = part_accumulator(acc)
+        i = np.int32(0)
+        while i < k_blocks:
             ahead = np.int32(i + SCALE_AHEAD)
             b_later = load_b_scale(ep, tile.batch, n_block, k_begin, ahead, k_blocks)
             if TWO_B_BLOCKS:
                 b_next_later = load_b_scale(ep, tile.batch, n_next, k_begin, ahead, k_blocks)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + i) if DEBUG else None)
-            if TAKE_TURNS:
-                nh.named_barrier_sync(TURN + c.cw, 256)
-            acc = mma_stage(acc, smem, st, c.cw, True)
-            if TAKE_TURNS:
-                nh.named_barrier_arrive(TURN + 1 - c.cw, 256)
+            descs = stage_descriptors(smem, st, c.cw)
+            part_acc = take_turn(part_acc, descs, c)
             a0 = nh.ld_shared_f32(row_scales + st.stage * A_SCALES_BYTES)
             a1 = nh.ld_shared_f32(row_scales + st.stage * A_SCALES_BYTES + 32)
             nh.wgmma_wait_group(0)
-            acc = nh.wgmma_fence_operand(acc)  # the reads below stay after the wait
-            if c.lane == 0:
+            part_acc = nh.wgmma_fence_operand(part_acc)  # the reads below stay after the wait
+            if HALVES == 1 and c.lane == 0:
                 pipe.consumer_release(bars, st, peers)
-            part = nh.tuple_as_array(acc)
+            part = nh.tuple_as_array(part_acc)
             s0, s1 = a0 * b_scales[0], a1 * b_scales[0]
-            if TWO_B_BLOCKS:  # one selection per k-block, still one FFMA per register
+            if TWO_B_BLOCKS:
                 t0, t1 = a0 * b_next_scales[0], a1 * b_next_scales[0]
-                m0, m1 = (t0, t1) if mid_next else (s0, s1)
-                promote(sums, part, 0, CHUNK_REGS, s0, s1)
-                promote(sums, part, CHUNK_REGS, 2 * CHUNK_REGS, m0, m1)
-                promote(sums, part, 2 * CHUNK_REGS, BN // 2, t0, t1)
+                if HALVES == 2:  # columns 0-127 in this scale block, 128-255 in the next
+                    promote(sums, 0, part, 0, BN // 4, s0, s1)
+                    part_acc = take_turn(part_acc, (descs[0], descs[1] + np.uint64(B_HALF_DESC)), c)
+                    nh.wgmma_wait_group(0)
+                    part_acc = nh.wgmma_fence_operand(part_acc)
+                    if c.lane == 0:
+                        pipe.consumer_release(bars, st, peers)
+                    promote(sums, BN // 4, nh.tuple_as_array(part_acc), 0, BN // 4, t0, t1)
+                else:  # one selection per k-block, still one FFMA per register
+                    m0, m1 = (t0, t1) if mid_next else (s0, s1)
+                    promote(sums, 0, part, 0, CHUNK_REGS, s0, s1)
+                    promote(sums, 0, part, CHUNK_REGS, 2 * CHUNK_REGS, m0, m1)
+                    promote(sums, 0, part, 2 * CHUNK_REGS, BN // 2, t0, t1)
                 b_next_scales = b_next_scales[1:] + (b_next_later,)
             else:
-                promote(sums, part, 0, BN // 2, s0, s1)
+                promote(sums, 0, part, 0, BN // 2, s0, s1)
             b_scales = b_scales[1:] + (b_later,)
             st = pipe.advance(st)
+            i = np.int32(i + 1)
         return nh.array_as_tuple(sums, acc), st
 
     assert cfg.acc_chains in (1, K_STEPS), cfg  # one accumulator per wgmma of a k-block
@@ -301,10 +342,12 @@ def _k_loop(pipe, stage, debug, depth):
     @cuda.jit(device=True, forceinline=True)
     def mma(acc, smem, bars, st, p, item, c, peers, tile, ep):
         pending = repeated(st)  # the last ``depth`` slots issued, oldest first
-        # A 32-bit count: numba's 64-bit loop index and compares cost each k-block of every
-        # consumer warp a few more instructions (benchmarks/NOTES.md, session 26).
+        # A 32-bit count in a while loop: numba's 64-bit loop index and compares cost each
+        # k-block of every consumer warp a few more instructions (benchmarks/NOTES.md, session
+        # 26), and its range loop counts the trips left beside the index (6 more, session 28).
         k_blocks = np.int32(item.k_end - item.k_begin)
-        for i in range(k_blocks):
+        i = np.int32(0)
+        while i < k_blocks:
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, item.k_begin + i) if debug else None)
             acc = stage(acc, smem, st, c.cw, i == 0)
             nh.wgmma_wait_group(depth)  # k-block i - depth is done reading its slot
@@ -312,6 +355,7 @@ def _k_loop(pipe, stage, debug, depth):
                 pipe.consumer_release(bars, pending[0], peers)
             pending = pending[1:] + (st,)
             st = pipe.advance(st)
+            i = np.int32(i + 1)
         nh.wgmma_wait_group(0)
         for j in range(depth):  # the item's last min(depth, k-blocks) slots
             if k_blocks > depth - 1 - j and c.lane == 0:
