@@ -342,12 +342,11 @@ def _k_loop(pipe, stage, debug, depth):
     @cuda.jit(device=True, forceinline=True)
     def mma(acc, smem, bars, st, p, item, c, peers, tile, ep):
         pending = repeated(st)  # the last ``depth`` slots issued, oldest first
-        # A 32-bit count in a while loop: numba's 64-bit loop index and compares cost each
-        # k-block of every consumer warp a few more instructions (benchmarks/NOTES.md, session
-        # 26), and its range loop counts the trips left beside the index (6 more, session 28).
+        # A 32-bit count: numba's 64-bit loop index and compares cost each k-block of every
+        # consumer warp a few more instructions (benchmarks/NOTES.md, session 26). (A while
+        # loop on one counter saves 6 more, but ran 1-6% slower on a cool GPU: session 28.)
         k_blocks = np.int32(item.k_end - item.k_begin)
-        i = np.int32(0)
-        while i < k_blocks:
+        for i in range(k_blocks):
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, item.k_begin + i) if debug else None)
             acc = stage(acc, smem, st, c.cw, i == 0)
             nh.wgmma_wait_group(depth)  # k-block i - depth is done reading its slot
@@ -355,7 +354,6 @@ def _k_loop(pipe, stage, debug, depth):
                 pipe.consumer_release(bars, pending[0], peers)
             pending = pending[1:] + (st,)
             st = pipe.advance(st)
-            i = np.int32(i + 1)
         nh.wgmma_wait_group(0)
         for j in range(depth):  # the item's last min(depth, k-blocks) slots
             if k_blocks > depth - 1 - j and c.lane == 0:
