@@ -286,8 +286,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             mid_next = n0 % KBLOCK_SCALE != 0
             b_next_scales = first_b_scales(ep, tile.batch, n_next, k_begin, k_blocks)
         part_acc = part_accumulator(acc)
-        i = np.int32(0)
-        while i < k_blocks:
+        for i in range(k_blocks):
             ahead = np.int32(i + SCALE_AHEAD)
             b_later = load_b_scale(ep, tile.batch, n_block, k_begin, ahead, k_blocks)
             if TWO_B_BLOCKS:
@@ -323,7 +322,6 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
                 promote(sums, 0, part, 0, BN // 2, s0, s1)
             b_scales = b_scales[1:] + (b_later,)
             st = pipe.advance(st)
-            i = np.int32(i + 1)
         return nh.array_as_tuple(sums, acc), st
 
     assert cfg.acc_chains in (1, K_STEPS), cfg  # one accumulator per wgmma of a k-block
