@@ -21,7 +21,9 @@ __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS",
 # 512x14336x4096: 7 waves) a narrower tile pays for reading A from shared memory for fewer
 # columns of MMA. Over many waves 128-wide tiles fall behind (1.2-1.7x per column at
 # 8192x8192x28672, 16384x10240x8192) and 192-wide ones keep up with 256-wide ones (8192^3,
-# 4096x57344x8192).
+# 4096x57344x8192), but within half a percent of waves x width 256 wins: 16384x57344x8192
+# (218 waves of 256 against 290 of 192, 0.2% apart) ran 0.87x cuBLAS in 192-wide tiles and 0.99x
+# in 256-wide ones (session 28).
 # 224-, 144- and 112-wide tiles fill a wave where N is a multiple of 7 x 512 or of 9 x 512
 # (3584, 4608, 14336: Qwen, Mixtral), at a cost fitted on those shapes (session 15):
 # 1024x3584x3584 takes 128 tiles of 128x224 (0.95 -> 1.02x cuBLAS), 512x3584x18944 128 of
@@ -32,7 +34,7 @@ __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS",
 # an N-major B would load them in whole 64-wide boxes (224 loads 256).
 MANY_WAVES = 16
 TILE_COST = {256: 1.0, 224: 1.06, 192: 1.075, 160: 1.15, 144: 1.2, 128: 1.065, 112: 1.15, 64: 1.52}
-TILE_COST_MANY_WAVES = {**TILE_COST, 224: 1.03, 192: 1.0, 144: 1.3, 128: 1.25, 112: 1.35}
+TILE_COST_MANY_WAVES = {**TILE_COST, 224: 1.03, 192: 1.005, 144: 1.3, 128: 1.25, 112: 1.35}
 K_MAJOR_WIDTHS = (224, 144, 112)
 # Grouped kernels' 128 x 192 tiles run 5-9% behind their 128 x 256 ones, where dense products
 # run both alike (device time, 8 groups of 2048 rows: Mixtral's 14336 x 4096, 687-674 vs 731-708

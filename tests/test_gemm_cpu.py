@@ -259,6 +259,7 @@ def test_gemm_without_hopper_gpu_says_so(monkeypatch):
 @pytest.mark.parametrize("M,N,K,units,tile", [
     (4096, 4096, 4096, 1, (128, 256)), (6144, 6144, 6144, 1, (128, 256)), (256, 14336, 4096, 1, (128, 256)),
     (8192, 8192, 8192, 1, (128, 192)),  # many waves: 192 columns as cheap as 256, fuller last wave
+    (16384, 57344, 8192, 1, (128, 256)),  # ... but 256 where the two are within half a percent
     (512, 28672, 4096, 1, (128, 128)),  # 7 waves of 128-wide tiles beat 5 of 192 and 4 of 256
     (1792, 1280, 4096, 1, (128, 160)), (1920, 1280, 4096, 1, (128, 160)),  # one wave of 160-wide tiles
     (1000, 7, 64, 1, (128, 64)), (16384, 128, 64, 1, (128, 128)), (1024, 1024, 128, 32, (128, 256)),
