@@ -178,7 +178,7 @@ class GemmConfig:
         if self.block_scaled and self.block_n == 256 and (self.block_m != 128 or self.grouped is not None):
             # (the two-halves k-block is measured on dense 128-row tiles only)
             raise ValueError("block-wise scales on 256-wide tiles run with block_m = 128, ungrouped")
-        if self.block_scaled and self.cluster_size > 1:  # (never run on a GPU)
+        if self.block_scaled and self.cluster_size > 1:  # (slower where tried: benchmarks/NOTES.md, sessions 23, 28)
             raise ValueError("block-wise scales run without a cluster")
         if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:
             # 128 accumulators per thread leave no registers for a partial's loads: ptxas

@@ -259,14 +259,14 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     def mma_promoted(acc, smem, bars, st, p, item, c, peers, tile, ep):
         """Two-level accumulation (block-wise scales): each k-block's product in ``acc``
         (started afresh; a 256-wide tile's in two halves, see HALVES), waited for, then
-        added, times its scales, into f32 ``sums``
-        (ptxas serializes wgmmas whose accumulators are read while others are in flight,
-        so a consumer cannot queue the next k-block first: the two consumers take turns
-        instead, see TAKE_TURNS). A's scales arrive with the k-block in the ring (TMA) and
-        are read while its wgmmas run; B's, one per k-block (two for a 192- or 256-wide tile,
-        whose columns span two 128-column blocks: TWO_B_BLOCKS), are loaded SCALE_AHEAD k-blocks
-        ahead (a 256-wide tile's halves lie in one block each), so the L2's latency hides behind wgmmas. The sum comes back as a tuple like
-        ``acc`` (whose registers the next tile's wgmmas overwrite: scale_d = 0)."""
+        added, times its scales, into f32 ``sums`` (ptxas serializes wgmmas whose
+        accumulators are read while others are in flight, so a consumer cannot queue the
+        next k-block first: the two consumers take turns instead, see TAKE_TURNS). A's
+        scales arrive with the k-block in the ring (TMA) and are read while its wgmmas run;
+        B's, one per k-block (two for a 192- or 256-wide tile, whose columns span two
+        128-column blocks: TWO_B_BLOCKS), are loaded SCALE_AHEAD k-blocks ahead, so the L2's
+        latency hides behind wgmmas. The sum comes back as a tuple like ``acc`` (whose
+        registers the next tile's wgmmas overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         # 32-bit k-block count and scale indices, as in _k_loop: with numba's 64-bit ones, the
         # loop's B-scale addresses took 64-bit compares and multiplies.
