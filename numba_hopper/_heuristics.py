@@ -189,17 +189,23 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
 # tile (two 128-column halves a k-block) does 2x the work in 1.68-1.78x the time (device time,
 # session 28: 4096^3 1079 -> 1211 TFLOP/s, 4096x4096x7168 1038 -> 1190, 8192^3 1095 with 128 x
 # 192 -> 1121), and loses where its tiles leave more of a wave empty (4096x2112x7168: -23%).
-BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (128, 128): 1.0, (128, 64): 0.7, (64, 128): 0.8, (128, 192): 1.34}
+# A 192 x 128 tile (three consumers taking turns, so two others' wgmmas run while one promotes)
+# does 1.5x the work in 1.15-1.32x the time (mean 1.23; session 28: 8192^3 1121 -> 1294 TFLOP/s
+# against 128 x 256, 4096x24576x1536 1045 -> 1139; 4096^3, 6 waves of it against 4 of 128 x 256,
+# 1213 -> 1116).
+BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (192, 128): 1.23, (128, 128): 1.0, (128, 64): 0.7, (64, 128): 0.8,
+                          (128, 192): 1.34}
 
 
-def block_scaled_tile(M, N, sms, units=1, wide=True):
+def block_scaled_tile(M, N, sms, units=1, wide=True, tall=False):
     """``(block_m, block_n)`` of ``units`` block-wise scaled fp8 products of M x N: the fewest
     waves x tile cost (ties to the first, the largest tile). ``wide``: whether tiles over 128
-    wide may run (not with column vectors in the epilogue, nor in grouped products)."""
+    wide may run (not with column vectors in the epilogue, nor in grouped products); ``tall``:
+    whether 192-row ones may (a 16- or 32-bit output and no epilogue term but alpha)."""
     def estimate(tile):
         return _ceil(units * _ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * BLOCK_SCALED_TILE_COST[tile]
 
-    return min((t for t in BLOCK_SCALED_TILE_COST if wide or t[1] <= 128), key=estimate)
+    return min((t for t in BLOCK_SCALED_TILE_COST if (wide or t[1] <= 128) and (tall or t[0] <= 128)), key=estimate)
 
 
 def stream_k_schedule(tiles, k_blocks, sms):
@@ -307,7 +313,8 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     if config is None:
         M, N = vo.shape
         if epilogue is not None and epilogue.block_scales:
-            block_m, block_n = block_scaled_tile(M, N, limits.sm_count, wide=not epilogue.column_bytes(192))
+            block_m, block_n = block_scaled_tile(M, N, limits.sm_count, wide=not epilogue.column_bytes(192),
+                                                 tall=not epilogue.fuses_more and ELEMENT_BYTES[vo.dtype] > 1)
         else:
             plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
             block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,

@@ -221,8 +221,8 @@ def test_block_wise_scales_need_fp8():
 
 
 def test_block_wise_tile_choice():
-    """128 x 256 and 128 x 192 tiles where they waste no more of a wave than 128 x 128 ones
-    (measured: benchmarks/NOTES.md), never with column vectors or in grouped products."""
+    """128 x 256, 192 x 128 and 128 x 192 tiles where they waste no more of a wave than 128 x 128
+    ones (measured: benchmarks/NOTES.md), never with column vectors or in grouped products."""
     from numba_hopper._heuristics import block_scaled_tile
 
     assert block_scaled_tile(4096, 4096, 132) == (128, 256)  # 4 full waves (704 192-wide tiles: 6, a third empty)
@@ -231,11 +231,35 @@ def test_block_wise_tile_choice():
     assert block_scaled_tile(4096, 2112, 132) == (128, 192)  # 3 waves, not 5 (256: 3 waves of larger tiles)
     assert block_scaled_tile(8192, 8192, 132) == (128, 256)
     assert block_scaled_tile(128, 24576, 132) == (128, 192)  # one full wave, not two
+    # three consumers: 192 x 128 where its waves are full (a plain product with a 16- or 32-bit output)
+    assert block_scaled_tile(8192, 8192, 132, tall=True) == (192, 128)  # 21 full waves
+    assert block_scaled_tile(4096, 24576, 132, tall=True) == (192, 128)  # 32 exactly
+    assert block_scaled_tile(4096, 4096, 132, tall=True) == (128, 256)  # 704 192-row tiles: 6 waves, not 4
+    assert block_scaled_tile(128, 24576, 132, tall=True) == (128, 192)
     for M, N in itertools.product((1, 128, 1000, 4096), (128, 2112, 7168)):
         assert block_scaled_tile(M, N, 132, wide=False)[1] <= 128
         assert block_scaled_tile(M, N, 132, units=8, wide=False)[1] <= 128
     with pytest.raises(ValueError, match="need fp8"):
         GemmConfig("bf16", "bf16", "K", "K", block_n=128, epilogue=EpilogueConfig(block_scales=True))
+
+
+@pytest.mark.parametrize("out_dtype,epilogue,block_m", [
+    ("bf16", EpilogueConfig(block_scales=True), 192), ("f32", EpilogueConfig(block_scales=True, alpha=True), 192),
+    ("e4m3", EpilogueConfig(block_scales=True, out_scale="number", amax=True), 128),  # an fp8 output's amax
+    ("bf16", EpilogueConfig(block_scales=True, row_scale=True), 128)])
+def test_block_wise_192_row_tiles_only_for_plain_products(out_dtype, epilogue, block_m):
+    """8192^3 takes three consumers' 192 x 128 tiles where the epilogue leaves them the registers."""
+    from numba_hopper._arrays import DeviceView
+    from numba_hopper._heuristics import choose_config
+    from numba_hopper.launch import DeviceLimits
+
+    def view(rows, cols, dtype, strides=None):
+        return DeviceView(0x7F0000000000, (rows, cols), strides or (cols, 1), dtype, 1, 0, "torch")
+
+    n = 8192
+    cfg = choose_config(view(n, n, "e4m3"), view(n, n, "e4m3", (1, n)), view(n, n, out_dtype), None, False, epilogue,
+                        limits=DeviceLimits(0, (9, 0), 132))
+    assert cfg.block_m == block_m and cfg.shared_bytes <= 227 * 1024
 
 
 def test_block_wise_wide_tiles():
@@ -252,12 +276,17 @@ def test_block_wise_wide_tiles():
     for kw in (dict(block_m=64), dict(grouped="contiguous")):
         with pytest.raises(ValueError, match="256-wide tiles run with block_m = 128, ungrouped"):
             GemmConfig("e4m3", "bf16", "K", "K", block_n=256, epilogue=blocks, **kw)
+    # three consumers (192 rows) take turns too, on tiles up to 128 wide
+    assert GemmConfig("e4m3", "bf16", "K", "K", block_m=192, block_n=128, stages=4, epilogue=blocks).block_scaled
+    with pytest.raises(ValueError, match="block-wise scales over 128 columns"):
+        GemmConfig("e4m3", "bf16", "K", "K", block_m=192, block_n=192, epilogue=blocks)
     for width, columns in itertools.product((192, 256), (dict(col_scale=True), dict(bias="col"))):
         with pytest.raises(ValueError, match="tiles over 128 wide run without column vectors"):
             GemmConfig("e4m3", "bf16", "K", "K", block_n=width, epilogue=EpilogueConfig(block_scales=True, **columns))
 
 
-@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (128, 192), (64, 192), (128, 256)])
+@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (128, 192), (64, 192), (128, 256),
+                                             (192, 128)])
 def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
     """Each k-block: A's scales loaded by TMA with the k-block, four k32 QGMMAs started afresh
     (a 256-wide tile: four for each 128-column half), a full wait, then one FFMA per sum (a

@@ -337,7 +337,7 @@ def test_fp8_block_wise_matches_float64(torch, M, N, K):
 
 
 @pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (64, 64), (128, 192), (64, 192),
-                                             (128, 256)])
+                                             (128, 256), (192, 128), (192, 64)])
 @pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
 def test_fp8_block_wise_tiles(torch, block_m, block_n, out_dtype):
     """Every tile a block-wise product runs on, with partial tiles and a partial last k-block;

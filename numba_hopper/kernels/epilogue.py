@@ -148,6 +148,12 @@ class EpilogueConfig:
                    ("out_scale", self.out_scale), ("amax", self.amax))
         return tuple(name for name, used in present if used)
 
+    @property
+    def fuses_more(self) -> bool:
+        """Whether it computes more than ``alpha`` times the product (block-wise scaled or not)."""
+        return bool(self.row_scale or self.col_scale or self.c_dtype or self.bias or self.activation or self.aux_dtype
+                    or self.user is not None or self.transposed or self.out_scale or self.amax)
+
     def column_bytes(self, block_n):
         """Shared memory a consumer stages its tile's column vectors in (f32, ``block_n`` each)."""
         return 4 * block_n * (self.col_scale + (self.bias == "col"))

@@ -143,13 +143,14 @@ class GemmConfig:
             # At 512 threads ptxas compiles the kernel for 128 registers a thread, and a 64 x 256
             # wgmma's 128 accumulators need more (C7602).
             raise ValueError(f"block_m = 192 takes block_n <= 192, got {self.block_n}")
-        if self.block_m == 192 and (self.stream_k or self.grouped is not None or self.block_scaled
+        if self.block_m == 192 and (self.stream_k or self.grouped is not None
+                                    or (self.block_scaled and self.block_n > KBLOCK_SCALE)
                                     or (self.cluster_n > 1 and self.a_major == "M")):
             # Stream-K's partials are laid out for two consumers, the group walk divides by a
-            # power of two, block-wise scales take turns between two consumers, and a column-major
-            # A tile's three 64-row boxes do not split over 2 CTAs.
-            raise ValueError("block_m = 192 runs without stream_k, grouping, block-wise scales or, with a "
-                             "column-major A, cluster_n = 2")
+            # power of two, three consumers' block-wise sums fit beside 128-column accumulators
+            # only, and a column-major A tile's three 64-row boxes do not split over 2 CTAs.
+            raise ValueError("block_m = 192 runs without stream_k, grouping, block-wise scales over 128 columns "
+                             "or, with a column-major A, cluster_n = 2")
         chained = self.acc_chains == ACC_CHAINS
         if not (self.acc_chains == 1 or chained and self.block_n <= 64 and not self.block_scaled):
             raise ValueError(f"acc_chains must be 1, or {ACC_CHAINS} with block_n <= 64 and no block-wise scales; "
@@ -178,6 +179,11 @@ class GemmConfig:
         if self.block_scaled and self.block_n == 256 and (self.block_m != 128 or self.grouped is not None):
             # (the two-halves k-block is measured on dense 128-row tiles only)
             raise ValueError("block-wise scales on 256-wide tiles run with block_m = 128, ungrouped")
+        if self.block_m == 192 and self.block_scaled and (ELEMENT_BYTES[self.out_dtype] == 1 or self.epilogue.fuses_more):
+            # Three consumers get 160 registers each: 64 sums and 64 accumulators leave too few
+            # for more epilogue terms (an fp8 output's amax spills 12 + 20 B).
+            raise ValueError("block-wise scales on 192-row tiles run with no other epilogue term than alpha and a "
+                             "16- or 32-bit output")
         if self.block_scaled and self.cluster_size > 1:  # (slower where tried: benchmarks/NOTES.md, sessions 23, 28)
             raise ValueError("block-wise scales run without a cluster")
         if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:

@@ -63,7 +63,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
       thread) the loads of work ``item``'s k-blocks of output ``tile`` (``tmaps``: the CTA's
       tensor maps, ``.a``, ``.b`` and, with block-wise scales, ``.a_scales``);
     - ``begin(consumer)``: (each consumer warpgroup, once, before its first ``mma``) with
-      block-wise scales and two consumers, hand the first turn to issue wgmmas to consumer 0;
+      block-wise scales and two or three consumers, hand the first turn to issue wgmmas to
+      consumer 0;
     - ``mma(acc, smem, bars, st, params, item, consumer, peers, tile, ep) -> (acc, st)``: (a
       consumer warpgroup) its 64 rows of the tile's product over the item's k-blocks, in the
       accumulator tuple ``acc``; with block-wise scales (``cfg.block_scaled``, read from
@@ -96,13 +97,14 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     BLOCK_SCALED = cfg.block_scaled
     A_SCALES, A_SCALES_BYTES = cfg.layout.a_scales, cfg.a_scales_bytes
     # Block-wise scales: each consumer waits for its k-block's wgmmas before it promotes them,
-    # so the tensor cores idle while both promote, unless the two consumers take turns to
-    # issue: consumer 0's k-block kb, consumer 1's kb, consumer 0's kb + 1, ... so that each
-    # promotes while the other's wgmmas run (measured +0 to 7%: benchmarks/NOTES.md).
-    # Consumer i waits for its turn at named barrier TURN + i (256 threads: its own wait,
-    # the other's arrival).
-    TAKE_TURNS = cfg.block_scaled and cfg.consumers == 2
-    TURN = 3  # named barriers 3 and 4 (0: __syncthreads, 1 and 2: each consumer's own)
+    # so the tensor cores idle while all promote, unless the consumers take turns to issue:
+    # consumer 0's k-block kb, consumer 1's kb, (consumer 2's kb,) consumer 0's kb + 1, ... so
+    # that each promotes while the others' wgmmas run (measured +0 to 7%: benchmarks/NOTES.md).
+    # Consumer i waits for its turn at named barrier TURN + i (256 threads: its own wait, the
+    # previous consumer's arrival).
+    CONSUMERS = cfg.consumers
+    TAKE_TURNS = cfg.block_scaled and CONSUMERS > 1
+    TURN = 1 + CONSUMERS  # (0: __syncthreads, 1 .. CONSUMERS: each consumer's own)
     SCALE_AHEAD = 2  # k-blocks: B's scales' loads (from L2) take about two k-blocks' wgmmas
     B_SCALES_BY_GROUP = cfg.grouped is not None  # grouped kernels: B's scales are (G, K/128, N/128)
     # A 192- or 256-wide tile spans two of B's 128-column scale blocks; a 64- or 128-wide one, at
@@ -223,7 +225,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
 
     @cuda.jit(device=True, forceinline=True)
     def begin(c):
-        if TAKE_TURNS and c.cw == 1:
+        if TAKE_TURNS and c.cw == CONSUMERS - 1:
             nh.named_barrier_arrive(TURN, 256)
 
     @cuda.jit(device=True, forceinline=True)
@@ -242,8 +244,15 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             nh.named_barrier_sync(TURN + c.cw, 256)
         acc = mma_block(acc, descs, True)
         if TAKE_TURNS:
-            nh.named_barrier_arrive(TURN + 1 - c.cw, 256)
+            nh.named_barrier_arrive(next_turn(c.cw), 256)
         return acc
+
+    @cuda.jit(device=True, forceinline=True)
+    def next_turn(cw):
+        """The named barrier of the consumer whose turn follows consumer ``cw``'s."""
+        if CONSUMERS == 2:
+            return TURN + 1 - cw
+        return TURN + (cw + 1) % CONSUMERS
 
     @cuda.jit(device=True, forceinline=True)
     def the_tile_accumulator(acc):
