@@ -115,6 +115,10 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     # each k-block runs as two halves, one B scale block each, issued, waited for and promoted
     # one after the other (the consumers taking turns per half).
     HALVES = 2 if BLOCK_SCALED and BN == 2 * KBLOCK_SCALE else 1
+    # A tile of at most 128 columns and 128 rows has registers for a second accumulator
+    # (64 + 64 + 64 a thread): its consumers issue k-blocks in pairs, and promote the first
+    # while the second's wgmmas run (``mma_promoted_pairs``).
+    PAIRS = BLOCK_SCALED and BN <= KBLOCK_SCALE and CONSUMERS <= 2
     HALF_N = BN // 2
     B_HALF_DESC = KBLOCK_SCALE * 128 // 16  # B's rows 128 on: 128 K-major rows of 128 B, in 16 B units
 
@@ -238,6 +242,12 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             sums[at + e] += part[e] * (s0 if e % 4 < 2 else s1)
 
     @cuda.jit(device=True, forceinline=True)
+    def a_scales(row_scales, st):
+        """A's scales of this thread's two rows in the k-block of slot ``st``."""
+        at = row_scales + st.stage * A_SCALES_BYTES
+        return nh.ld_shared_f32(at), nh.ld_shared_f32(at + 32)
+
+    @cuda.jit(device=True, forceinline=True)
     def take_turn(acc, descs, c):
         """Issue one k-block's (or half's) wgmmas on ``descs``, afresh, in this consumer's turn."""
         if TAKE_TURNS:
@@ -303,8 +313,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + i) if DEBUG else None)
             descs = stage_descriptors(smem, st, c.cw)
             part_acc = take_turn(part_acc, descs, c)
-            a0 = nh.ld_shared_f32(row_scales + st.stage * A_SCALES_BYTES)
-            a1 = nh.ld_shared_f32(row_scales + st.stage * A_SCALES_BYTES + 32)
+            a0, a1 = a_scales(row_scales, st)
             nh.wgmma_wait_group(0)
             part_acc = nh.wgmma_fence_operand(part_acc)  # the reads below stay after the wait
             if HALVES == 1 and c.lane == 0:
@@ -333,8 +342,68 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
 
+    @cuda.jit(device=True, forceinline=True)
+    def add_scaled(sums, part_acc, scales, s):
+        """``sums += part_acc * scales * s`` once the part's wgmmas are waited for."""
+        part_acc = nh.wgmma_fence_operand(part_acc)  # the reads below stay after the wait
+        promote(sums, 0, nh.tuple_as_array(part_acc), 0, BN // 2, scales[0] * s, scales[1] * s)
+        return part_acc
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_promoted_pairs(acc, smem, bars, st, p, item, c, peers, tile, ep):
+        """``mma_promoted`` for tiles of at most 128 x 128: k-blocks two at a time, both issued
+        in this consumer's turn into two accumulators; the first is waited for
+        (``wait_group(1)``) and promoted while the second's wgmmas run, then the second (while
+        the other consumer's run). Nothing stays in flight from one pair to the next: ptxas
+        serializes every wgmma of a loop whose accumulators are read while a wgmma issued in an
+        earlier iteration is in flight (C7514). An odd item's last k-block runs alone."""
+        sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
+        k_begin, k_blocks = np.uint32(item.k_begin), np.int32(item.k_end - item.k_begin)
+        n_block = np.uint32(np.uint32(tile.n0) // KBLOCK_SCALE)
+        row_scales = smem + A_SCALES + 4 * (tile.m0 % 4 + c.cw * WG_ROWS + c.row_in_wg)
+        b_scales = first_b_scales(ep, tile.batch, n_block, k_begin, k_blocks)  # the next pair's
+        second_acc = nh.wgmma_accumulator(BN, "f32")
+        for j in range(k_blocks // 2):
+            ahead = np.int32(2 * j + SCALE_AHEAD)
+            b_later = (load_b_scale(ep, tile.batch, n_block, k_begin, ahead, k_blocks),
+                       load_b_scale(ep, tile.batch, n_block, k_begin, ahead + 1, k_blocks))
+            st_second = pipe.advance(st)
+            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + 2 * j) if DEBUG else None)
+            pipe.consumer_wait(bars, st_second,
+                               debug_site(p.debug_record, item.tile, k_begin + 2 * j + 1) if DEBUG else None)
+            if TAKE_TURNS:
+                nh.named_barrier_sync(TURN + c.cw, 256)
+            acc = mma_block(acc, stage_descriptors(smem, st, c.cw), True)
+            second_acc = mma_block(second_acc, stage_descriptors(smem, st_second, c.cw), True)
+            if TAKE_TURNS:
+                nh.named_barrier_arrive(next_turn(c.cw), 256)
+            first_a, second_a = a_scales(row_scales, st), a_scales(row_scales, st_second)
+            nh.wgmma_wait_group(1)
+            if c.lane == 0:
+                pipe.consumer_release(bars, st, peers)
+            acc = add_scaled(sums, acc, first_a, b_scales[0])
+            nh.wgmma_wait_group(0)
+            if c.lane == 0:
+                pipe.consumer_release(bars, st_second, peers)
+            second_acc = add_scaled(sums, second_acc, second_a, b_scales[1])
+            b_scales = b_later
+            st = pipe.advance(st_second)
+        if k_blocks % 2 == 1:
+            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + k_blocks - 1) if DEBUG else None)
+            acc = take_turn(acc, stage_descriptors(smem, st, c.cw), c)
+            last_a = a_scales(row_scales, st)
+            nh.wgmma_wait_group(0)
+            if c.lane == 0:
+                pipe.consumer_release(bars, st, peers)
+            acc = add_scaled(sums, acc, last_a, b_scales[0])
+            st = pipe.advance(st)
+        return nh.array_as_tuple(sums, acc), st
+
     assert cfg.acc_chains in (1, K_STEPS), cfg  # one accumulator per wgmma of a k-block
-    consumer_mma = mma_promoted if cfg.block_scaled else mma_chained if cfg.acc_chains > 1 else mma
+    if cfg.block_scaled:
+        consumer_mma = mma_promoted_pairs if PAIRS else mma_promoted
+    else:
+        consumer_mma = mma_chained if cfg.acc_chains > 1 else mma
     return Mainloop(cluster_cta, prefetch, load, begin, consumer_mma)
 
 
