@@ -178,34 +178,35 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
     return best
 
 
-# Block-wise fp8 tiles (the promoted sums double the accumulators): relative time of one
-# tile, from bench_fp8.py --configs (benchmarks/NOTES.md). 128 x 64 tiles win when they fill
-# a wave that 128 x 128 ones leave half empty (M = 128: 0.65x vs 0.57x of _scaled_mm at
-# 128x7168x16384), not otherwise (4096x2112x7168: 0.47x vs 0.58x); 64-row tiles have one
-# consumer, which idles the tensor cores while it promotes. A 128 x 192 tile does 1.5x a
-# 128 x 128 one's work about 12% faster per FLOP (4096x24576x1536, where both fill their
-# waves: 1023 vs 928 TFLOP/s), so it wins where it wastes no more of a wave (8192^3: +11%,
-# 4096x2112x7168: +23%) and loses where it does (4096^3: 704 tiles in 6 waves, -6%). A 128 x 256
-# tile (two 128-column halves a k-block) does 2x the work in 1.68-1.78x the time (device time,
-# session 28: 4096^3 1079 -> 1211 TFLOP/s, 4096x4096x7168 1038 -> 1190, 8192^3 1095 with 128 x
-# 192 -> 1121), and loses where its tiles leave more of a wave empty (4096x2112x7168: -23%).
-# A 192 x 128 tile (three consumers taking turns, so two others' wgmmas run while one promotes)
-# does 1.5x the work in 1.15-1.32x the time (mean 1.23; session 28: 8192^3 1121 -> 1294 TFLOP/s
-# against 128 x 256, 4096x24576x1536 1045 -> 1139; 4096^3, 6 waves of it against 4 of 128 x 256,
-# 1213 -> 1116).
-BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (192, 128): 1.23, (128, 128): 1.0, (128, 64): 0.7, (64, 128): 0.8,
-                          (128, 192): 1.34}
+# Block-wise fp8 tiles (the promoted sums double the accumulators) of a plain product: relative
+# time of one tile, fitted to device times of every tile at the 14 shapes of bench_fp8.py
+# (benchmarks/NOTES.md, session 29: the median over 8-20 measurements each, spread about +-8%).
+# Tiles of at most 128 x 128 promote k-blocks in pairs (GemmConfig.promotes_in_pairs); 128 x 256 runs each
+# k-block in two 128-column halves, 192 x 128 with three consumers taking turns. Per FLOP the
+# three largest tiles cost about the same (1.96 / 2, 1.44 / 1.5, 1.0), so the fewest waves win;
+# a 64-row tile (one consumer) costs 1.34x a 128 x 128 one per FLOP, and wins only a wave.
+BLOCK_SCALED_TILE_COST = {(128, 256): 1.96, (192, 128): 1.44, (128, 128): 1.0, (128, 64): 0.75, (64, 128): 0.67,
+                          (128, 192): 1.47}
+# Where tiles of at most 128 x 128 promote each k-block alone (a fused epilogue, a grouped
+# product), as measured before pairs (sessions 10-28): a 64-row tile's one consumer idles the
+# tensor cores while it promotes.
+UNPAIRED_BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (192, 128): 1.23, (128, 128): 1.0, (128, 64): 0.7,
+                                   (64, 128): 0.8, (128, 192): 1.34}
 
 
-def block_scaled_tile(M, N, sms, units=1, wide=True, tall=False):
+def block_scaled_tile(M, N, sms, units=1, wide=True, tall=False, paired=True):
     """``(block_m, block_n)`` of ``units`` block-wise scaled fp8 products of M x N: the fewest
     waves x tile cost (ties to the first, the largest tile). ``wide``: whether tiles over 128
     wide may run (not with column vectors in the epilogue, nor in grouped products); ``tall``:
-    whether 192-row ones may (a 16- or 32-bit output and no epilogue term but alpha)."""
-    def estimate(tile):
-        return _ceil(units * _ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * BLOCK_SCALED_TILE_COST[tile]
+    whether 192-row ones may (a 16- or 32-bit output and no epilogue term but alpha);
+    ``paired``: whether tiles of at most 128 x 128 promote k-blocks in pairs
+    (``GemmConfig.promotes_in_pairs``)."""
+    costs = BLOCK_SCALED_TILE_COST if paired else UNPAIRED_BLOCK_SCALED_TILE_COST
 
-    return min((t for t in BLOCK_SCALED_TILE_COST if (wide or t[1] <= 128) and (tall or t[0] <= 128)), key=estimate)
+    def estimate(tile):
+        return _ceil(units * _ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * costs[tile]
+
+    return min((t for t in costs if (wide or t[1] <= 128) and (tall or t[0] <= 128)), key=estimate)
 
 
 def stream_k_schedule(tiles, k_blocks, sms):
@@ -314,7 +315,8 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         M, N = vo.shape
         if epilogue is not None and epilogue.block_scales:
             block_m, block_n = block_scaled_tile(M, N, limits.sm_count, wide=not epilogue.column_bytes(192),
-                                                 tall=not epilogue.fuses_more and ELEMENT_BYTES[vo.dtype] > 1)
+                                                 tall=not epilogue.fuses_more and ELEMENT_BYTES[vo.dtype] > 1,
+                                                 paired=not epilogue.fuses_more)
         else:
             plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
             block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
@@ -358,7 +360,7 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
         M, N = mo.shape
         rows = M if mode == "masked" else max(1, _ceil(M, groups))
         if epilogue is not None and epilogue.block_scales:
-            block_m, block_n = block_scaled_tile(rows, N, limits.sm_count, units=groups, wide=False)
+            block_m, block_n = block_scaled_tile(rows, N, limits.sm_count, units=groups, wide=False, paired=False)
         else:
             block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
                                           block_k=KBLOCK_BYTES // ma.itemsize, grouped=True)

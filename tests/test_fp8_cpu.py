@@ -1,6 +1,7 @@
 """FP8 GEMM on a CPU: what its kernels compile to, its config rules and gemm()'s fp8 checks
 (fake arrays; nothing reaches a GPU)."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -222,23 +223,25 @@ def test_block_wise_scales_need_fp8():
 
 def test_block_wise_tile_choice():
     """128 x 256, 192 x 128 and 128 x 192 tiles where they waste no more of a wave than 128 x 128
-    ones (measured: benchmarks/NOTES.md), never with column vectors or in grouped products."""
+    ones, 64 x 128 ones where 128 x 128 ones leave SMs idle (measured: benchmarks/NOTES.md); never
+    wide tiles with column vectors, nor in grouped products; unpaired tiles at their own costs."""
     from numba_hopper._heuristics import block_scaled_tile
 
     assert block_scaled_tile(4096, 4096, 132) == (128, 256)  # 4 full waves (704 192-wide tiles: 6, a third empty)
     assert block_scaled_tile(4096, 7168, 132) == (128, 256)
-    assert block_scaled_tile(128, 7168, 132) == (128, 64)  # 112 tiles fill the GPU where 56 would not
+    assert block_scaled_tile(128, 7168, 132) == (64, 128)  # 112 tiles fill the GPU where 56 would not
     assert block_scaled_tile(4096, 2112, 132) == (128, 192)  # 3 waves, not 5 (256: 3 waves of larger tiles)
-    assert block_scaled_tile(8192, 8192, 132) == (128, 256)
+    assert block_scaled_tile(8192, 8192, 132) == (128, 192)  # 21 waves of 1.47 against 16 of 1.96
     assert block_scaled_tile(128, 24576, 132) == (128, 192)  # one full wave, not two
     # three consumers: 192 x 128 where its waves are full (a plain product with a 16- or 32-bit output)
     assert block_scaled_tile(8192, 8192, 132, tall=True) == (192, 128)  # 21 full waves
     assert block_scaled_tile(4096, 24576, 132, tall=True) == (192, 128)  # 32 exactly
     assert block_scaled_tile(4096, 4096, 132, tall=True) == (128, 256)  # 704 192-row tiles: 6 waves, not 4
     assert block_scaled_tile(128, 24576, 132, tall=True) == (128, 192)
+    assert block_scaled_tile(128, 7168, 132, paired=False) == (128, 64)  # one consumer, unpaired, idles
     for M, N in itertools.product((1, 128, 1000, 4096), (128, 2112, 7168)):
         assert block_scaled_tile(M, N, 132, wide=False)[1] <= 128
-        assert block_scaled_tile(M, N, 132, units=8, wide=False)[1] <= 128
+        assert block_scaled_tile(M, N, 132, units=8, wide=False, paired=False)[1] <= 128
     with pytest.raises(ValueError, match="need fp8"):
         GemmConfig("bf16", "bf16", "K", "K", block_n=128, epilogue=EpilogueConfig(block_scales=True))
 
@@ -290,21 +293,45 @@ def test_block_wise_wide_tiles():
 def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
     """Each k-block: A's scales loaded by TMA with the k-block, four k32 QGMMAs started afresh
     (a 256-wide tile: four for each 128-column half), a full wait, then one FFMA per sum (a
-    192-wide tile too: its two scale blocks are chosen once per k-block, not per register). No
-    spills: 96 sums beside 96 accumulators (128 beside 64) fit in the consumers' 240 registers
-    (255 for a single 64-row consumer). The k-block loop moves no wgmma descriptor into a
-    uniform register (R2UR): the warpgroup index is broadcast."""
+    192-wide tile too: its two scale blocks are chosen once per k-block, not per register).
+    Tiles of at most 128 x 128 issue pairs of k-blocks into two accumulators and wait for the
+    first with the second in flight (no C7514 serialization), and an odd item's last k-block
+    alone: three copies of that code. No spills: 96 sums beside 96 accumulators (128 beside 64,
+    64 beside 64 + 64) fit in the consumers' 240 registers (255 for a single 64-row consumer).
+    The k-block loop moves no wgmma descriptor into a uniform register (R2UR): the warpgroup
+    index is broadcast."""
     cfg = _fp8(block_m=block_m, block_n=block_n, epilogue=EpilogueConfig(block_scales=True))
     m2 = types.Array(types.float32, 2, "A")
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (m2,)))  # B's scales; A's by TMA
     mma_n = 128 if block_n == 256 else block_n  # a 256-wide tile: two 128-column halves
-    assert r.sass.count(f"QGMMA.64x{mma_n}x32.F32.E4M3.E4M3 ") == 4 * block_n // mma_n, r.summary()
+    copies = 3 if cfg.promotes_in_pairs else 1
+    assert cfg.promotes_in_pairs == (block_n <= 128 and block_m <= 128)
+    assert r.sass.count(f"QGMMA.64x{mma_n}x32.F32.E4M3.E4M3 ") == copies * 4 * block_n // mma_n, r.summary()
     assert ", RZ, !UPT" in r.sass  # scale_d = 0: each k-block's product starts from zero
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" in r.sass
-    assert r.count("FFMA") == block_n // 2, r.summary()
+    assert ("WARPGROUP.DEPBAR.LE gsb0, 0x1" in r.sass) == cfg.promotes_in_pairs
+    assert not [w for w in r.warnings if "C7514" in w or "C7517" in w], r.warnings
+    assert r.count("FFMA") == copies * block_n // 2, r.summary()
     assert r.count("UTMALDG") > 14 and r.count("LDS") >= 2  # the scales' loads, then their reads
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     assert not [line for line in _k_block_loop(r.sass) if "R2UR" in line]
+
+
+@pytest.mark.parametrize("block_m,block_n", [(128, 128), (64, 128)])
+def test_block_wise_tiles_promote_in_pairs_only_in_plain_products(block_m, block_n):
+    """Paired k-blocks with an fp8 output compile without spills; a fused epilogue whose terms
+    would spill beside the second accumulator (all of them: 156 bytes) keeps one."""
+    plain = EpilogueConfig(block_scales=True, alpha=True)
+    cfg = GemmConfig("e4m3", "e4m3", "K", "K", block_m=block_m, block_n=block_n, epilogue=plain,
+                     stages=max_stages("e4m3", "e4m3", block_n, a_major="K", b_major="K", block_m=block_m,
+                                       epilogue=plain))
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.float32, types.Array(types.float32, 2, "A"))))
+    assert cfg.promotes_in_pairs and r.count("QGMMA") == 12, r.summary()
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    fused = EpilogueConfig(block_scales=True, c_dtype="bf16", row_scale=True, bias="col", bias_dtype="bf16",
+                           activation="gelu_tanh", out_scale="array", amax=True)
+    assert not dataclasses.replace(cfg, epilogue=fused).promotes_in_pairs
+    assert not dataclasses.replace(cfg, epilogue=EpilogueConfig(block_scales=True, bias="col")).promotes_in_pairs
 
 
 def test_bmm_refuses_fp8():

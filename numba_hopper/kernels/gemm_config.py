@@ -230,8 +230,8 @@ class GemmConfig:
         64-row tiles with a ring of 8 or more slots (64 x 64 and 64 x 128 tiles:
         64x10240x8192 +2%; on 5-stage 64 x 256 tiles it cost 6%), else 1. The narrow decode
         tiles (an accumulator per wgmma) keep 1: deeper measured no faster there
-        (benchmarks/NOTES.md, session 20). Block-wise scaled products wait for every k-block
-        (``mainloop.mma_promoted``)."""
+        (benchmarks/NOTES.md, session 20). Block-wise scaled products wait for every k-block, or
+        every pair (``mainloop.mma_promoted``, ``promotes_in_pairs``)."""
         return 2 if self.block_m == 64 and self.stages >= 8 and self.acc_chains == 1 else 1
 
     @property
@@ -248,6 +248,19 @@ class GemmConfig:
     def block_scaled(self):
         """Whether the mainloop scales each k-block's product (fp8 block-wise scales)."""
         return self.epilogue is not None and self.epilogue.block_scales
+
+    @property
+    def promotes_in_pairs(self):
+        """Whether a block-scaled consumer issues its k-blocks two at a time into two
+        accumulators and promotes the first while the second's wgmmas run
+        (``mainloop.mma_promoted_pairs``): tiles of at most 128 x 128, whose consumers have
+        registers for a second accumulator (64 + 64 + 64 a thread), in a plain product (no
+        epilogue term but alpha). A fused epilogue's terms (f32 output with all of them: 76
+        bytes; fp8 output, amax, bias and gelu: 8) or a grouped kernel's bookkeeping (64 x 128:
+        spills; 128 x 128: B's scales pass through the wgmmas' registers, stalling each pair on
+        their load) leave too few."""
+        return (self.block_scaled and self.block_n <= KBLOCK_SCALE and self.consumers <= 2
+                and self.grouped is None and not self.epilogue.fuses_more)
 
     @property
     def partial_bytes(self):

@@ -25,7 +25,8 @@ rows for its k-block (one more TMA box), and the consumers' ``mma`` is two-level
 k-block's product is waited for and added, scaled, into an f32 register sum
 (``mma_promoted``). The sums double the accumulators, so block-scaled tiles are at most 192
 wide (96 + 96 registers per thread), or 256 wide in two 128-column halves per k-block (64 + 128);
-192- and 256-wide tiles take B's scales of two 128-column blocks.
+192- and 256-wide tiles take B's scales of two 128-column blocks. Tiles of at most 128 x 128
+have room for a second accumulator and run k-blocks in pairs (``mma_promoted_pairs``).
 """
 
 from __future__ import annotations
@@ -115,10 +116,6 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     # each k-block runs as two halves, one B scale block each, issued, waited for and promoted
     # one after the other (the consumers taking turns per half).
     HALVES = 2 if BLOCK_SCALED and BN == 2 * KBLOCK_SCALE else 1
-    # A tile of at most 128 columns and 128 rows has registers for a second accumulator
-    # (64 + 64 + 64 a thread): its consumers issue k-blocks in pairs, and promote the first
-    # while the second's wgmmas run (``mma_promoted_pairs``).
-    PAIRS = BLOCK_SCALED and BN <= KBLOCK_SCALE and CONSUMERS <= 2
     HALF_N = BN // 2
     B_HALF_DESC = KBLOCK_SCALE * 128 // 16  # B's rows 128 on: 128 K-major rows of 128 B, in 16 B units
 
@@ -278,9 +275,9 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     def mma_promoted(acc, smem, bars, st, p, item, c, peers, tile, ep):
         """Two-level accumulation (block-wise scales): each k-block's product in ``acc``
         (started afresh; a 256-wide tile's in two halves, see HALVES), waited for, then
-        added, times its scales, into f32 ``sums`` (ptxas serializes wgmmas whose
-        accumulators are read while others are in flight, so a consumer cannot queue the
-        next k-block first: the two consumers take turns instead, see TAKE_TURNS). A's
+        added, times its scales, into f32 ``sums`` (a tile wider than 128 or of three
+        consumers has no registers for the next k-block's accumulator, so a consumer cannot
+        queue it first: the consumers take turns instead, see TAKE_TURNS). A's
         scales arrive with the k-block in the ring (TMA) and are read while its wgmmas run;
         B's, one per k-block (two for a 192- or 256-wide tile, whose columns span two
         128-column blocks: TWO_B_BLOCKS), are loaded SCALE_AHEAD k-blocks ahead, so the L2's
@@ -401,7 +398,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
 
     assert cfg.acc_chains in (1, K_STEPS), cfg  # one accumulator per wgmma of a k-block
     if cfg.block_scaled:
-        consumer_mma = mma_promoted_pairs if PAIRS else mma_promoted
+        consumer_mma = mma_promoted_pairs if cfg.promotes_in_pairs else mma_promoted
     else:
         consumer_mma = mma_chained if cfg.acc_chains > 1 else mma
     return Mainloop(cluster_cta, prefetch, load, begin, consumer_mma)
