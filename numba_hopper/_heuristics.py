@@ -192,16 +192,24 @@ BLOCK_SCALED_TILE_COST = {(128, 256): 1.96, (192, 128): 1.44, (128, 128): 1.0, (
 # tensor cores while it promotes.
 UNPAIRED_BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (192, 128): 1.23, (128, 128): 1.0, (128, 64): 0.7,
                                    (64, 128): 0.8, (128, 192): 1.34}
+# Against paired 128 x 128 tiles a 128 x 256 one costs more the longer K runs: 1.91-1.93 at
+# 16 k-blocks, 1.95-2.01 at 32, 1.96-2.10 at 56 and 2.03-2.09 at 128 (session 30). From
+# LONG_K_BLOCKS k-blocks on, its cost is the long-K fit.
+LONG_K_BLOCKS = 48
+LONG_K_BLOCK_SCALED_TILE_COST = {**BLOCK_SCALED_TILE_COST, (128, 256): 2.05}
 
 
-def block_scaled_tile(M, N, sms, units=1, wide=True, tall=False, paired=True):
-    """``(block_m, block_n)`` of ``units`` block-wise scaled fp8 products of M x N: the fewest
+def block_scaled_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True):
+    """``(block_m, block_n)`` of ``units`` block-wise scaled fp8 products of M x N x K: the fewest
     waves x tile cost (ties to the first, the largest tile). ``wide``: whether tiles over 128
     wide may run (not with column vectors in the epilogue, nor in grouped products); ``tall``:
     whether 192-row ones may (a 16- or 32-bit output and no epilogue term but alpha);
     ``paired``: whether tiles of at most 128 x 128 promote k-blocks in pairs
     (``GemmConfig.promotes_in_pairs``)."""
-    costs = BLOCK_SCALED_TILE_COST if paired else UNPAIRED_BLOCK_SCALED_TILE_COST
+    if not paired:
+        costs = UNPAIRED_BLOCK_SCALED_TILE_COST
+    else:
+        costs = LONG_K_BLOCK_SCALED_TILE_COST if _ceil(K, 128) >= LONG_K_BLOCKS else BLOCK_SCALED_TILE_COST
 
     def estimate(tile):
         return _ceil(units * _ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * costs[tile]
@@ -314,7 +322,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     if config is None:
         M, N = vo.shape
         if epilogue is not None and epilogue.block_scales:
-            block_m, block_n = block_scaled_tile(M, N, limits.sm_count, wide=not epilogue.column_bytes(192),
+            block_m, block_n = block_scaled_tile(M, N, va.shape[1], limits.sm_count, wide=not epilogue.column_bytes(192),
                                                  tall=not epilogue.fuses_more and ELEMENT_BYTES[vo.dtype] > 1,
                                                  paired=not epilogue.fuses_more)
         else:
@@ -360,7 +368,7 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
         M, N = mo.shape
         rows = M if mode == "masked" else max(1, _ceil(M, groups))
         if epilogue is not None and epilogue.block_scales:
-            block_m, block_n = block_scaled_tile(rows, N, limits.sm_count, units=groups, wide=False, paired=False)
+            block_m, block_n = block_scaled_tile(rows, N, ma.shape[1], limits.sm_count, units=groups, wide=False, paired=False)
         else:
             block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
                                           block_k=KBLOCK_BYTES // ma.itemsize, grouped=True)

@@ -227,21 +227,27 @@ def test_block_wise_tile_choice():
     wide tiles with column vectors, nor in grouped products; unpaired tiles at their own costs."""
     from numba_hopper._heuristics import block_scaled_tile
 
-    assert block_scaled_tile(4096, 4096, 132) == (128, 256)  # 4 full waves (704 192-wide tiles: 6, a third empty)
-    assert block_scaled_tile(4096, 7168, 132) == (128, 256)
-    assert block_scaled_tile(128, 7168, 132) == (64, 128)  # 112 tiles fill the GPU where 56 would not
-    assert block_scaled_tile(4096, 2112, 132) == (128, 192)  # 3 waves, not 5 (256: 3 waves of larger tiles)
-    assert block_scaled_tile(8192, 8192, 132) == (128, 192)  # 21 waves of 1.47 against 16 of 1.96
-    assert block_scaled_tile(128, 24576, 132) == (128, 192)  # one full wave, not two
+    K = 4096  # 32 k-blocks
+    assert block_scaled_tile(4096, 4096, K, 132) == (128, 256)  # 4 full waves (704 192-wide tiles: 6, a third empty)
+    assert block_scaled_tile(4096, 7168, K, 132) == (128, 256)
+    assert block_scaled_tile(128, 7168, K, 132) == (64, 128)  # 112 tiles fill the GPU where 56 would not
+    assert block_scaled_tile(4096, 2112, K, 132) == (128, 192)  # 3 waves, not 5 (256: 3 waves of larger tiles)
+    assert block_scaled_tile(8192, 8192, K, 132) == (128, 192)  # 21 waves of 1.47 against 16 of 1.96
+    assert block_scaled_tile(128, 24576, K, 132) == (128, 192)  # one full wave, not two
+    # a long K: 8 waves of paired 128 x 128 tiles against 4 of 128 x 256 ones at 2.05
+    assert block_scaled_tile(4096, 4096, 7168, 132) == (128, 128)
+    assert block_scaled_tile(4096, 7168, 16384, 132) == (128, 128)
+    assert block_scaled_tile(4096, 7168, 16384, 132, paired=False) == (128, 256)
     # three consumers: 192 x 128 where its waves are full (a plain product with a 16- or 32-bit output)
-    assert block_scaled_tile(8192, 8192, 132, tall=True) == (192, 128)  # 21 full waves
-    assert block_scaled_tile(4096, 24576, 132, tall=True) == (192, 128)  # 32 exactly
-    assert block_scaled_tile(4096, 4096, 132, tall=True) == (128, 256)  # 704 192-row tiles: 6 waves, not 4
-    assert block_scaled_tile(128, 24576, 132, tall=True) == (128, 192)
-    assert block_scaled_tile(128, 7168, 132, paired=False) == (128, 64)  # one consumer, unpaired, idles
+    assert block_scaled_tile(8192, 8192, K, 132, tall=True) == (192, 128)  # 21 full waves
+    assert block_scaled_tile(8192, 8192, 8192, 132, tall=True) == (192, 128)
+    assert block_scaled_tile(4096, 24576, K, 132, tall=True) == (192, 128)  # 32 exactly
+    assert block_scaled_tile(4096, 4096, K, 132, tall=True) == (128, 256)  # 704 192-row tiles: 6 waves, not 4
+    assert block_scaled_tile(128, 24576, K, 132, tall=True) == (128, 192)
+    assert block_scaled_tile(128, 7168, K, 132, paired=False) == (128, 64)  # one consumer, unpaired, idles
     for M, N in itertools.product((1, 128, 1000, 4096), (128, 2112, 7168)):
-        assert block_scaled_tile(M, N, 132, wide=False)[1] <= 128
-        assert block_scaled_tile(M, N, 132, units=8, wide=False, paired=False)[1] <= 128
+        assert block_scaled_tile(M, N, K, 132, wide=False)[1] <= 128
+        assert block_scaled_tile(M, N, K, 132, units=8, wide=False, paired=False)[1] <= 128
     with pytest.raises(ValueError, match="need fp8"):
         GemmConfig("bf16", "bf16", "K", "K", block_n=128, epilogue=EpilogueConfig(block_scales=True))
 
