@@ -118,8 +118,6 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     HALVES = 2 if BLOCK_SCALED and BN == 2 * KBLOCK_SCALE else 1
     HALF_N = BN // 2
     B_HALF_DESC = KBLOCK_SCALE * 128 // 16  # B's rows 128 on: 128 K-major rows of 128 B, in 16 B units
-    import os
-    A_IN_REGISTERS = HALVES == 2 and os.environ.get("NH_RS") == "1"
 
     @cuda.jit(device=True, forceinline=True)
     def cluster_cta():
@@ -257,30 +255,6 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         return acc
 
     @cuda.jit(device=True, forceinline=True)
-    def a_fragments(smem, st, c):
-        """This thread's A fragments of the slot's k-block for RS wgmmas: per k-step (32 bytes
-        of K) an ldmatrix.x4 of its warp's 16 rows (rows 0-7 and 8-15 of the low 16 bytes,
-        then of the high 16), through the 128B swizzle (16-byte chunk j of row r at j ^ r % 8)."""
-        row = (c.row_in_wg - c.lane // 4) + c.lane % 8 + 8 * ((c.lane // 8) % 2)
-        base = smem + st.stage * A_TILE + c.cw * A_WG_OFF + row * 128
-        hi, r8 = c.lane // 16, row % 8
-        return (nh.ldmatrix_x4(base + ((0 + hi) ^ r8) * 16), nh.ldmatrix_x4(base + ((2 + hi) ^ r8) * 16),
-                nh.ldmatrix_x4(base + ((4 + hi) ^ r8) * 16), nh.ldmatrix_x4(base + ((6 + hi) ^ r8) * 16))
-
-    @cuda.jit(device=True, forceinline=True)
-    def take_turn_rs(acc, frags, desc_b, c):
-        """``take_turn`` with A from registers (``a_fragments``), B at ``desc_b``."""
-        nh.named_barrier_sync(TURN + c.cw, 256)
-        nh.wgmma_fence()
-        acc = nh.wgmma_mma_async_rs(acc, frags[0], desc_b, 0, IN_T, B_T, 1, 1, TNSP_B)
-        acc = nh.wgmma_mma_async_rs(acc, frags[1], desc_b + np.uint64(B_KSTEP // 16), 1, IN_T, B_T, 1, 1, TNSP_B)
-        acc = nh.wgmma_mma_async_rs(acc, frags[2], desc_b + np.uint64(2 * B_KSTEP // 16), 1, IN_T, B_T, 1, 1, TNSP_B)
-        acc = nh.wgmma_mma_async_rs(acc, frags[3], desc_b + np.uint64(3 * B_KSTEP // 16), 1, IN_T, B_T, 1, 1, TNSP_B)
-        nh.wgmma_commit_group()
-        nh.named_barrier_arrive(next_turn(c.cw), 256)
-        return acc
-
-    @cuda.jit(device=True, forceinline=True)
     def next_turn(cw):
         """The named barrier of the consumer whose turn follows consumer ``cw``'s."""
         if CONSUMERS == 2:
@@ -335,11 +309,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
                 b_next_later = load_b_scale(ep, tile.batch, n_next, k_begin, ahead, k_blocks)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + i) if DEBUG else None)
             descs = stage_descriptors(smem, st, c.cw)
-            if A_IN_REGISTERS:
-                frags = a_fragments(smem, st, c)
-                part_acc = take_turn_rs(part_acc, frags, descs[1], c)
-            else:
-                part_acc = take_turn(part_acc, descs, c)
+            part_acc = take_turn(part_acc, descs, c)
             a0, a1 = a_scales(row_scales, st)
             nh.wgmma_wait_group(0)
             part_acc = nh.wgmma_fence_operand(part_acc)  # the reads below stay after the wait
@@ -351,10 +321,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
                 t0, t1 = a0 * b_next_scales[0], a1 * b_next_scales[0]
                 if HALVES == 2:  # columns 0-127 in this scale block, 128-255 in the next
                     promote(sums, 0, part, 0, BN // 4, s0, s1)
-                    if A_IN_REGISTERS:
-                        part_acc = take_turn_rs(part_acc, frags, descs[1] + np.uint64(B_HALF_DESC), c)
-                    else:
-                        part_acc = take_turn(part_acc, (descs[0], descs[1] + np.uint64(B_HALF_DESC)), c)
+                    part_acc = take_turn(part_acc, (descs[0], descs[1] + np.uint64(B_HALF_DESC)), c)
                     nh.wgmma_wait_group(0)
                     part_acc = nh.wgmma_fence_operand(part_acc)
                     if c.lane == 0:
