@@ -192,11 +192,11 @@ BLOCK_SCALED_TILE_COST = {(128, 256): 1.96, (192, 128): 1.44, (128, 128): 1.0, (
 # tensor cores while it promotes.
 UNPAIRED_BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (192, 128): 1.23, (128, 128): 1.0, (128, 64): 0.7,
                                    (64, 128): 0.8, (128, 192): 1.34}
-# Against paired 128 x 128 tiles a 128 x 256 one costs more the longer K runs: 1.91-1.93 at
-# 16 k-blocks, 1.95-2.01 at 32, 1.96-2.10 at 56 and 2.03-2.09 at 128 (session 30). From
-# LONG_K_BLOCKS k-blocks on, its cost is the long-K fit.
-LONG_K_BLOCKS = 48
-LONG_K_BLOCK_SCALED_TILE_COST = {**BLOCK_SCALED_TILE_COST, (128, 256): 2.05}
+# Against paired 128 x 128 tiles a 128 x 256 one costs more the longer K runs (device time,
+# benchmarks/NOTES.md, sessions 29-30): 1.91-1.93 at 16 k-blocks, 1.95-2.01 at 32, 1.91-2.10 at 56
+# (mean 2.00) and 2.00-2.10 at 128 (mean 2.07). From LONG_K_BLOCKS k-blocks on it costs the latter.
+LONG_K_BLOCKS = 96
+LONG_K_BLOCK_SCALED_TILE_COST = {**BLOCK_SCALED_TILE_COST, (128, 256): 2.07}
 
 
 def block_scaled_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True):
