@@ -60,7 +60,8 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
 
     M <= SMALL_M: 64-row tiles (the width :func:`small_m_tiling` picks); at M = 128 two of
     them give twice the CTAs to a product that streams B (128x4096x4096: 0.95x cuBLAS with
-    64x128 tiles, 0.92x with 128x64). Otherwise 128 rows, and the width of the fewest
+    64x128 tiles, 0.92x with 128x64), unless a wave of 64 x 128 tiles leaves many SMs idle
+    (``ROWS_TOGETHER_MAX_TILES``): then 128 x 64 ones. Otherwise 128 rows, and the width of the fewest
     waves x width x tile cost: wave quantization decides. 1792x1280 takes 112 tiles of
     128x160 (one wave on 132 SMs) rather than 70 of 128x256 (one wave of slower tiles);
     8192^3 takes 128x192 (21 waves) over 128x256 (16 waves, fuller). Ties go to the wider
@@ -70,8 +71,10 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
     never one of ``GROUPED_SLOW_WIDTHS``.
     """
     if M <= SMALL_M:
-        return 64, small_m_tiling(M, N, K, units, sms, can_split=_splits_small_m(M, units, fused),
-                                  block_k=block_k)[0]
+        block_n = small_m_tiling(M, N, K, units, sms, can_split=_splits_small_m(M, units, fused), block_k=block_k)[0]
+        if _rows_together(M, N, K, units, sms, fused, block_k, block_n):
+            return 128, 64
+        return 64, block_n
 
     widths = [bn for bn in sorted(TILE_COST, reverse=True)
               if not (fused and bn % 64) and (k_major_widths or bn not in K_MAJOR_WIDTHS)
@@ -139,6 +142,21 @@ def narrow_config(va, vb, vo, limits):
     kw = dict(block_m=64, b_major="K", out_major="M", acc_chains=NARROW_ACC_CHAINS)
     stages = min(NARROW_STAGES, max_stages(va.dtype, vo.dtype, block_n, limits.max_shared_per_block_optin, **kw))
     return GemmConfig(block_n=block_n, stages=stages, **kw)
+
+
+# At M = 112-128, where one wave of 64 x 128 tiles leaves a third of the SMs or more idle, each
+# busy SM's streaming rate bounds the product, and a 128 x 64 tile (the two row tiles' consumers
+# in one CTA, A read once per column of B) streams faster: device time, plain 16-bit products
+# with K >= 3584, 68-80 tiles: +0.7 to +8.5% (128x4608x3584 0.94 -> 1.00x cuBLAS); at K = 2048
+# -1%, at 88 tiles -0.4%, at 96 (128x6144x4096) -3% (benchmarks/NOTES.md, session 30).
+ROWS_TOGETHER_MAX_TILES = 80
+ROWS_TOGETHER_MIN_K = 3072
+
+
+def _rows_together(M, N, K, units, sms, fused, block_k, block_n):
+    """Whether the 64 x 128 tiles of a product at M = 112-128 give way to 128 x 64 ones."""
+    return (M >= SMALL_M - 16 and units == 1 and not fused and block_k == 64 and block_n == 128
+            and K >= ROWS_TOGETHER_MIN_K and 2 * _ceil(N, 128) <= min(ROWS_TOGETHER_MAX_TILES, sms))
 
 
 def _splits_small_m(M, units, fused):
@@ -335,7 +353,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
         if block_m == 128 and block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
             base = dataclasses.replace(base, cluster_n=2)
-        straddling = block_m == 128 and va.itemsize == 2 and straddling_tile(  # 16-bit: where it was measured
+        straddling = block_m == 128 and M > SMALL_M and va.itemsize == 2 and straddling_tile(  # 16-bit: where it was measured
             M, N, units, limits.sm_count, rows_straddle_sectors(va, a_major == "K"), rows_straddle_sectors(vb, b_major == "N"),
             a_major, b_major, plain=epilogue is None and ELEMENT_BYTES[vo.dtype] == 2)
         if straddling:

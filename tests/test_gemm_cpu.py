@@ -269,6 +269,10 @@ def test_gemm_without_hopper_gpu_says_so(monkeypatch):
     (128, 4096, 4096, 1, (64, 64)), (128, 3584, 3584, 1, (64, 64)),  # two row tiles share B: 64-wide fill the wave
     (128, 8192, 28672, 1, (64, 128)),
     (128, 10240, 8192, 1, (64, 256)),  # 80 tiles, one wave, rather than 160 (a wave of 28)
+    # M = 112-128 and at most 80 64 x 128 tiles: one 128 x 64 tile streams the two row tiles' B
+    (128, 4608, 3584, 1, (128, 64)), (112, 4608, 3584, 1, (128, 64)), (128, 5120, 4096, 1, (128, 64)),
+    (96, 4608, 3584, 1, (64, 128)), (128, 4608, 2048, 1, (64, 128)), (128, 5632, 4096, 1, (64, 128)),
+    (128, 4608, 3584, 2, (64, 256)),  # measured on single products only: the 64-row rule
 ])
 def test_tile_shape_heuristic(M, N, K, units, tile):
     from numba_hopper._heuristics import tile_shape as _tile_shape

@@ -75,6 +75,21 @@ def test_64_row_tiles(torch, block_n, M, N, K, layout):
 
 
 # One kernel per case (each compile takes seconds): the widths, layouts and output dtypes spread.
+@pytest.mark.parametrize("layout", ["RR", "RC", "CR", "CC"])
+@pytest.mark.parametrize("M,N,K", [(128, 4608, 3584), (120, 4480, 3104)])
+def test_rows_together_at_small_m(torch, M, N, K, layout):
+    """M = 112-128 with a wave of at most 80 64 x 128 tiles: the default runs 128 x 64 tiles."""
+    from numba_hopper._arrays import device_view
+    from numba_hopper._heuristics import choose_config
+
+    a = _operand(torch, M, K, "bf16", layout[0], None)
+    b = _operand(torch, K, N, "bf16", layout[1], None)
+    cfg = choose_config(device_view(a), device_view(b), device_view(torch.empty(M, N, device="cuda",
+                                                                                  dtype=torch.bfloat16)), None, False)
+    assert (cfg.block_m, cfg.block_n) == (128, 64)
+    _check(torch, M, N, K, layout=layout)
+
+
 @pytest.mark.parametrize("block_n,layout,out_dtype", [(192, "RR", "bf16"), (192, "CC", "f32"), (128, "RC", "bf16"),
                                                       (128, "CR", "f32"), (64, "RC", "bf16")])
 def test_192_row_tiles(torch, block_n, layout, out_dtype):
