@@ -55,13 +55,14 @@ def _ceil(a, b):
     return -(-a // b)
 
 
-def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=False, grouped=False):
+def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=False, grouped=False, a_lines=True):
     """``(block_m, block_n)``: the tile with the shortest estimated run.
 
     M <= SMALL_M: 64-row tiles (the width :func:`small_m_tiling` picks); at M = 128 two of
     them give twice the CTAs to a product that streams B (128x4096x4096: 0.95x cuBLAS with
     64x128 tiles, 0.92x with 128x64), unless a wave of 64 x 128 tiles leaves many SMs idle
-    (``ROWS_TOGETHER_MAX_TILES``): then 128 x 64 ones. Otherwise 128 rows, and the width of the fewest
+    (``ROWS_TOGETHER_MAX_TILES``) and A's rows start on 128-byte lines (``a_lines``): then
+    128 x 64 ones. Otherwise 128 rows, and the width of the fewest
     waves x width x tile cost: wave quantization decides. 1792x1280 takes 112 tiles of
     128x160 (one wave on 132 SMs) rather than 70 of 128x256 (one wave of slower tiles);
     8192^3 takes 128x192 (21 waves) over 128x256 (16 waves, fuller). Ties go to the wider
@@ -72,7 +73,7 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
     """
     if M <= SMALL_M:
         block_n = small_m_tiling(M, N, K, units, sms, can_split=_splits_small_m(M, units, fused), block_k=block_k)[0]
-        if _rows_together(M, N, K, units, sms, fused, block_k, block_n):
+        if a_lines and _rows_together(M, N, K, units, sms, fused, block_k, block_n):
             return 128, 64
         return 64, block_n
 
@@ -147,8 +148,10 @@ def narrow_config(va, vb, vo, limits):
 # At M = 112-128, where one wave of 64 x 128 tiles leaves a third of the SMs or more idle, each
 # busy SM's streaming rate bounds the product, and a 128 x 64 tile (the two row tiles' consumers
 # in one CTA, A read once per column of B) streams faster: device time, plain 16-bit products
-# with K >= 3584, 68-80 tiles: +0.7 to +8.5% (128x4608x3584 0.94 -> 1.00x cuBLAS); at K = 2048
-# -1%, at 88 tiles -0.4%, at 96 (128x6144x4096) -3% (benchmarks/NOTES.md, session 30).
+# with K >= 3072, 68-80 tiles: +0.7 to +10% (128x4608x3584 0.94 -> 1.00x cuBLAS); at K = 2048
+# -1%, at 88 tiles -0.4%, at 96 (128x6144x4096) -3%; and -6% where A's rows straddle 128-byte
+# lines (K = 3104: each CTA reads all of A's rows, twice the 64 x 128 tile's; benchmarks/NOTES.md,
+# session 30).
 ROWS_TOGETHER_MAX_TILES = 80
 ROWS_TOGETHER_MIN_K = 3072
 
@@ -348,7 +351,8 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
             plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
             block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
                                           block_k=KBLOCK_BYTES // va.itemsize,
-                                          k_major_widths=b_major == "K" and plain_16bit)
+                                          k_major_widths=b_major == "K" and plain_16bit,
+                                          a_lines=leading_dim(va if a_major == "K" else transpose(va)) * va.itemsize % 128 == 0)
         base = GemmConfig(block_m=block_m, block_n=block_n)
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
         if block_m == 128 and block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):

@@ -280,6 +280,14 @@ def test_tile_shape_heuristic(M, N, K, units, tile):
     assert _tile_shape(M, N, K, units, 132) == tile
 
 
+def test_rows_together_needs_a_on_128_byte_lines():
+    """A 128 x 64 tile reads all of A's rows: not where they straddle 128-byte lines (K = 3104)."""
+    from numba_hopper._heuristics import tile_shape
+
+    assert tile_shape(128, 4608, 3104, 1, 132) == (128, 64)
+    assert tile_shape(128, 4608, 3104, 1, 132, a_lines=False) == (64, 128)
+
+
 @pytest.mark.parametrize("M,N,K,tile", [
     (1024, 3584, 3584, (128, 224)), (2048, 3584, 18944, (128, 224)),  # 128 and 256 tiles: whole waves
     (512, 3584, 18944, (128, 112)), (512, 4608, 3584, (128, 144)), (1024, 4608, 3584, (128, 144)),

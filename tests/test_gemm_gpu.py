@@ -76,9 +76,10 @@ def test_64_row_tiles(torch, block_n, M, N, K, layout):
 
 # One kernel per case (each compile takes seconds): the widths, layouts and output dtypes spread.
 @pytest.mark.parametrize("layout", ["RR", "RC", "CR", "CC"])
-@pytest.mark.parametrize("M,N,K", [(128, 4608, 3584), (120, 4480, 3104)])
+@pytest.mark.parametrize("M,N,K", [(128, 4608, 3584), (112, 4480, 3072)])
 def test_rows_together_at_small_m(torch, M, N, K, layout):
-    """M = 112-128 with a wave of at most 80 64 x 128 tiles: the default runs 128 x 64 tiles."""
+    """M = 112-128 with a wave of at most 80 64 x 128 tiles and A's rows on 128-byte lines: the
+    default runs 128 x 64 tiles (112 rows: A's column-major rows straddle, so not with CR or CC)."""
     from numba_hopper._arrays import device_view
     from numba_hopper._heuristics import choose_config
 
@@ -86,7 +87,7 @@ def test_rows_together_at_small_m(torch, M, N, K, layout):
     b = _operand(torch, K, N, "bf16", layout[1], None)
     cfg = choose_config(device_view(a), device_view(b), device_view(torch.empty(M, N, device="cuda",
                                                                                   dtype=torch.bfloat16)), None, False)
-    assert (cfg.block_m, cfg.block_n) == (128, 64)
+    assert (cfg.block_m, cfg.block_n) == ((128, 64) if layout[0] == "R" or M % 64 == 0 else (64, 128))
     _check(torch, M, N, K, layout=layout)
 
 
