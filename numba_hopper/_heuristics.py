@@ -349,10 +349,10 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
                                                  paired=not epilogue.fuses_more)
         else:
             plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
+            a_row_bytes = leading_dim(va if a_major == "K" else transpose(va)) * va.itemsize
             block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
                                           block_k=KBLOCK_BYTES // va.itemsize,
-                                          k_major_widths=b_major == "K" and plain_16bit,
-                                          a_lines=leading_dim(va if a_major == "K" else transpose(va)) * va.itemsize % 128 == 0)
+                                          k_major_widths=b_major == "K" and plain_16bit, a_lines=a_row_bytes % 128 == 0)
         base = GemmConfig(block_m=block_m, block_n=block_n)
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
         if block_m == 128 and block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):

@@ -74,7 +74,6 @@ def test_64_row_tiles(torch, block_n, M, N, K, layout):
     _check(torch, M, N, K, layout=layout, out_dtype="f32", config=GemmConfig(block_m=64, block_n=block_n, stages=6))
 
 
-# One kernel per case (each compile takes seconds): the widths, layouts and output dtypes spread.
 @pytest.mark.parametrize("layout", ["RR", "RC", "CR", "CC"])
 @pytest.mark.parametrize("M,N,K", [(128, 4608, 3584), (112, 4480, 3072)])
 def test_rows_together_at_small_m(torch, M, N, K, layout):
@@ -91,6 +90,7 @@ def test_rows_together_at_small_m(torch, M, N, K, layout):
     _check(torch, M, N, K, layout=layout)
 
 
+# One kernel per case (each compile takes seconds): the widths, layouts and output dtypes spread.
 @pytest.mark.parametrize("block_n,layout,out_dtype", [(192, "RR", "bf16"), (192, "CC", "f32"), (128, "RC", "bf16"),
                                                       (128, "CR", "f32"), (64, "RC", "bf16")])
 def test_192_row_tiles(torch, block_n, layout, out_dtype):
