@@ -10,7 +10,7 @@ import dataclasses
 import math
 
 from ._arrays import leading_dim, tma_addressable, transpose
-from .kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, GemmConfig
+from .kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOCK_SCALE, GemmConfig
 from .launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
@@ -228,10 +228,9 @@ def block_scaled_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True)
     whether 192-row ones may (a 16- or 32-bit output and no epilogue term but alpha);
     ``paired``: whether tiles of at most 128 x 128 promote k-blocks in pairs
     (``GemmConfig.promotes_in_pairs``)."""
-    if not paired:
-        costs = UNPAIRED_BLOCK_SCALED_TILE_COST
-    else:
-        costs = LONG_K_BLOCK_SCALED_TILE_COST if _ceil(K, 128) >= LONG_K_BLOCKS else BLOCK_SCALED_TILE_COST
+    long_k = _ceil(K, KBLOCK_SCALE) >= LONG_K_BLOCKS
+    costs = (LONG_K_BLOCK_SCALED_TILE_COST if long_k else BLOCK_SCALED_TILE_COST) if paired else \
+        UNPAIRED_BLOCK_SCALED_TILE_COST
 
     def estimate(tile):
         return _ceil(units * _ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * costs[tile]
