@@ -14,7 +14,7 @@ from .kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOCK
 from .launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
-           "cluster_pays", "rows_straddle_sectors", "straddling_tile", "choose_config", "grouped_config", "split_count", "max_stages"]
+           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
 # (benchmarks/NOTES.md). Up to MANY_WAVES waves (1792x1280x4096: one wave; 4096x3584x18944,
@@ -264,6 +264,26 @@ def cluster_pays(tiles, K, b_major, sms):
     return b_major == "N" and tiles >= 12 * sms and K >= 2048
 
 
+# GPC-ordered 1x2 clusters (``GemmConfig.cluster_order``) on one wave of cluster tiles over a
+# long K loop, by the heuristic's tile (device time, ratio to cuBLAS, against single CTAs;
+# benchmarks/NOTES.md, session 33): 128 x 112 at 512x3584x18944 0.90 -> 0.96, 128 x 64 at
+# 256x3584x18944 0.78 -> 0.80; but 128 x 128 at 512x4096x14336 0.98 -> 0.96, 128 x 224 at
+# 1024x3584x18944 1.08 -> 1.06, 128 x 256 at 1024x4096x14336 0.99 -> 0.96 and 512x8192x8192
+# 1.00 -> 0.98. The cluster halves the loads of A, which dominate only in tiles narrower than tall.
+# Over several waves they gained nothing (4096^3, 4096x5632x2048: session 32).
+GPC_MIN_K = 8192
+
+
+def gpc_clusters_pay(tiles_m, tiles_n, K, block_n, sms):
+    """Whether a plain 16-bit product's 128-row tiles run faster in GPC-ordered 1x2 clusters
+    (the two CTAs of a tile row share its A tile through multicast, and the clusters of a GPC
+    take neighbouring cluster tiles, whose B reads the L2 request coalescer merges): tiles
+    under 128 wide whose cluster tiles fill one wave of 2-CTA clusters at least three quarters
+    full, over a K of at least ``GPC_MIN_K``."""
+    slots = tiles_m * _ceil(tiles_n, 2)
+    return block_n < 128 and tiles_n >= 2 and 3 * (sms // 2) <= 4 * slots <= 4 * (sms // 2) and K >= GPC_MIN_K
+
+
 def rows_straddle_sectors(v, row_major):
     """Whether TMA reads ``v`` (row-major, or its transpose) in rows that start 16 bytes into a
     32-byte sector: a leading dimension of 16 (mod 32) bytes, as 1000, 3000 or 5000 bf16 columns.
@@ -329,8 +349,8 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
 
     Default: the tile :func:`tile_shape` picks for ``units`` products, the deepest ring
-    that fits, and a 1x2 cluster of 128x256 tiles (the only clustered tile measured) where
-    :func:`cluster_pays`. ``limits``: the device's
+    that fits, and a 1x2 cluster of 128x256 tiles where :func:`cluster_pays`, or of narrower
+    tiles in GPC order where :func:`gpc_clusters_pay`. ``limits``: the device's
     :class:`~numba_hopper.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
     """
     # fp8 operands are K-major (the caller checked): a (1, K) or (K, 1) view would pass both tests.
@@ -356,6 +376,9 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
         if block_m == 128 and block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
             base = dataclasses.replace(base, cluster_n=2)
+        plain_16bit_out = epilogue is None and va.itemsize == 2 and ELEMENT_BYTES[vo.dtype] == 2
+        if block_m == 128 and plain_16bit_out and gpc_clusters_pay(units * tiles_m, tiles_n, va.shape[1], block_n, limits.sm_count):
+            base = dataclasses.replace(base, cluster_n=2, cluster_order="gpc")
         straddling = block_m == 128 and M > SMALL_M and va.itemsize == 2 and straddling_tile(  # 16-bit: where it was measured
             M, N, units, limits.sm_count, rows_straddle_sectors(va, a_major == "K"), rows_straddle_sectors(vb, b_major == "N"),
             a_major, b_major, plain=epilogue is None and ELEMENT_BYTES[vo.dtype] == 2)

@@ -28,7 +28,8 @@ from ._extra_launches import aligned_layout, prepare_copy, prepare_reduce
 from ._fusion import Fusion, is_array, numba_array, user_arg
 from ._heuristics import (choose_config, grouped_config, max_stages, narrow_config, split_count, stream_k_schedule,
                           swappable)
-from ._workspace import ALIGN, alloc_async, capturing, free_async, stream_scratch
+from ._placement import tpc_order
+from ._workspace import ALIGN, CLAIMS_BYTES, alloc_async, capturing, free_async, stream_scratch, zero_async
 from .debug import DebugRecord
 from .errors import LayoutError
 from .kernels.epilogue import EpilogueArgs, c_box_cols
@@ -82,15 +83,20 @@ class Operand:
 
 
 class _Scratch:
-    """A bump allocator for the plan's scratch regions (offsets from ``values[SCRATCH]``)."""
+    """A bump allocator for the plan's scratch regions (offsets from ``values[SCRATCH]``), and
+    the cluster claims before them (``_workspace``)."""
 
     def __init__(self):
-        self.size = 0
+        self.size, self.claimed = 0, False
 
     def take(self, nbytes) -> Src:
         offset = self.size
         self.size += -(-nbytes // ALIGN) * ALIGN
         return Src(SCRATCH, offset)
+
+    def claims(self) -> Src:
+        self.claimed = True
+        return Src(SCRATCH, -CLAIMS_BYTES)
 
 
 def _binds(leaves, srcs):
@@ -188,6 +194,7 @@ class _Gemm:
         tiles = batch.count * -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
         self.grid = grid or min(tiles * cfg.cluster_size, limits.sm_count)  # whole clusters: trimmed in prepare
         self.partials = scratch.take(self.grid * 2 * (cfg.partial_bytes + 4)) if cfg.stream_k else None
+        self.claims = scratch.claims() if cfg.cluster_order == "gpc" else None
 
     def _templates(self, values):
         cfg, batch = self.cfg, self.batch
@@ -237,13 +244,16 @@ class _Gemm:
             workspace=self.partials.resolve(values) if self.partials else 0,
             debug_record=self.record.address if self.record else 0,
             group_rows=self.group_rows.resolve(values) if self.group_rows else 0,
-            out_address=self.d.src.resolve(values) if self.group_rows else 0)
+            out_address=self.d.src.resolve(values) if self.group_rows else 0,
+            tpc_order=tpc_order(self.d.view.device) if self.claims else 0,
+            cluster_claims=self.claims.resolve(values) if self.claims else 0)
         # Where each call's value of a field comes from (None: fixed at preparation).
         params_srcs = [None] * len(GemmParams._fields)
         params_srcs[GemmParams._fields.index("maps")] = [op.src for op in operands]
         params_srcs[GemmParams._fields.index("workspace")] = self.partials
         params_srcs[GemmParams._fields.index("group_rows")] = self.group_rows
         params_srcs[GemmParams._fields.index("out_address")] = self.d.src if self.group_rows else None
+        params_srcs[GemmParams._fields.index("cluster_claims")] = self.claims
         ep, ep_srcs = self._epilogue_args(values) if cfg.epilogue is not None else ((), None)
         args, srcs = (params, ep), (params_srcs, ep_srcs)
         kernel = make_gemm_kernel(cfg)
@@ -256,7 +266,8 @@ class _Gemm:
         if cfg.cluster_size > 1:  # GPCs hold fewer whole clusters than SMs / cluster size
             resident = max_active_clusters(kernel, cfg.cluster_size, cfg.threads, args,
                                            shared_mem=cfg.shared_bytes, cache_key=cache_key)
-            grid = min(grid // cfg.cluster_size, resident) * cfg.cluster_size
+            # In GPC order every TPC takes a slot, a tile or not: the slots of a GPC stay consecutive.
+            grid = (resident if self.claims else min(grid // cfg.cluster_size, resident)) * cfg.cluster_size
         launch = prepare_launch(kernel, grid, cfg.threads, args, shared_mem=cfg.shared_bytes, cache_key=cache_key,
                                 cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, dependent=_dependent())
         gemm = _launch_step(launch, srcs)
@@ -302,8 +313,9 @@ class Plan:
     memset with no binds).
     """
 
-    def __init__(self, device, specs, scratch_bytes=0, record=None):
-        self.device, self.specs, self.scratch_bytes, self.record = device, specs, scratch_bytes, record
+    def __init__(self, device, specs, scratch=None, record=None):
+        self.device, self.specs, self.record = device, specs, record
+        self.scratch_bytes, self.claims = (scratch.size, scratch.claimed) if scratch else (0, False)
         self._steps = None
         self._scratch = (None, 0)  # the last stream's and its scratch (kept valid: _workspace)
 
@@ -311,14 +323,17 @@ class Plan:
         """Run on ``stream``; ``values``: a list, whose SCRATCH entry this sets; ``graph``:
         whether ``stream`` is capturing a CUDA graph (None: ask)."""
         nbytes = self.scratch_bytes
-        if nbytes:
+        if nbytes or self.claims:
             if graph is None:
                 graph = capturing(stream)
             if graph:  # the graph's own scratch, allocated and freed inside it
-                values[SCRATCH] = alloc_async(nbytes, stream)
+                base = alloc_async(CLAIMS_BYTES + nbytes, stream)
+                if self.claims:
+                    zero_async(base, CLAIMS_BYTES, stream)
+                values[SCRATCH] = base + CLAIMS_BYTES
                 for step, binds in self._steps or self._prepare(values):
                     step(stream, values, binds)
-                free_async(values[SCRATCH], stream)
+                free_async(base, stream)
                 return
             last, scratch = self._scratch
             if last != stream:
@@ -428,7 +443,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
                      user_srcs=user_srcs, record=record, **_stream_k(cfg, M, N, K, sms))
         zero_amax = [_Memset(Src(AMAX), 4)] if fusion and fusion.amax is not None else []
         steps = [*zero_amax, *copies, gemm, *finish]
-    return Plan(vo.device, steps, scratch.size, record)
+    return Plan(vo.device, steps, scratch, record)
 
 
 def _a_block_scales(view, scratch, copies):
@@ -489,7 +504,7 @@ def bmm_plan(ma, mb, mo, batch, strides, config):
     scratch = _Scratch()
     gemm = _Gemm(cfg, Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT)), _Batch(batch, *strides),
                  scratch)
-    return Plan(mo.device, [gemm], scratch.size)
+    return Plan(mo.device, [gemm], scratch)
 
 
 def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, config, debug, alpha=False,
@@ -528,7 +543,7 @@ def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, confi
     gemm = _Gemm(cfg, Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT)),
                  _Batch(groups, *strides, a_scales=a_scales_stride), scratch, a_scales=a_scales, arrays=arrays,
                  grid=grid, record=record, group_rows=Src(GROUP_ROWS))
-    return Plan(mo.device, [*copies, gemm], scratch.size, record)
+    return Plan(mo.device, [*copies, gemm], scratch, record)
 
 
 def zero_fill_plan(vo, count=1, stride=0):

@@ -53,11 +53,15 @@ ALL_CONFIGS = [
     GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=8, stages=16, out_major="M", acc_chains=4),
     GemmConfig("f16", "f16", "M", "K", block_m=64, block_n=16, stages=12, out_major="M", acc_chains=4),
     GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=16, stages=12, out_major="M"),
+    # clusters in GPC order (slots claimed with atomics): the 1x2 tile the heuristic runs, and 2x1
+    GemmConfig("bf16", "bf16", "K", "K", block_n=112, stages=6, cluster_n=2, cluster_order="gpc"),
+    GemmConfig("bf16", "bf16", "M", "N", cluster_m=2, cluster_order="gpc"),
 ]
 
 
 @pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}"
-                         + ("-colmajor" if c.out_major == "M" else "") + f"-a{c.acc_chains}")
+                         + ("-colmajor" if c.out_major == "M" else "") + ("-gpc" if c.cluster_order == "gpc" else "")
+                         + f"-a{c.acc_chains}")
 def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
     assert r.count("HGMMA") >= 4, r.summary()  # 4 k16 steps per 64-wide k-block
@@ -66,6 +70,14 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     assert r.count("USETMAXREG") == (2 if cfg.consumers > 1 else 0)
     if cfg.cluster_size > 1:  # the shared operand is loaded once per cluster and multicast
         assert r.count("UTMALDG.3D.MULTICAST") > 0 and r.count("UCGABAR_WAIT") > 0
+    # in GPC order a cluster reads its SM and prefetches its claim before the wait for the
+    # previous kernel (whose last cluster cleared the claims), claims its slot after it and
+    # counts itself once
+    gpc = cfg.cluster_order == "gpc"
+    assert ("SR_VIRTUALSMID" in r.sass, "ATOMG.E.CAS" in r.sass, r.count("ATOMG.E.ADD")) == (gpc, gpc, int(gpc))
+    if gpc:
+        order = [r.sass.index(op) for op in ("SR_VIRTUALSMID", "CCTL.E.PF2", "ACQBULK", "ATOMG.E.CAS", "UTMALDG")]
+        assert order == sorted(order)
     assert r.count("SYNCS") > 0  # mbarrier
     # programmatic dependent launch: one wait before the first global access, one release
     assert r.count("ACQBULK") == 1 and r.count("PREEXIT") == 1
@@ -212,6 +224,8 @@ def test_stage_count_fills_shared_memory():
     (dict(stages=1), "stages"), (dict(cluster_m=4), "cluster"), (dict(epi_buffers=3), "epi_buffers"),
     (dict(block_m=192), "block_n <= 192"), (dict(block_m=192, block_n=128, stream_k=True), "block_m = 192"),
     (dict(block_m=192, block_n=128, a_major="M", cluster_n=2), "block_m = 192"),
+    (dict(cluster_order="smid"), "cluster_order"), (dict(cluster_order="gpc"), "2-CTA clusters"),
+    (dict(block_n=128, cluster_m=2, cluster_n=2, cluster_order="gpc"), "2-CTA clusters"),
 ])
 def test_config_rejects_bad_values(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -305,6 +319,28 @@ def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, t
     # measured only there: not with a row-major B
     rr = choose_config(x, _view(K, N, "bf16", True), out, None, False, limits=H100)
     assert rr.block_n == tile_shape(M, N, K, 1, 132)[1] and rr.block_n not in (224, 144, 112)
+
+
+@pytest.mark.parametrize("M,N,K,layout,tile", [
+    # one wave of 1x2 cluster tiles under 128 wide, 3/4 full or more, over K >= 8192: GPC-ordered clusters
+    (512, 3584, 18944, "RC", (128, 112)), (256, 3584, 18944, "RC", (128, 64)),
+    # none: tiles 128 or more wide, several waves, too few tiles, a short K loop, 64-row tiles
+    (512, 4096, 14336, "RC", None), (1024, 3584, 18944, "RC", None), (512, 8192, 8192, "RR", None),
+    (4096, 4096, 16384, "RC", None), (128, 3584, 18944, "RC", None), (512, 3584, 4096, "RC", None),
+    (64, 4096, 14336, "RC", None)])
+def test_gpc_ordered_clusters_take_one_long_wave(M, N, K, layout, tile):
+    from numba_hopper._heuristics import choose_config
+    from numba_hopper.prebuild import H100, _view
+
+    a, b, out = _view(M, K, "bf16", layout[0] == "R"), _view(K, N, "bf16", layout[1] == "R"), _view(M, N, "bf16", True)
+    cfg = choose_config(a, b, out, None, False, limits=H100)
+    got = (cfg.block_m, cfg.block_n) if cfg.cluster_order == "gpc" else None
+    assert got == tile, cfg
+    if tile:
+        assert (cfg.cluster_m, cfg.cluster_n) == (1, 2)
+        # only for plain products with 16-bit outputs (where it was measured)
+        f32_out = choose_config(a, b, _view(M, N, "f32", True), None, False, limits=H100)
+        assert f32_out.cluster_order == "launch"
 
 
 def test_configs_that_cannot_run_are_refused():

@@ -1,4 +1,5 @@
-"""Thread-block clusters: ids, distributed shared memory (DSMEM) and cluster barriers.
+"""Thread-block clusters: ids, distributed shared memory (DSMEM), cluster barriers, and the SM a
+CTA runs on.
 
 A kernel runs in clusters only when launched with one (``numba_hopper.launch.launch(...,
 cluster=...)``); otherwise every CTA is a cluster of one.
@@ -30,6 +31,8 @@ __all__ = [
     "cluster_nctaid_x",
     "cluster_nctaid_y",
     "cluster_nctaid_z",
+    "smid",
+    "nsmid",
     "mapa",
     "getctarank",
     "cluster_arrive",
@@ -114,6 +117,21 @@ def cluster_nctaid_y() -> u32:
 @ptx_asm("mov.u32 {out}, %cluster_nctaid.z;", pure=True)
 def cluster_nctaid_z() -> u32:
     """PTX ISA 10 Special Registers: %cluster_nctaid.z, the cluster's shape in CTAs along z."""
+
+
+# --- where the CTA runs ------------------------------------------------------------------
+
+@ptx_asm("mov.u32 {out}, %smid;")
+def smid() -> u32:
+    """PTX ISA 10 Special Registers: %smid, the SM this thread runs on, in ``[0, %nsmid)`` (numbers need not be
+    contiguous). Not pure: a CTA may be preempted and resumed on another SM, so every read is a
+    new value. A cluster's CTAs run in one GPC; a CTA pair of a 2-CTA cluster on one TPC
+    (SMs 2t and 2t + 1)."""
+
+
+@ptx_asm("mov.u32 {out}, %nsmid;", pure=True)
+def nsmid() -> u32:
+    """PTX ISA 10 Special Registers: %nsmid, the bound on %smid."""
 
 
 # --- distributed shared memory ------------------------------------------------------------

@@ -5,19 +5,23 @@ integer, so that the release kernel's parameters need no array. Stream-K's parti
 and their flags are others: a CTA stores its partial sums, then releases a flag at GPU
 scope; the CTA that finishes the tile acquires the flag and reads the partials from L2.
 The grouped GEMM's group sizes are a third (read by its scheduler), and the rows of an
-output tile that ends inside it (stored from registers, 16 bytes a thread).
+output tile that ends inside it (stored from registers, 16 bytes a thread). The tile slots
+that GPC-ordered clusters claim (compare-and-swap, and a counter of finished clusters) are
+a fourth.
 """
 
 from ._ptx import f32, ptx_asm, u32, u64
 
 __all__ = [
     "atom_cas_global_u32",
+    "atom_add_acq_rel_gpu_u32",
     "st_global_u32",
     "st_release_gpu_u32",
     "ld_acquire_gpu_u32",
     "st_global_v4_f32",
     "ld_global_cg_v4_f32",
     "ld_global_u32",
+    "prefetch_global_l2",
     "st_global_v4_u32",
 ]
 
@@ -26,6 +30,14 @@ __all__ = [
 def atom_cas_global_u32(addr: u64, compare: u32, value: u32) -> u32:
     """PTX ISA 9.7.12.5 atom.cas: store ``value`` at ``addr`` if it holds ``compare``; return the
     old value (GPU scope).
+    """
+
+
+@ptx_asm("atom.acq_rel.gpu.global.add.u32 {out}, [{addr}], {value};")
+def atom_add_acq_rel_gpu_u32(addr: u64, value: u32) -> u32:
+    """PTX ISA 9.7.12.5 atom.add.acq_rel.gpu: add ``value`` to the u32 at ``addr``; return the old
+    value. Release: this thread's earlier accesses are performed first; acquire: its later ones
+    see what earlier releasers of ``addr`` did.
     """
 
 
@@ -63,6 +75,13 @@ def ld_global_cg_v4_f32(addr: u64) -> tuple[f32, f32, f32, f32]:
 @ptx_asm("ld.global.u32 {out}, [{addr}];")
 def ld_global_u32(addr: u64) -> u32:
     """PTX ISA 9.7.9.8 ld.global: the u32 at the 4-byte-aligned global address ``addr``."""
+
+
+@ptx_asm("prefetch.global.L2 [{addr}];")
+def prefetch_global_l2(addr: u64):
+    """PTX ISA 9.7.9.15 prefetch.global.L2: bring the line of ``addr`` into L2. A hint: it reads no
+    value into the thread, so it may run before griddepcontrol.wait on memory the previous
+    kernel still writes."""
 
 
 @ptx_asm("st.global.v4.u32 [{addr}], {{x}, {y}, {z}, {w}};")

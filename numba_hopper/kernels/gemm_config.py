@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from .epilogue import EpilogueConfig
 
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "gemm_argument_types", "WG_ROWS", "KBLOCK_BYTES",
-           "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES"]
+           "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES",
+           "CLUSTER_ORDERS"]
 
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements
@@ -32,6 +33,7 @@ ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1}  # outputs
 INPUT_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
 FP8_DTYPES = ("e4m3", "e5m2")
 GROUPED_MODES = ("contiguous", "masked")
+CLUSTER_ORDERS = ("launch", "gpc")
 BLOCK_MS = (64, 128, 192)
 BLOCK_NS = (8, 16, 32, 64, 112, 128, 144, 160, 192, 224, 256)
 NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a decode product's tokens
@@ -73,6 +75,9 @@ class GemmConfig:
     cumulative ends) or "masked" (a 3-D A and output, the first ``masked_m[g]`` rows of
     group g valid); the group sizes are read on the device. Its block-wise scales (fp8)
     are B's (G, K/128, N/128) and A's (rows, K/128), or (G, M, K/128) masked.
+    ``cluster_order``: which cluster takes which tile slot of the raster: "launch" (the
+    cluster's index in the grid) or "gpc" (2-CTA clusters: slots in GPC-major order of the
+    TPCs the clusters run on, claimed at the kernel's start; ``kernels/scheduler.py``).
     """
 
     in_dtype: str = "bf16"
@@ -94,6 +99,7 @@ class GemmConfig:
     out_major: str = "N"
     acc_chains: int = 1
     epi_buffers: int = 2
+    cluster_order: str = "launch"
 
     def __post_init__(self):
         if self.in_dtype not in INPUT_BYTES:
@@ -165,6 +171,10 @@ class GemmConfig:
             raise ValueError("split_k > 1 cannot run a fused epilogue")
         if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
             raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}x{self.cluster_n}")
+        if self.cluster_order not in CLUSTER_ORDERS:
+            raise ValueError(f"cluster_order must be one of {CLUSTER_ORDERS}, got {self.cluster_order!r}")
+        if self.cluster_order == "gpc" and self.cluster_size != 2:  # (a cluster's TPC names its GPC-major slot)
+            raise ValueError(f"cluster_order = 'gpc' runs 2-CTA clusters, got {self.cluster_m}x{self.cluster_n}")
         if self.stream_k and (self.cluster_size > 1 or self.split_k > 1 or self.epilogue is not None):
             raise ValueError("stream_k runs without a cluster, split_k or a fused epilogue")
         if self.block_scaled and (self.in_dtype not in FP8_DTYPES or self.block_n not in BLOCK_SCALED_NS):
@@ -368,7 +378,8 @@ class SharedLayout:
 
     In order: the ring's A tiles, its B tiles, ``epi_buffers`` output sub-tile buffers per consumer,
     two residual-C sub-tile buffers per consumer, each consumer's staged column vectors,
-    the ring's block-wise scales of A, the ring's barriers and the C buffers' barriers.
+    the ring's block-wise scales of A, the ring's barriers, the C buffers' barriers and, with
+    ``cluster_order = "gpc"``, the cluster's claimed slot (a u32 written by its claimer).
     """
 
     a: int
@@ -380,6 +391,7 @@ class SharedLayout:
     a_scales: int
     barriers: int
     c_barriers: int
+    cluster_slot: int
     total: int
 
     @staticmethod
@@ -392,12 +404,13 @@ class SharedLayout:
         a_scales = vec + cfg.consumers * vec_bytes
         barriers = a_scales + cfg.stages * cfg.a_scales_bytes
         c_barriers = barriers + pipeline_barrier_bytes(cfg.stages)
-        total = c_barriers + (2 * cfg.consumers * 8 if cfg.has_c else 0)
+        cluster_slot = c_barriers + (2 * cfg.consumers * 8 if cfg.has_c else 0)
+        total = cluster_slot + (8 if cfg.cluster_order == "gpc" else 0)
         # Swizzled tiles keep the swizzle's period; mbarriers are 8-byte aligned.
         assert cfg.a_tile_bytes % SWIZZLE_ALIGN == 0 and cfg.b_tile_bytes % SWIZZLE_ALIGN == 0, cfg
         assert b % SWIZZLE_ALIGN == 0 and epi % SWIZZLE_ALIGN == 0 and c % SWIZZLE_ALIGN == 0, cfg
         assert a_scales % 128 == 0 and barriers % 8 == 0, cfg  # (TMA writes 128-byte-aligned boxes)
-        return SharedLayout(0, b, epi, c, vec, vec_bytes, a_scales, barriers, c_barriers, total)
+        return SharedLayout(0, b, epi, c, vec, vec_bytes, a_scales, barriers, c_barriers, cluster_slot, total)
 
 
 class GemmParams(NamedTuple):
@@ -426,6 +439,11 @@ class GemmParams(NamedTuple):
     rows ``[ends[g-1], ends[g])`` of the M rows) or their row counts (masked: the first
     ``group_rows[g]`` of the M rows of batch g); ``out_address`` is D's (where a tile that
     crosses its group's end stores its rows without TMA). Read only by grouped kernels.
+
+    GPC-ordered kernels (``cfg.cluster_order = "gpc"``): ``tpc_order`` is the device address
+    of the GPC-major rank of each TPC (u32, indexed by ``%smid // 2``: ``_placement``), and
+    ``cluster_claims`` that of a u32 count of the clusters that claimed, then a u32 claim per
+    tile slot, all zero before the launch and left zero after it (``_workspace``).
     """
 
     maps: tuple
@@ -441,6 +459,8 @@ class GemmParams(NamedTuple):
     debug_record: int
     group_rows: int = 0
     out_address: int = 0
+    tpc_order: int = 0
+    cluster_claims: int = 0
 
 
 class Consumer(NamedTuple):

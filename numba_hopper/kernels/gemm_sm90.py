@@ -108,6 +108,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     PRODUCER_REGS, CONSUMER_REGS = register_budget(cfg)
     BARRIERS = cfg.layout.barriers
     C_MAP = 3 if HAS_C else 0
+    SLOT = cfg.layout.cluster_slot
     # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
     # column (B), so all of their consumer warps must release it.
     empty_arrivals = 4 * CONSUMERS * (cfg.cluster_m + cfg.cluster_n - 1)
@@ -145,24 +146,24 @@ def _build_gemm_kernel(cfg: GemmConfig):
 
     @cuda.jit(device=True, forceinline=True)
     def prefetch_first_tile(p, cta):
-        work = scheduler.work(p)
+        work = scheduler.work(p, cuda.blockIdx.x)  # (decode kernels run no clusters)
         item = scheduler.first(work)
         if item.tile < work.num_tiles:
             mainloop.prefetch(tensormaps(p), p, item, scheduler.origin(work, item, cta.rm, cta.rn))
 
     @cuda.jit(device=True, forceinline=True)
-    def shared_schedule(p):
+    def shared_schedule(p, slot):
         """The CTA's schedule, computed before the roles split; a grouped kernel's (eight
         64-bit values) is computed by each role after ``setmaxnreg`` instead, as the producer
-        could not keep it in its registers (``role_schedule``)."""
+        could not keep it in its registers (``role_schedule``; grouped kernels run no clusters)."""
         if GROUPED:
             return 0
-        return scheduler.work(p)
+        return scheduler.work(p, slot)
 
     @cuda.jit(device=True, forceinline=True)
     def role_schedule(p, shared):
         if GROUPED:
-            return scheduler.work(p)
+            return scheduler.work(p, cuda.blockIdx.x)
         return shared
 
     @cuda.jit(device=True, forceinline=True)
@@ -233,8 +234,9 @@ def _build_gemm_kernel(cfg: GemmConfig):
         # of the stream may still run: until now it touched only shared memory and its
         # parameters. Past the wait, that kernel's writes are visible and it reads nothing
         # this kernel overwrites.
+        rank = scheduler.nominate(p, tid)
         nh.griddepcontrol_wait()
-        work = shared_schedule(p)
+        work = shared_schedule(p, scheduler.claim(p, rank, smem + SLOT, tid))
         if tid < 128:
             producer(p, smem, tid, cta, work)
         else:

@@ -7,6 +7,10 @@ output-tile coordinates. Producer and consumers call the same functions on the s
 so they agree on every item without communicating. A stream-K tile's pieces meet in the
 fix-up: partial sums passed from CTA to CTA through a global workspace.
 
+Which cluster takes which slot of the walk (``cta`` above counts clusters) is the launch's
+order, or with ``cfg.cluster_order = "gpc"`` the GPC-major order of where the clusters run
+(:func:`make_tile_scheduler`'s ``claim``).
+
 Grouped kernels (``cfg.grouped``, mixture-of-experts layers) number the tiles of all
 groups in one sequence, group after group, and walk it the same way (``cta, cta + ctas,
 ...``). The group sizes live on the device and are read there, so the host never waits for
@@ -131,13 +135,17 @@ def host_work_walk():
 Work = namedtuple("Work", ["ctiles_m", "ctiles_n", "per_batch", "num_tiles", "k_blocks", "cta", "ctas", "dp_tiles"])
 WorkItem = namedtuple("WorkItem", ["tile", "k_begin", "k_end"])
 OutputTile = namedtuple("OutputTile", ["batch", "m0", "n0"])
-TileScheduler = namedtuple("TileScheduler", ["work", "first", "next", "origin", "fixup"])
+TileScheduler = namedtuple("TileScheduler", ["nominate", "claim", "work", "first", "next", "origin", "fixup"])
 
 
 def make_tile_scheduler(cfg) -> TileScheduler:
     """The scheduler of the kernel of ``cfg``: a :class:`TileScheduler` of device functions.
 
-    - ``work(params) -> Work``: this CTA's share of the launch (:class:`GemmParams`);
+    - ``nominate(params, tid) -> rank``, before griddepcontrol.wait, then ``claim(params, rank,
+      slot_address, tid) -> slot`` after it: this CTA's cluster's slot among the launch's
+      clusters (every thread of the cluster calls both; ``slot_address``:
+      ``cfg.layout.cluster_slot`` in shared memory);
+    - ``work(params, slot) -> Work``: this CTA's share of the launch (:class:`GemmParams`);
     - ``first(work)``, ``next(work, item) -> WorkItem``: its items; ``item.tile >=
       work.num_tiles`` ends the walk;
     - ``origin(work, item, rm, rn) -> OutputTile``: batch and first row and column of the
@@ -160,9 +168,10 @@ def make_tile_scheduler(cfg) -> TileScheduler:
     PARTIAL_BYTES = cfg.partial_bytes
     PARTIAL_QUADS = BN // 8  # float4s per thread: 4 * PARTIAL_QUADS = BN / 2 accumulators
     first_item, next_item = device_work_walk(STREAM_K)
+    nominate, claim = _cluster_slots(cfg)
 
     @cuda.jit(device=True, forceinline=True)
-    def work(p):
+    def work(p, slot):
         """Cluster tiles cover CM x CN output tiles; a CTA whose tile falls past the edge (odd
         tile count) still loads its share for its peers: its own part is zero-filled by TMA
         and its store is clipped away. Work units: batch items, or slices of K."""
@@ -172,8 +181,7 @@ def make_tile_scheduler(cfg) -> TileScheduler:
         num_tiles = p.batches * per_batch
         k_blocks = p.k_split if p.k_split else (p.K + BK - 1) // BK
         dp_tiles = p.dp_tiles if STREAM_K else num_tiles
-        return Work(ctiles_m, ctiles_n, per_batch, num_tiles, k_blocks, cuda.blockIdx.x // CLUSTER,
-                    cuda.gridDim.x // CLUSTER, dp_tiles)
+        return Work(ctiles_m, ctiles_n, per_batch, num_tiles, k_blocks, slot, cuda.gridDim.x // CLUSTER, dp_tiles)
 
     @cuda.jit(device=True, forceinline=True)
     def first(w):
@@ -239,7 +247,85 @@ def make_tile_scheduler(cfg) -> TileScheduler:
             return False
         return True
 
-    return TileScheduler(work, first, next_, origin, fixup)
+    return TileScheduler(nominate, claim, work, first, next_, origin, fixup)
+
+
+def _cluster_slots(cfg):
+    """``(nominate, claim)`` of :class:`TileScheduler` for ``cfg.cluster_order``.
+
+    "launch": a cluster's slot is its index in the grid. "gpc": the GPC-major rank of the TPC
+    its CTAs run on (``params.tpc_order``, probed by ``_placement``), so that the clusters of
+    a GPC take consecutive slots, hence neighbouring tiles of the grouped raster, and read the
+    same operand rows at about the same time. The L2 request coalescer merges such reads from
+    SMs of one GPC; a launch deals consecutive clusters to different GPCs, so in launch order
+    our clusters' reads of the operand they do not multicast merged 1%, against 69% in GPC order
+    (512x3584x18944: benchmarks/NOTES.md, session 32).
+
+    Clusters land wherever SMs are free: with another kernel holding some, two clusters can
+    run on one TPC one after the other. So each cluster claims a slot: the first free one from
+    its rank on (compare-and-swap on the u32 claims after ``params.cluster_claims``' count).
+    There are as many slots as clusters, so every claim ends and no two clusters get one slot.
+    The claimer then counts its cluster; the last of the launch to count clears the claims and
+    the count for the next launch (every cluster claimed before it counted, and acq_rel orders
+    those claims before the clearing stores). The next launch claims after its
+    griddepcontrol.wait, when this one has completed.
+
+    The rank is read, and the claim's lines prefetched into L2, before the wait (``nominate``):
+    after it only the compare-and-swap and a cluster barrier delay the first loads (each read
+    from DRAM cost about a microsecond: 4 us a launch at 512x3584x18944, session 33). The
+    claimer is thread 32, which the producer's role leaves idle, so that its count never
+    delays the producer's first loads.
+    """
+    CLUSTER = cfg.cluster_size
+    if cfg.cluster_order != "gpc":
+        @cuda.jit(device=True, forceinline=True)
+        def no_nomination(p, tid):
+            return 0
+
+        @cuda.jit(device=True, forceinline=True)
+        def launch_slot(p, rank, slot_address, tid):
+            return cuda.blockIdx.x // CLUSTER
+
+        return no_nomination, launch_slot
+
+    CLAIMER = 32
+
+    @cuda.jit(device=True, forceinline=True)
+    def claimer(tid):
+        return tid == CLAIMER and nh.cluster_ctarank() == 0
+
+    @cuda.jit(device=True, forceinline=True)
+    def nominate(p, tid):
+        """The claimer's first choice of slot: its TPC's rank (modulo the clusters)."""
+        if not claimer(tid):
+            return 0
+        clusters = cuda.gridDim.x // CLUSTER
+        rank = nh.ld_global_u32(p.tpc_order + 4 * (nh.smid() // 2))
+        rank = rank - nh.div_u32(rank, clusters) * clusters
+        nh.prefetch_global_l2(p.cluster_claims)
+        nh.prefetch_global_l2(p.cluster_claims + 4 + 4 * rank)
+        return rank
+
+    @cuda.jit(device=True, forceinline=True)
+    def claim(p, rank, slot_address, tid):
+        clusters = cuda.gridDim.x // CLUSTER
+        if claimer(tid):
+            slot = rank
+            while nh.atom_cas_global_u32(p.cluster_claims + 4 + 4 * slot, 0, 1) != 0:
+                slot = slot + 1 if slot + 1 < clusters else 0
+            for cta in range(CLUSTER):
+                nh.st_shared_cluster_u32(nh.mapa(slot_address, cta), slot)
+        cuda.syncwarp()
+        nh.cluster_arrive()  # (release: the slot's stores before it)
+        if claimer(tid) and nh.atom_add_acq_rel_gpu_u32(p.cluster_claims, 1) == clusters - 1:
+            for s in range(clusters):
+                nh.st_global_u32(p.cluster_claims + 4 + 4 * s, 0)
+            nh.st_global_u32(p.cluster_claims, 0)
+        cuda.syncwarp()
+        nh.cluster_wait()
+        return nh.ld_shared_u32(slot_address)
+
+    return nominate, claim
 
 
 GROUP_WALK_END = 2**31 - 1  # the tile id of a grouped walk's end (tile ids are below 2^31: the host checks)
@@ -320,17 +406,17 @@ def _grouped_scheduler(cfg) -> TileScheduler:
                                        MASKED, BM, BN, cfg.group_m, grouped_tile)
 
     @cuda.jit(device=True, forceinline=True)
-    def work(p):
+    def work(p, slot):
         """The end marker is a constant, not a count: the groups' tiles are known only as the
         walk reads their sizes (and a constant costs the consumers no register)."""
-        return GroupWork((p.N + BN - 1) // BN, GROUP_WALK_END, (p.K + BK - 1) // BK, np.int64(cuda.blockIdx.x),
+        return GroupWork((p.N + BN - 1) // BN, GROUP_WALK_END, (p.K + BK - 1) // BK, np.int64(slot),
                          np.int64(cuda.gridDim.x), p.batches, p.group_rows, p.M)
 
     @cuda.jit(device=True, forceinline=True)
     def fixup(frag, w, item, workspace, c):
         return True
 
-    return TileScheduler(work, first, next_, origin, fixup)
+    return TileScheduler(*_cluster_slots(cfg), work, first, next_, origin, fixup)
 
 
 def host_group_walk(mode, block_m, block_n, group_m=8):
