@@ -52,7 +52,7 @@ def stream_scratch(device, stream, nbytes) -> int:
     what is kept is at most the size of the newest.
     """
     buf = _buffers.get((device, stream))
-    if buf is not None and buf.size >= nbytes:
+    if buf is not None and buf.ptr and buf.size >= nbytes:  # (a buffer another thread still makes has no ptr)
         return buf.ptr + CLAIMS_BYTES
     with _lock:
         buf = _buffers.setdefault((device, stream), _StreamBuffer())
