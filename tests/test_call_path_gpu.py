@@ -130,11 +130,13 @@ def test_split_k_and_unaligned_operands_on_fresh_operands(torch):
 
 
 @pytest.mark.serial
-@pytest.mark.parametrize("M,N,K", [(1024, 1024, 1024), (8, 2048, 2048)])  # (the second runs swapped)
-def test_a_call_never_waits_for_the_gpu(torch, M, N, K):
+@pytest.mark.parametrize("M,N,K,w_t", [(1024, 1024, 1024, False), (8, 2048, 2048, False),  # (swapped)
+                                       (512, 3584, 8192, True)])  # (x @ W.T: GPC-ordered clusters, slot claims)
+def test_a_call_never_waits_for_the_gpu(torch, M, N, K, w_t):
     def operands():
-        return torch.randn(M, K, device="cuda", dtype=torch.bfloat16), torch.randn(K, N, device="cuda",
-                                                                                   dtype=torch.bfloat16)
+        b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).t() if w_t else torch.randn(
+            K, N, device="cuda", dtype=torch.bfloat16)
+        return torch.randn(M, K, device="cuda", dtype=torch.bfloat16), b
 
     numba_hopper.gemm(*operands())  # the plan exists; the operands below are new to it
     fresh = operands()
