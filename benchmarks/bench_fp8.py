@@ -20,8 +20,9 @@ the fp8 accumulator into f32, which this kernel does for block-wise scales only)
 
 Method: bench_gemm.py's (benchmarks/NOTES.md), with its helpers: input sets rotated to
 exceed twice the L2, CUDA events over ``reps`` calls, rounds interleaved and reversed every
-other round, the median over rounds, a warm-up first. Each shape and scaling is checked
-against a float64 reference of the dequantized operands before it is timed.
+other round, the median over rounds (a ratio: of the rounds' ratios, ``paired_ratio``), a
+warm-up first. Each shape and scaling is checked against a float64 reference of the
+dequantized operands before it is timed.
 
     python benchmarks/bench_fp8.py            # the suite
     python benchmarks/bench_fp8.py --quick    # 4096^3 and 128x7168x16384 only
@@ -33,10 +34,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 
 import torch
 
-from bench_gemm import _config, interleaved_medians, print_table, save_results  # also puts the checkout on sys.path
+from bench_gemm import _config, interleaved_rounds, paired_ratio, print_table, save_results  # also puts the checkout on sys.path
 from numba_hopper import gemm
 
 # (name, M, N, K): the issue's anchors, then DeepSeek-V3's projections at M = 128 and 4096.
@@ -133,10 +135,12 @@ def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accu
     if not max(e for name, e in errors.items() if name != "ref") < tolerance(K, scaling, out_dtype):
         raise AssertionError(f"{M}x{N}x{K} {scaling}: relative errors {errors}")
     extra = _promotion_errors(a, b) if scaling == "blockwise" else {}
-    med = interleaved_medians(fns, sets, rounds, "ref", device_time)
+    times = interleaved_rounds(fns, sets, rounds, "ref", device_time)
+    med = {k: statistics.median(v) for k, v in times.items()}
     flops = 2.0 * M * N * K
     return {**extra, "ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
-            "ratio": med["ref"] / med["ours"], "rel_error": errors["ours"], "ref_rel_error": errors["ref"],
+            "ratio": paired_ratio(times, "ref", "ours"), "ratio_of_medians": med["ref"] / med["ours"],
+            "rel_error": errors["ours"], "ref_rel_error": errors["ref"],
             "ours_ms": med["ours"], "ref_ms": med["ref"],
             **({"configs_tflops": {c: flops / med["ours" if c == configs[0] else c] / 1e9 for c in configs}}
                if len(configs) > 1 else {})}

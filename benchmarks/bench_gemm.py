@@ -7,8 +7,9 @@ steady state with ``out=``: ``gemm(a, b, out=c)`` against ``torch.matmul(a, b, o
 Method (benchmarks/NOTES.md): for each shape, enough input sets to exceed twice the L2 are
 rotated so no call reads a cached operand; CUDA events time ``reps`` calls in a row; the
 contenders alternate in rounds (reversed every other round) so clock sag under the H100's
-power limit hits all alike; each figure is the median over rounds. Every shape is checked
-against float64 before it is timed, on both call forms.
+power limit hits all alike; times are medians over rounds, and a ratio is the median of
+the rounds' ratios (``paired_ratio``: the clock's swing between rounds cancels). Every
+shape is checked against float64 before it is timed, on both call forms.
 
     python benchmarks/bench_gemm.py                 # the full suite
     python benchmarks/bench_gemm.py --quick         # 4096^3 and 8192^3 only
@@ -94,10 +95,10 @@ def _time(fn, sets, reps, device_time=False):
     return start.elapsed_time(end) / reps
 
 
-def interleaved_medians(fns, sets, rounds, reference, device_time=False):
-    """Median seconds per call of each of ``fns`` (name -> fn(*set)): a warm-up (compile,
-    clocks), reps chosen so one timing of ``reference`` lasts ~20 ms, then ``rounds`` rounds
-    that time every contender once, in reversed order every other round."""
+def interleaved_rounds(fns, sets, rounds, reference, device_time=False):
+    """Seconds per call of each of ``fns`` (name -> fn(*set)) in each round, as lists: a
+    warm-up (compile, clocks), reps chosen so one timing of ``reference`` lasts ~20 ms, then
+    ``rounds`` rounds that time every contender once, in reversed order every other round."""
     for fn in fns.values():
         _time(fn, sets, 3, device_time)
     est = _time(fns[reference], sets, 5, device_time)
@@ -107,7 +108,21 @@ def interleaved_medians(fns, sets, rounds, reference, device_time=False):
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
             times[name].append(_time(fns[name], sets, reps, device_time))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
+
+
+def interleaved_medians(fns, sets, rounds, reference, device_time=False):
+    """Median seconds per call of each of ``fns`` over :func:`interleaved_rounds`."""
+    return {k: statistics.median(v) for k, v in interleaved_rounds(fns, sets, rounds, reference, device_time).items()}
+
+
+def paired_ratio(times, reference, name):
+    """``reference``'s time over ``name``'s: the median over rounds of the two timings' ratio in
+    one round. Under the H100's power limit a shape's per-round times swing 20-30% as the clock
+    moves, and the two timings of a round, tens of ms apart, share the clock: their ratio
+    cancels the swing, where the ratio of each side's median keeps part of it (5-round ratios
+    of medians spread 0.91-0.96 on a shape whose paired ratios read 1.00-1.03; NOTES, session 34)."""
+    return statistics.median(r / n for r, n in zip(times[reference], times[name]))
 
 
 def _config(name, layout="RR"):
@@ -171,19 +186,21 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), 
             if not err < 1e-2:
                 raise AssertionError(f"{M}x{N}x{K} {dtype} {layout} {name} ({form}): relative error {err}")
             errors[name] = max(errors.get(name, 0.0), err)
-    med = interleaved_medians(fns, sets, rounds, "cublas", device_time)
+    times = interleaved_rounds(fns, sets, rounds, "cublas", device_time)
+    med = {k: statistics.median(v) for k, v in times.items()}
     flops = 2.0 * batch * M * N * K
     return {
         name: {
             "ours_tflops": flops / med[name] / 1e9,
             "cublas_tflops": flops / med["cublas"] / 1e9,
-            "ratio": med["cublas"] / med[name],
+            "ratio": paired_ratio(times, "cublas", name),
+            "ratio_of_medians": med["cublas"] / med[name],
             "rel_error": errors[name],
             "ours_ms": med[name],
             "cublas_ms": med["cublas"],
             "out_ours_tflops": flops / med[f"{name} out="] / 1e9,
             "out_cublas_tflops": flops / med["cublas out="] / 1e9,
-            "out_ratio": med["cublas out="] / med[f"{name} out="],
+            "out_ratio": paired_ratio(times, "cublas out=", f"{name} out="),
         }
         for name in configs
     }

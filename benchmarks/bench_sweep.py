@@ -3,8 +3,8 @@
 Each shape is timed as users call it, ``gemm(a, b)`` against ``torch.matmul(a, b)`` with
 fresh operands and a new output every call (``ratio``; host time included, as a model's
 forward sees it), then both with ``out=`` (``out_ratio``). Method as in bench_gemm.py: one
-process, interleaved rounds, inputs rotated past the L2, medians, every shape checked
-against float64 first. Shapes whose cuBLAS call takes under 50 us are also timed on the
+process, 11 interleaved rounds, inputs rotated past the L2, medians (a ratio: of the rounds'
+ratios, ``paired_ratio``), every shape checked against float64 first. Shapes whose cuBLAS call takes under 50 us are also timed on the
 device alone (``device_ratio``: the host enqueues ahead), which separates kernel speed from
 host cost.
 
@@ -73,7 +73,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--ms", nargs="*", type=int, default=MS)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--no-first-call", action="store_true", help="skip the cold first-call measurement")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -84,7 +84,8 @@ def main(argv=None):
     for name, M, N, K, layout in sweep_shapes(args.models, args.ms):
         r = bench_shape(M, N, K, "bf16", layout, args.rounds, l2)["default"]
         record = {"name": name, "M": M, "N": N, "K": K, "layout": layout, "ours_tflops": r["ours_tflops"],
-                  "cublas_tflops": r["cublas_tflops"], "ratio": r["ratio"], "out_ratio": r["out_ratio"],
+                  "cublas_tflops": r["cublas_tflops"], "ratio": r["ratio"], "ratio_of_medians": r["ratio_of_medians"],
+                  "out_ratio": r["out_ratio"],
                   "ours_ms": r["ours_ms"], "cublas_ms": r["cublas_ms"], "rel_error": r["rel_error"]}
         if r["cublas_ms"] < DEVICE_TIME_BELOW_MS:
             record["device_ratio"] = bench_shape(M, N, K, "bf16", layout, args.rounds, l2,
