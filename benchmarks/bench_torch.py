@@ -16,8 +16,9 @@ Cases (``ratio = torch_ms / ours_ms``, above 1: ours is faster):
 - "train step, 4x1024": eager forward with the language-model loss, backward, and an AdamW
   step (the 29 linears' forward and both backward GEMMs on numba_hopper).
 
-Each figure is the median of ``--rounds`` CUDA-event timings of one call, after warm-up,
-the two models alternating.
+Each time is the median of ``--rounds`` CUDA-event timings of one call, after warm-up,
+the two models alternating; the ratio is the median of the rounds' ratios (bench_gemm.py's
+``paired_ratio``), ``ratio_of_medians`` the ratio of the two medians.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from bench_gemm import print_table, save_results  # noqa: E402
+from bench_gemm import paired_ratio, print_table, save_results  # noqa: E402
 from bench_model import MODEL, _time_ms, build_model  # noqa: E402
 
 import numba_hopper.torch as nht  # noqa: E402
@@ -112,20 +113,23 @@ def bench(make, batch, seq, rounds):
     for r in range(rounds):
         for side in ((True, False) if r % 2 == 0 else (False, True)):
             times[side].append(_time_ms(runs[side]))
-    return statistics.median(times[True]), statistics.median(times[False]), swapped
+    return times[True], times[False], swapped
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--json", help="results file (default benchmarks/results/torch-<gpu>-<date>-<commit>.json)")
     args = p.parse_args(argv)
     records = []
     for case, make, batch, seq in CASES:
-        ours_ms, torch_ms, swapped = bench(make, batch, seq, args.rounds)
-        records.append({"case": case, "ours_ms": ours_ms, "torch_ms": torch_ms, "ratio": torch_ms / ours_ms})
-        print(f"{case:34s} ours {ours_ms:8.3f} ms  torch {torch_ms:8.3f} ms  ratio {torch_ms / ours_ms:.3f}"
-              f"  ({swapped} linears swapped)", flush=True)
+        ours, stock, swapped = bench(make, batch, seq, args.rounds)
+        ours_ms, torch_ms = statistics.median(ours), statistics.median(stock)
+        ratio = paired_ratio({"torch": stock, "ours": ours}, "torch", "ours")
+        records.append({"case": case, "ours_ms": ours_ms, "torch_ms": torch_ms, "ratio": ratio,
+                        "ratio_of_medians": torch_ms / ours_ms})
+        print(f"{case:34s} ours {ours_ms:8.3f} ms  torch {torch_ms:8.3f} ms  ratio {ratio:.3f}"
+              f" (of medians {torch_ms / ours_ms:.3f})  ({swapped} linears swapped)", flush=True)
         torch.cuda.empty_cache()
     out = save_results("torch", {"model": MODEL, "torch": torch.__version__, "records": records}, args.json)
     print_table(records, [("case", "case", "s"), ("ours_ms", "ours ms", ".3f"), ("torch_ms", "torch ms", ".3f"),
