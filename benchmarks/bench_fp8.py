@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 
 import torch
 
-from bench_gemm import _config, interleaved_rounds, paired_ratio, print_table, save_results  # also puts the checkout on sys.path
+# (bench_gemm also puts the checkout on sys.path)
+from bench_gemm import _config, interleaved_rounds, medians, paired_ratio, print_table, save_results
 from numba_hopper import gemm
 
 # (name, M, N, K): the issue's anchors, then DeepSeek-V3's projections at M = 128 and 4096.
@@ -136,7 +136,7 @@ def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accu
         raise AssertionError(f"{M}x{N}x{K} {scaling}: relative errors {errors}")
     extra = _promotion_errors(a, b) if scaling == "blockwise" else {}
     times = interleaved_rounds(fns, sets, rounds, "ref", device_time)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = medians(times)
     flops = 2.0 * M * N * K
     return {**extra, "ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
             "ratio": paired_ratio(times, "ref", "ours"), "ratio_of_medians": med["ref"] / med["ours"],

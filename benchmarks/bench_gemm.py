@@ -111,9 +111,14 @@ def interleaved_rounds(fns, sets, rounds, reference, device_time=False):
     return times
 
 
+def medians(times):
+    """Each contender's median over the rounds of :func:`interleaved_rounds`' ``times``."""
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def interleaved_medians(fns, sets, rounds, reference, device_time=False):
     """Median seconds per call of each of ``fns`` over :func:`interleaved_rounds`."""
-    return {k: statistics.median(v) for k, v in interleaved_rounds(fns, sets, rounds, reference, device_time).items()}
+    return medians(interleaved_rounds(fns, sets, rounds, reference, device_time))
 
 
 def paired_ratio(times, reference, name):
@@ -187,7 +192,7 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), 
                 raise AssertionError(f"{M}x{N}x{K} {dtype} {layout} {name} ({form}): relative error {err}")
             errors[name] = max(errors.get(name, 0.0), err)
     times = interleaved_rounds(fns, sets, rounds, "cublas", device_time)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = medians(times)
     flops = 2.0 * batch * M * N * K
     return {
         name: {

@@ -4,9 +4,9 @@ Each shape is timed as users call it, ``gemm(a, b)`` against ``torch.matmul(a, b
 fresh operands and a new output every call (``ratio``; host time included, as a model's
 forward sees it), then both with ``out=`` (``out_ratio``). Method as in bench_gemm.py: one
 process, 11 interleaved rounds, inputs rotated past the L2, medians (a ratio: of the rounds'
-ratios, ``paired_ratio``), every shape checked against float64 first. Shapes whose cuBLAS call takes under 50 us are also timed on the
-device alone (``device_ratio``: the host enqueues ahead), which separates kernel speed from
-host cost.
+ratios, ``paired_ratio``), every shape checked against float64 first. Shapes whose cuBLAS
+call takes under 50 us are also timed on the device alone (``device_ratio``: the host
+enqueues ahead), which separates kernel speed from host cost.
 
 Shapes: the QKV, O, gate/up and down projections of Llama-3 8B and 70B and Qwen2.5 7B (x @
 W.T, W stored (N, K) as nn.Linear keeps it: layout RC) and Mixtral 8x7B's expert
