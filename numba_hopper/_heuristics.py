@@ -381,7 +381,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
             base = dataclasses.replace(base, cluster_n=2, cluster_order="gpc")
         straddling = block_m == 128 and M > SMALL_M and va.itemsize == 2 and straddling_tile(  # 16-bit: where it was measured
             M, N, units, limits.sm_count, rows_straddle_sectors(va, a_major == "K"), rows_straddle_sectors(vb, b_major == "N"),
-            a_major, b_major, plain=epilogue is None and ELEMENT_BYTES[vo.dtype] == 2)
+            a_major, b_major, plain=plain_16bit_out)
         if straddling:
             base = GemmConfig(a_major=a_major, b_major=b_major, **straddling)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
