@@ -135,7 +135,7 @@ def _config(name, layout="RR"):
     a cluster shape ``MxN`` (``2x1``), ``m<block_m>`` (``m64``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``),
     ``p<pipeline stages>`` (``p3``), ``g<tile-rows per raster group>`` (``g16``), ``sk`` (stream-K),
     ``swap`` (the product computed swapped, a column-major output tile: ``m64-n8-swap``), ``gpc`` (clusters in
-    GPC order: ``n112-1x2-gpc``), ``a<accumulators>``
+    GPC order: ``n112-1x2-gpc``), ``pp`` (ping-pong consumers: ``n176-pp``), ``a<accumulators>``
     (``a4``), ``e<output buffers per consumer>`` (``e1``); e.g. ``n128-s2``, ``n192-sk``. Unnamed parts keep GemmConfig's defaults (128x256 tiles, no cluster,
     no split, no stream-K, the deepest ring that fits). ``layout``: the operands' (``RC``: A row-major, B
     column-major), whose majors the config is checked with.
@@ -154,6 +154,8 @@ def _config(name, layout="RR"):
             kw["out_major"] = "M"
         elif part == "gpc":
             kw["cluster_order"] = "gpc"
+        elif part == "pp":
+            kw["pingpong"] = True
         elif part[0] in parts and part[1:].isdigit():
             kw[parts[part[0]]] = int(part[1:])
         else:

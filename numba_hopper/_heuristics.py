@@ -14,7 +14,7 @@ from .kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOCK
 from .launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
-           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "choose_config", "grouped_config", "split_count", "max_stages"]
+           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "pingpong_width", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
 # (benchmarks/NOTES.md). Up to MANY_WAVES waves (1792x1280x4096: one wave; 4096x3584x18944,
@@ -36,6 +36,13 @@ MANY_WAVES = 16
 TILE_COST = {256: 1.0, 224: 1.06, 192: 1.075, 160: 1.15, 144: 1.2, 128: 1.065, 112: 1.15, 64: 1.52}
 TILE_COST_MANY_WAVES = {**TILE_COST, 224: 1.03, 192: 1.005, 144: 1.3, 128: 1.25, 112: 1.35}
 K_MAJOR_WIDTHS = (224, 144, 112)
+# Ping-pong tiles (``GemmConfig.pingpong``: each consumer computes whole 128-row tiles, its
+# epilogue under the other's mainloop) per column cost what a cooperative 128 x 256 tile does
+# (device time against the defaults, benchmarks/NOTES.md, session 35: 4096^3 RR equal, 4096x2048x2048
+# equal, 4096x5632x2048 +5% over 128 x 128, 4096x4096x1024 +4%, 1024x14336x4096 +3% in 128 x 176 over
+# 128 x 224). 176 wide with a K-major B only (an N-major B loads whole 64-wide boxes: 0.83x
+# cuBLAS at 4096^3); 160 and 192 wide ran slower than either.
+PINGPONG_TILE_COST = {176: 1.0, 128: 1.0}
 # Grouped kernels' 128 x 192 tiles run 5-9% behind their 128 x 256 ones, where dense products
 # run both alike (device time, 8 groups of 2048 rows: Mixtral's 14336 x 4096, 687-674 vs 731-708
 # TFLOP/s; 7168 x 2048, 704 vs 739; 4096 x 7168, 641-627 vs 699-696; benchmarks/NOTES.md, session 23).
@@ -81,6 +88,22 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
               if not (fused and bn % 64) and (k_major_widths or bn not in K_MAJOR_WIDTHS)
               and not (grouped and bn in GROUPED_SLOW_WIDTHS)]
     return 128, min(widths, key=lambda bn: _tile_time(M, N, units, sms, bn))
+
+
+def pingpong_width(M, N, units, sms, block_n, k_major_b):
+    """The width of ping-pong tiles (``PINGPONG_TILE_COST``) for a plain 16-bit product whose
+    cooperative tile is 128 x ``block_n``, or None: the fewest waves x width x cost, where that
+    is no more than the cooperative tile's :func:`_tile_time`, over more than one wave (a CTA's
+    second tile hides its first's epilogue) and at most ``MANY_WAVES`` (unmeasured beyond)."""
+    best, best_time = None, _tile_time(M, N, units, sms, block_n)
+    for bn, cost in PINGPONG_TILE_COST.items():
+        tiles = units * _ceil(M, 128) * _ceil(N, bn)
+        waves = _ceil(tiles, sms)
+        if (bn % 64 and not k_major_b) or tiles <= sms or waves > MANY_WAVES:
+            continue
+        if waves * bn * cost < best_time or best is None and waves * bn * cost == best_time:
+            best, best_time = bn, waves * bn * cost
+    return best
 
 
 def _tile_time(M, N, units, sms, bn):
@@ -350,7 +373,8 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
 
     Default: the tile :func:`tile_shape` picks for ``units`` products, the deepest ring
     that fits, and a 1x2 cluster of 128x256 tiles where :func:`cluster_pays`, or of narrower
-    tiles in GPC order where :func:`gpc_clusters_pay`. ``limits``: the device's
+    tiles in GPC order where :func:`gpc_clusters_pay`; else, for a plain 16-bit product,
+    ping-pong tiles where :func:`pingpong_width` takes them. ``limits``: the device's
     :class:`~numba_hopper.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
     """
     # fp8 operands are K-major (the caller checked): a (1, K) or (K, 1) view would pass both tests.
@@ -384,6 +408,10 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
             a_major, b_major, plain=plain_16bit_out)
         if straddling:
             base = GemmConfig(a_major=a_major, b_major=b_major, **straddling)
+        elif block_m == 128 and plain_16bit and base.cluster_size == 1:
+            width = pingpong_width(M, N, units, limits.sm_count, block_n, b_major == "K")
+            if width:
+                base = GemmConfig(block_n=width, pingpong=True)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epi_buffers=base.epi_buffers,
                             epilogue=epilogue)

@@ -53,6 +53,10 @@ ALL_CONFIGS = [
     GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=8, stages=16, out_major="M", acc_chains=4),
     GemmConfig("f16", "f16", "M", "K", block_m=64, block_n=16, stages=12, out_major="M", acc_chains=4),
     GemmConfig("bf16", "bf16", "K", "K", block_m=64, block_n=16, stages=12, out_major="M"),
+    # ping-pong consumers (whole tiles, each issuing both halves' wgmmas): both widths the heuristic
+    # runs, the 176-wide with 16-column sub-tiles, and an M-major A (its halves are two boxes) with f32
+    GemmConfig("bf16", "bf16", "K", "K", block_n=176, stages=5, pingpong=True),
+    GemmConfig("f16", "f32", "M", "N", block_n=128, stages=4, pingpong=True),
     # clusters in GPC order (slots claimed with atomics): the 1x2 tile the heuristic runs, and 2x1
     GemmConfig("bf16", "bf16", "K", "K", block_n=112, stages=6, cluster_n=2, cluster_order="gpc"),
     GemmConfig("bf16", "bf16", "M", "N", cluster_m=2, cluster_order="gpc"),
@@ -61,6 +65,7 @@ ALL_CONFIGS = [
 
 @pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}"
                          + ("-colmajor" if c.out_major == "M" else "") + ("-gpc" if c.cluster_order == "gpc" else "")
+                         + ("-pingpong" if c.pingpong else "")
                          + f"-a{c.acc_chains}")
 def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
@@ -226,6 +231,9 @@ def test_stage_count_fills_shared_memory():
     (dict(block_m=192, block_n=128, a_major="M", cluster_n=2), "block_m = 192"),
     (dict(cluster_order="smid"), "cluster_order"), (dict(cluster_order="gpc"), "2-CTA clusters"),
     (dict(block_n=128, cluster_m=2, cluster_n=2, cluster_order="gpc"), "2-CTA clusters"),
+    *((dict(dict(block_n=128, pingpong=True), **kw), "pingpong") for kw in (
+        dict(block_m=64), dict(block_n=256), dict(in_dtype="e4m3", b_major="K"), dict(cluster_n=2), dict(stream_k=True),
+        dict(grouped="contiguous"))),
 ])
 def test_config_rejects_bad_values(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -310,15 +318,43 @@ def test_rows_together_needs_a_on_128_byte_lines():
 ])
 def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, tile):
     from numba_hopper._arrays import transpose
-    from numba_hopper._heuristics import choose_config, tile_shape
+    from numba_hopper._heuristics import choose_config, pingpong_width, tile_shape
     from numba_hopper.prebuild import H100, _view
 
     assert tile_shape(M, N, K, 1, 132, k_major_widths=True) == tile
     x, w, out = _view(M, K, "bf16", True), _view(N, K, "bf16", True), _view(M, N, "bf16", True)
-    assert choose_config(x, transpose(w), out, None, False, limits=H100).block_n == tile[1]  # x @ w.T
+    rc = choose_config(x, transpose(w), out, None, False, limits=H100)  # x @ w.T
+    assert rc.block_n == (pingpong_width(M, N, 1, 132, tile[1], True) or tile[1])
     # measured only there: not with a row-major B
     rr = choose_config(x, _view(K, N, "bf16", True), out, None, False, limits=H100)
-    assert rr.block_n == tile_shape(M, N, K, 1, 132)[1] and rr.block_n not in (224, 144, 112)
+    coop = tile_shape(M, N, K, 1, 132)[1]
+    assert rr.block_n == (pingpong_width(M, N, 1, 132, coop, False) or coop) and rr.block_n not in (224, 176, 144, 112)
+
+
+@pytest.mark.parametrize("M,N,K,layout,width", [
+    # measured faster than the cooperative default (session 35)
+    (1024, 14336, 4096, "RC", 176), (512, 28672, 4096, "RC", 176), (4096, 5632, 2048, "RC", 176),
+    (4096, 4096, 1024, "RC", 128), (4096, 4096, 4096, "RR", 128), (4096, 2048, 2048, "RC", 128),
+    # an N-major B takes no 176-wide tiles
+    (1024, 14336, 4096, "RR", 128), (4096, 5632, 2048, "RR", 128),
+    # one wave (no second tile to hide an epilogue under), many waves (unmeasured), 64-row tiles
+    (512, 3584, 3584, "RC", None), (16384, 8192, 8192, "RC", None), (128, 4096, 4096, "RC", None),
+    # a cluster's tile (128 x 256 in 1x2 over 12 waves) and GPC-ordered clusters keep theirs
+    (16384, 4096, 4096, "RR", None), (512, 3584, 18944, "RC", None),
+])
+def test_plain_products_take_ping_pong_tiles_where_they_fill_waves(M, N, K, layout, width):
+    from numba_hopper._heuristics import choose_config
+    from numba_hopper.prebuild import H100, _view
+
+    a, b = _view(M, K, "bf16", layout[0] == "R"), _view(K, N, "bf16", layout[1] == "R")
+    cfg = choose_config(a, b, _view(M, N, "bf16", True), None, False, limits=H100)
+    assert (cfg.block_n if cfg.pingpong else None) == width, cfg
+    if width:
+        assert (cfg.block_m, cfg.cluster_size) == (128, 1)
+        assert choose_config(a, b, _view(M, N, "f32", True), None, False, limits=H100).pingpong  # f32 out: plain too
+        fused = choose_config(a, b, _view(M, N, "bf16", True), None, False, epilogue=EpilogueConfig(activation="relu"),
+                              limits=H100)
+        assert not fused.pingpong
 
 
 @pytest.mark.parametrize("M,N,K,layout,tile", [

@@ -90,6 +90,30 @@ def test_rows_together_at_small_m(torch, M, N, K, layout):
     _check(torch, M, N, K, layout=layout)
 
 
+@pytest.mark.parametrize("block_n", [128, 176])
+@pytest.mark.parametrize("M,N,K,layout", [(1, 1, 1, "RC"), (300, 7, 129, "RR"), (129, 1000, 64, "RC"),
+                                          (1000, 1000, 1000, "CR"), (1792, 5000, 640, "CC"), (4096, 2304, 2048, "RC")])
+def test_ping_pong_consumers(torch, block_n, M, N, K, layout):
+    """Ping-pong consumers taking whole tiles in turn: one tile (the second consumer idle), CTAs
+    with odd and even tile counts (4096 x 2304: 4 or 5 tiles a CTA), tiles of one k-block (each
+    consumer passes over the other's one slot) and longer than the ring, ragged edges, every
+    layout (a column-major A's halves are its two 64-row boxes), 16- and 32-bit outputs."""
+    _check(torch, M, N, K, layout=layout, config=GemmConfig(block_n=block_n, pingpong=True, stages=5))
+    _check(torch, M, N, K, layout=layout, out_dtype="f32", config=GemmConfig(block_n=block_n, pingpong=True, stages=4))
+
+
+def test_ping_pong_batches(torch):
+    from numba_hopper import bmm
+
+    a = torch.randn(3, 700, 520, device="cuda").to(torch.bfloat16)
+    b = torch.randn(3, 520, 900, device="cuda").to(torch.bfloat16)
+    out = torch.full((3, 700, 900), float("nan"), device="cuda", dtype=torch.bfloat16)
+    bmm(a, b, out=out, config=GemmConfig(block_n=128, pingpong=True, stages=5))
+    ref = a.double() @ b.double()
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < TOL["bf16"]
+
+
 # One kernel per case (each compile takes seconds): the widths, layouts and output dtypes spread.
 @pytest.mark.parametrize("block_n,layout,out_dtype", [(192, "RR", "bf16"), (192, "CC", "f32"), (128, "RC", "bf16"),
                                                       (128, "CR", "f32"), (64, "RC", "bf16")])

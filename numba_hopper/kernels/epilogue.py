@@ -350,8 +350,9 @@ def make_epilogue(cfg) -> Epilogue:
     - ``start() -> state``: a consumer's :class:`EpilogueState` before its first tile;
     - ``begin_tile(smem, c, tile, state, tmap_c, params, ep) -> terms``: as the tile's main
       loop starts, the loads of its row and column terms and of its first C sub-tiles;
-    - ``store_tile(frag, smem, c, tile, state, tmap_d, tmap_c, params, ep, terms) ->
-      state``: the tile from the accumulator fragment ``frag`` to global memory;
+    - ``store_tile(frag, smem, c, tile, rows, state, tmap_d, tmap_c, params, ep, terms) ->
+      state``: the tile's 64-row block ``rows`` (the consumer's own, ``c.cw``, or with
+      ping-pong either) from the accumulator fragment ``frag`` to global memory;
     - ``drain(c, state, ep)``: wait for the consumer's last stores; with ``amax``, raise
       ``ep.amax`` to the warp's largest ``|value|``.
     """
@@ -599,10 +600,10 @@ def make_epilogue(cfg) -> Epilogue:
         return terms
 
     @cuda.jit(device=True, forceinline=True)
-    def store_tile(frag, smem, c, tile, state, tmap_d, tmap_c, p, ep, terms):
+    def store_tile(frag, smem, c, tile, rows, state, tmap_d, tmap_c, p, ep, terms):
         if FUSED:  # the previous tile's reads of the staged columns are behind its last barrier
             stage_columns(smem + VEC_OFF + c.cw * VEC_BYTES, c.t, terms[2])
-        row0 = tile.m0 + c.cw * WG_ROWS
+        row0 = tile.m0 + rows * WG_ROWS
         if COL_MAJOR:
             return store_transposed(frag, smem, c, row0, tile.n0, tile.batch, tmap_d, state)
         if not GROUPED:

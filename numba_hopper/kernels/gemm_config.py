@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "gemm_argument_types", "WG_ROWS", "KBLOCK_BYTES",
            "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES",
-           "CLUSTER_ORDERS"]
+           "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N"]
 
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements
@@ -35,13 +35,15 @@ FP8_DTYPES = ("e4m3", "e5m2")
 GROUPED_MODES = ("contiguous", "masked")
 CLUSTER_ORDERS = ("launch", "gpc")
 BLOCK_MS = (64, 128, 192)
-BLOCK_NS = (8, 16, 32, 64, 112, 128, 144, 160, 192, 224, 256)
+BLOCK_NS = (8, 16, 32, 64, 112, 128, 144, 160, 176, 192, 224, 256)
 NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a decode product's tokens
 STREAM_K_MAX_BLOCK_N = 192
 # Block-wise scaled tile widths: the promoted sums double the accumulators, which fit in the
 # consumers' registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests); a
 # 256-wide tile accumulates each k-block in two 128-column halves (64 + 128).
 BLOCK_SCALED_NS = (64, 128, 192, 256)
+# A ping-pong consumer holds a 128 x block_n tile's accumulators: block_n f32 registers a thread.
+PINGPONG_MAX_BLOCK_N = 192
 SWIZZLE_ALIGN = 1024  # a 128B-swizzled tile starts on a 1024-byte boundary (the swizzle's period)
 
 
@@ -78,6 +80,10 @@ class GemmConfig:
     ``cluster_order``: which cluster takes which tile slot of the raster: "launch" (the
     cluster's index in the grid) or "gpc" (2-CTA clusters: slots in GPC-major order of the
     TPCs the clusters run on, claimed at the kernel's start; ``kernels/scheduler.py``).
+    ``pingpong``: the two consumers take whole 128-row tiles in turn, each issuing both 64-row
+    halves' wgmmas, so that one's epilogue runs under the other's mainloop (CUTLASS's
+    ``KernelTmaWarpSpecializedPingpong``); plain 16-bit products only, with no cluster, and
+    at most ``PINGPONG_MAX_BLOCK_N`` wide (a consumer holds the whole tile's accumulators).
     """
 
     in_dtype: str = "bf16"
@@ -100,6 +106,7 @@ class GemmConfig:
     acc_chains: int = 1
     epi_buffers: int = 2
     cluster_order: str = "launch"
+    pingpong: bool = False
 
     def __post_init__(self):
         if self.in_dtype not in INPUT_BYTES:
@@ -200,6 +207,11 @@ class GemmConfig:
             # 128 accumulators per thread leave no registers for a partial's loads: ptxas
             # issues all 32 float4 loads before the adds, and spills (SASS, CPU test).
             raise ValueError(f"stream_k needs block_n <= {STREAM_K_MAX_BLOCK_N}, got {self.block_n}")
+        if self.pingpong and (self.block_m != 128 or self.block_n > PINGPONG_MAX_BLOCK_N or self.in_dtype in FP8_DTYPES
+                              or self.epilogue is not None or self.cluster_size > 1 or self.stream_k
+                              or self.grouped is not None or self.out_major != "N" or self.acc_chains != 1):
+            raise ValueError(f"pingpong runs plain 16-bit products on 128-row tiles at most {PINGPONG_MAX_BLOCK_N} "
+                             "wide, without a cluster, stream_k or grouping")
         if self.grouped is not None:
             self._check_grouped()
 
@@ -225,7 +237,7 @@ class GemmConfig:
 
     @property
     def consumers(self):
-        """Consumer warpgroups: one per 64 rows of the tile."""
+        """Consumer warpgroups: one per 64 rows of the tile (ping-pong: two, each on whole tiles)."""
         return self.block_m // WG_ROWS
 
     @property
@@ -243,6 +255,12 @@ class GemmConfig:
         (benchmarks/NOTES.md, session 20). Block-wise scaled products wait for every k-block, or
         every pair (``mainloop.mma_promoted``, ``promotes_in_pairs``)."""
         return 2 if self.block_m == 64 and self.stages >= 8 and self.acc_chains == 1 else 1
+
+    @property
+    def slot_readers(self):
+        """Consumer warpgroups that read each ring slot: all of them, or with ``pingpong`` the one
+        whose tile it holds."""
+        return 1 if self.pingpong else self.consumers
 
     @property
     def tensormaps(self):

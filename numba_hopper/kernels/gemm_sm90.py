@@ -93,7 +93,7 @@ def register_budget(cfg: GemmConfig):
 @functools.lru_cache(maxsize=None)
 def _build_gemm_kernel(cfg: GemmConfig):
     BN, CONSUMERS, THREADS, CLUSTER, MAPS = cfg.block_n, cfg.consumers, cfg.threads, cfg.cluster_size, cfg.tensormaps
-    HAS_C, SCALED = cfg.has_c, cfg.block_scaled
+    HAS_C, SCALED, PINGPONG = cfg.has_c, cfg.block_scaled, cfg.pingpong
     GROUPED = cfg.grouped is not None
     # The 192-wide block-scaled grouped kernels' consumers spill (120 + 204 B) when the tensor maps
     # are prefetched: ptxas then keeps the maps' addresses live from the kernel's start. They load
@@ -111,7 +111,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     SLOT = cfg.layout.cluster_slot
     # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
     # column (B), so all of their consumer warps must release it.
-    empty_arrivals = 4 * CONSUMERS * (cfg.cluster_m + cfg.cluster_n - 1)
+    empty_arrivals = 4 * cfg.slot_readers * (cfg.cluster_m + cfg.cluster_n - 1)
     pipe = make_tma_pipeline(cfg.stages, empty_arrivals,
                              cfg.a_tile_bytes + cfg.b_tile_bytes + cfg.a_scales_box_bytes, CLUSTER)
     mainloop = make_mainloop(cfg, pipe)
@@ -185,7 +185,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
             nh.griddepcontrol_launch_dependents()
 
     @cuda.jit(device=True, forceinline=True)
-    def consumer(p, ep, smem, tid, cta, work):
+    def consumer_of(tid):
+        """This thread's :class:`Consumer`, after ``setmaxnreg``."""
         if CONSUMERS > 1:
             nh.setmaxnreg_inc(CONSUMER_REGS)
         # Unless ptxas sees that the warpgroup index is warp-uniform, as it does for lane 0's
@@ -198,7 +199,11 @@ def _build_gemm_kernel(cfg: GemmConfig):
         wg = cuda.shfl_sync(0xFFFFFFFF, tid, 0) // 128
         t = tid - 128 * wg
         # (a 32-bit lane: the k-block loop's release test stays a 32-bit compare)
-        c = Consumer(wg - 1, t, np.int32(t % 32), 16 * (t // 32) + (t % 32) // 4, t == 0)
+        return Consumer(wg - 1, t, np.int32(t % 32), 16 * (t // 32) + (t % 32) // 4, t == 0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def consumer(p, ep, smem, tid, cta, work):
+        c = consumer_of(tid)
         tmaps, work = tensormaps(p), role_schedule(p, work)
         acc = nh.wgmma_accumulator(BN, "f32")
         st = pipeline_start()
@@ -211,8 +216,38 @@ def _build_gemm_kernel(cfg: GemmConfig):
             acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile, ep)
             frag = nh.tuple_as_array(acc)
             if scheduler.fixup(frag, work, item, p.workspace, c):
-                stored = epilogue.store_tile(frag, smem, c, tile, stored, tmaps.d, tmaps.c, p, ep, terms)
+                stored = epilogue.store_tile(frag, smem, c, tile, c.cw, stored, tmaps.d, tmaps.c, p, ep, terms)
             item = scheduler.next(work, item)
+        epilogue.drain(c, stored, ep)
+
+    @cuda.jit(device=True, forceinline=True)
+    def passed_over(st, item, work):
+        """(Ping-pong) the ring state and work item past ``item``, which the other consumer takes."""
+        if item.tile < work.num_tiles:
+            st = pipe.skip(st, item.k_end - item.k_begin)
+            item = scheduler.next(work, item)
+        return st, item
+
+    @cuda.jit(device=True, forceinline=True)
+    def pingpong_consumer(p, ep, smem, tid, cta, work):
+        """(``cfg.pingpong``) consumer ``c.cw`` takes every other work item of the CTA's, first
+        its ``c.cw``-th, computes the whole tile in its turn and stores it while the other
+        consumer computes the next."""
+        c = consumer_of(tid)
+        tmaps = tensormaps(p)
+        acc = (nh.wgmma_accumulator(BN, "f32"), nh.wgmma_accumulator(BN, "f32"))
+        st = pipeline_start()
+        stored = epilogue.start()
+        mainloop.begin(c)
+        item = scheduler.first(work)
+        if c.cw == 1:
+            st, item = passed_over(st, item, work)
+        while item.tile < work.num_tiles:
+            tile = scheduler.origin(work, item, cta.rm, cta.rn)
+            acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile, ep)
+            stored = epilogue.store_tile(nh.tuple_as_array(acc[0]), smem, c, tile, 0, stored, tmaps.d, tmaps.c, p, ep, ())
+            stored = epilogue.store_tile(nh.tuple_as_array(acc[1]), smem, c, tile, 1, stored, tmaps.d, tmaps.c, p, ep, ())
+            st, item = passed_over(st, scheduler.next(work, item), work)
         epilogue.drain(c, stored, ep)
 
     @cuda.jit(launch_bounds=(THREADS, 1))
@@ -239,6 +274,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
         work = shared_schedule(p, scheduler.claim(p, rank, smem + SLOT, tid))
         if tid < 128:
             producer(p, smem, tid, cta, work)
+        elif PINGPONG:
+            pingpong_consumer(p, ep, smem, tid, cta, work)
         else:
             consumer(p, ep, smem, tid, cta, work)
         if CLUSTER > 1:

@@ -101,10 +101,10 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     # so the tensor cores idle while all promote, unless the consumers take turns to issue:
     # consumer 0's k-block kb, consumer 1's kb, (consumer 2's kb,) consumer 0's kb + 1, ... so
     # that each promotes while the others' wgmmas run (measured +0 to 7%: benchmarks/NOTES.md).
-    # Consumer i waits for its turn at named barrier TURN + i (256 threads: its own wait, the
-    # previous consumer's arrival).
+    # Ping-pong consumers take turns by whole tiles. Consumer i waits for its turn at named
+    # barrier TURN + i (256 threads: its own wait, the previous consumer's arrival).
     CONSUMERS = cfg.consumers
-    TAKE_TURNS = cfg.block_scaled and CONSUMERS > 1
+    TAKE_TURNS = (cfg.block_scaled or cfg.pingpong) and CONSUMERS > 1
     TURN = 1 + CONSUMERS  # (0: __syncthreads, 1 .. CONSUMERS: each consumer's own)
     SCALE_AHEAD = 2  # k-blocks: B's scales' loads (from L2) take about two k-blocks' wgmmas
     B_SCALES_BY_GROUP = cfg.grouped is not None  # grouped kernels: B's scales are (G, K/128, N/128)
@@ -197,8 +197,44 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         nh.wgmma_commit_group()
         return accs
 
-    mma = _k_loop(pipe, mma_stage, DEBUG, cfg.mma_depth)
-    chained_k_loop = _k_loop(pipe, mma_stage_chained, DEBUG, cfg.mma_depth)
+    @cuda.jit(device=True, forceinline=True)
+    def mma_stage_tile(accs, smem, st, cw, first):
+        """(Ping-pong) one k-block's wgmmas on both 64-row halves of the tile, one group (spelled
+        out: LLVM leaves a loop over two accumulators rolled, and ptxas then pads each group
+        with an empty wgmma)."""
+        upper, lower = stage_descriptors(smem, st, 0), stage_descriptors(smem, st, 1)
+        scale_d = 0 if first else 1
+        top, bottom = accs
+        nh.wgmma_fence()
+        top, bottom = k_step(top, upper, 0, scale_d), k_step(bottom, lower, 0, scale_d)
+        top, bottom = k_step(top, upper, 1, 1), k_step(bottom, lower, 1, 1)
+        top, bottom = k_step(top, upper, 2, 1), k_step(bottom, lower, 2, 1)
+        top, bottom = k_step(top, upper, 3, 1), k_step(bottom, lower, 3, 1)
+        nh.wgmma_commit_group()
+        return top, bottom
+
+    @cuda.jit(device=True, forceinline=True)
+    def hand_over(c):
+        """(Ping-pong) this consumer's wgmmas are all issued: the other's turn to issue."""
+        nh.named_barrier_arrive(TURN + 1 - c.cw, 256)
+
+    @cuda.jit(device=True, forceinline=True)
+    def keep_turn(c):
+        pass
+
+    mma = _k_loop(pipe, mma_stage, DEBUG, cfg.mma_depth, keep_turn)
+    tile_k_loop = _k_loop(pipe, mma_stage_tile, DEBUG, cfg.mma_depth, hand_over)
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_pingpong(acc, smem, bars, st, p, item, c, peers, tile, ep):
+        """``mma`` over the whole tile (``acc``: the upper and lower 64 rows' accumulators) in this
+        consumer's turn. Turns also keep the consumers' ring waits in order: a consumer waits
+        for a slot's fill only after every earlier fill has been waited for, so a parity wait
+        never mistakes a fill two laps back for the one it needs."""
+        nh.named_barrier_sync(TURN + c.cw, 256)
+        return tile_k_loop(acc, smem, bars, st, p, item, c, peers, tile, ep)
+
+    chained_k_loop = _k_loop(pipe, mma_stage_chained, DEBUG, cfg.mma_depth, keep_turn)
 
     @cuda.jit(device=True, forceinline=True)
     def mma_chained(acc, smem, bars, st, p, item, c, peers, tile, ep):
@@ -399,17 +435,20 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     assert cfg.acc_chains in (1, K_STEPS), cfg  # one accumulator per wgmma of a k-block
     if cfg.block_scaled:
         consumer_mma = mma_promoted_pairs if cfg.promotes_in_pairs else mma_promoted
+    elif cfg.pingpong:
+        consumer_mma = mma_pingpong
     else:
         consumer_mma = mma_chained if cfg.acc_chains > 1 else mma
     return Mainloop(cluster_cta, prefetch, load, begin, consumer_mma)
 
 
-def _k_loop(pipe, stage, debug, depth):
+def _k_loop(pipe, stage, debug, depth, issued):
     """``mma(acc, smem, bars, st, params, item, consumer, peers, tile, ep) -> (acc, st)``: the
     consumer's K loop over the item's k-blocks, ``acc = stage(acc, smem, st, cw, first)`` on
     each (``acc``: whatever ``stage`` accumulates into). ``depth`` k-blocks' wgmmas stay in
     flight behind the one just issued: a slot is released once ``wgmma.wait_group(depth)``
-    says the wgmmas that read it are done."""
+    says the wgmmas that read it are done. ``issued(consumer)`` runs once the last k-block's
+    wgmmas are issued, before they are waited for."""
     repeated = _repeat(depth)
 
     @cuda.jit(device=True, forceinline=True)
@@ -427,6 +466,7 @@ def _k_loop(pipe, stage, debug, depth):
                 pipe.consumer_release(bars, pending[0], peers)
             pending = pending[1:] + (st,)
             st = pipe.advance(st)
+        issued(c)
         nh.wgmma_wait_group(0)
         for j in range(depth):  # the item's last min(depth, k-blocks) slots
             if k_blocks > depth - 1 - j and c.lane == 0:

@@ -66,6 +66,7 @@ __all__ = [
     "pipeline_init",
     "pipeline_start",
     "pipeline_advance",
+    "pipeline_skip",
     "producer_acquire",
     "producer_commit",
     "consumer_wait",
@@ -114,6 +115,14 @@ def pipeline_advance(state, stages):
     if stage == stages:
         return PipelineState(np.uint32(0), np.uint32(state.phase ^ 1))
     return PipelineState(stage, np.uint32(state.phase))
+
+
+@cuda.jit(device=True, forceinline=True)
+def pipeline_skip(state, slots, stages):
+    """The state ``slots`` slots on (``slots`` >= 0): another consumer's k-blocks passed over."""
+    stage = np.uint32(state.stage + slots)
+    laps = stage // np.uint32(stages)
+    return PipelineState(np.uint32(stage - laps * np.uint32(stages)), np.uint32(state.phase ^ (laps & 1)))
 
 
 @cuda.jit(device=True, forceinline=True)
@@ -185,7 +194,8 @@ def consumer_release_in(bars, stages, state, cta_rank):
     mbarrier_arrive_cluster_rank(bars + 8 * (stages + state.stage), cta_rank)
 
 
-TmaPipeline = namedtuple("TmaPipeline", ["init", "producer_acquire", "consumer_wait", "consumer_release", "advance"])
+TmaPipeline = namedtuple("TmaPipeline", ["init", "producer_acquire", "consumer_wait", "consumer_release", "advance",
+                                         "skip"])
 
 
 def make_tma_pipeline(stages, consumer_arrivals, tx_bytes, cluster_size=1) -> TmaPipeline:
@@ -199,6 +209,7 @@ def make_tma_pipeline(stages, consumer_arrivals, tx_bytes, cluster_size=1) -> Tm
         pipe.consumer_wait(bars, st, site)               # slot's data landed
         pipe.consumer_release(bars, st, peers)           # one arrival per consumer warp
         st = pipe.advance(st)
+        st = pipe.skip(st, n)                            # n slots on (ping-pong: the other consumer's)
 
     ``site``: None, or a :class:`DebugSite` for a bounded wait. ``peers``: the mask of cluster
     ranks whose producers write into this CTA's slots (multicast); each of them hears this
@@ -231,4 +242,8 @@ def make_tma_pipeline(stages, consumer_arrivals, tx_bytes, cluster_size=1) -> Tm
     def advance(state):
         return pipeline_advance(state, stages)
 
-    return TmaPipeline(init, acquire, wait, release, advance)
+    @cuda.jit(device=True, forceinline=True)
+    def skip(state, slots):
+        return pipeline_skip(state, slots, stages)
+
+    return TmaPipeline(init, acquire, wait, release, advance, skip)
