@@ -14,7 +14,7 @@ from .kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOCK
 from .launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
-           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "pingpong_width", "choose_config", "grouped_config", "split_count", "max_stages"]
+           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
 # (benchmarks/NOTES.md). Up to MANY_WAVES waves (1792x1280x4096: one wave; 4096x3584x18944,
@@ -41,8 +41,12 @@ K_MAJOR_WIDTHS = (224, 144, 112)
 # (device time against the defaults, benchmarks/NOTES.md, session 35: 4096^3 RR equal, 4096x2048x2048
 # equal, 4096x5632x2048 +5% over 128 x 128, 4096x4096x1024 +4%, 1024x14336x4096 +3% in 128 x 176 over
 # 128 x 224). 176 wide with a K-major B only (an N-major B loads whole 64-wide boxes: 0.83x
-# cuBLAS at 4096^3); 160 and 192 wide ran slower than either.
+# cuBLAS at 4096^3); 160 and 192 wide ran slower than either. The overlap pays where the epilogue
+# is a noticeable part of a tile, and only from a CTA's second tile on: in the sweep, over K of
+# 18944-28672 (qwen2.5-7b / llama3-70b down projections: 0.89-1.00x cuBLAS against 0.99-1.09x) and
+# under two tiles a CTA (512x10240x8192: 0.92x against 1.02x) ping-pong tiles lost.
 PINGPONG_TILE_COST = {176: 1.0, 128: 1.0}
+PINGPONG_MAX_K_BLOCKS = 128
 # Grouped kernels' 128 x 192 tiles run 5-9% behind their 128 x 256 ones, where dense products
 # run both alike (device time, 8 groups of 2048 rows: Mixtral's 14336 x 4096, 687-674 vs 731-708
 # TFLOP/s; 7168 x 2048, 704 vs 739; 4096 x 7168, 641-627 vs 699-696; benchmarks/NOTES.md, session 23).
@@ -90,16 +94,17 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
     return 128, min(widths, key=lambda bn: _tile_time(M, N, units, sms, bn))
 
 
-def pingpong_width(M, N, units, sms, block_n, k_major_b):
+def pingpong_width(M, N, k_blocks, units, sms, block_n, k_major_b):
     """The width of ping-pong tiles (``PINGPONG_TILE_COST``) for a plain 16-bit product whose
     cooperative tile is 128 x ``block_n``, or None: the fewest waves x width x cost, where that
-    is no more than the cooperative tile's :func:`_tile_time`, over more than one wave (a CTA's
-    second tile hides its first's epilogue) and at most ``MANY_WAVES`` (unmeasured beyond)."""
+    is no more than the cooperative tile's :func:`_tile_time`, with at least two tiles a CTA (a
+    CTA's second tile hides its first's epilogue), at most ``MANY_WAVES`` waves (unmeasured
+    beyond) and at most ``PINGPONG_MAX_K_BLOCKS`` k-blocks."""
     best, best_time = None, _tile_time(M, N, units, sms, block_n)
     for bn, cost in PINGPONG_TILE_COST.items():
         tiles = units * _ceil(M, 128) * _ceil(N, bn)
         waves = _ceil(tiles, sms)
-        if (bn % 64 and not k_major_b) or tiles <= sms or waves > MANY_WAVES:
+        if (bn % 64 and not k_major_b) or tiles < 2 * sms or waves > MANY_WAVES or k_blocks > PINGPONG_MAX_K_BLOCKS:
             continue
         if waves * bn * cost < best_time or best is None and waves * bn * cost == best_time:
             best, best_time = bn, waves * bn * cost
@@ -409,7 +414,8 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         if straddling:
             base = GemmConfig(a_major=a_major, b_major=b_major, **straddling)
         elif block_m == 128 and plain_16bit and base.cluster_size == 1:
-            width = pingpong_width(M, N, units, limits.sm_count, block_n, b_major == "K")
+            width = pingpong_width(M, N, _ceil(va.shape[1], KBLOCK_BYTES // va.itemsize), units, limits.sm_count, block_n,
+                                   b_major == "K")
             if width:
                 base = GemmConfig(block_n=width, pingpong=True)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,

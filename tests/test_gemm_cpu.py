@@ -324,11 +324,11 @@ def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, t
     assert tile_shape(M, N, K, 1, 132, k_major_widths=True) == tile
     x, w, out = _view(M, K, "bf16", True), _view(N, K, "bf16", True), _view(M, N, "bf16", True)
     rc = choose_config(x, transpose(w), out, None, False, limits=H100)  # x @ w.T
-    assert rc.block_n == (pingpong_width(M, N, 1, 132, tile[1], True) or tile[1])
+    assert rc.block_n == (pingpong_width(M, N, -(-K // 64), 1, 132, tile[1], True) or tile[1])
     # measured only there: not with a row-major B
     rr = choose_config(x, _view(K, N, "bf16", True), out, None, False, limits=H100)
     coop = tile_shape(M, N, K, 1, 132)[1]
-    assert rr.block_n == (pingpong_width(M, N, 1, 132, coop, False) or coop) and rr.block_n not in (224, 176, 144, 112)
+    assert rr.block_n == (pingpong_width(M, N, -(-K // 64), 1, 132, coop, False) or coop) and rr.block_n not in (224, 176, 144, 112)
 
 
 @pytest.mark.parametrize("M,N,K,layout,width", [
@@ -337,8 +337,10 @@ def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, t
     (4096, 4096, 1024, "RC", 128), (4096, 4096, 4096, "RR", 128), (4096, 2048, 2048, "RC", 128),
     # an N-major B takes no 176-wide tiles
     (1024, 14336, 4096, "RR", 128), (4096, 5632, 2048, "RR", 128),
-    # one wave (no second tile to hide an epilogue under), many waves (unmeasured), 64-row tiles
-    (512, 3584, 3584, "RC", None), (16384, 8192, 8192, "RC", None), (128, 4096, 4096, "RC", None),
+    # under two tiles a CTA (no second tile to hide an epilogue under), many waves (unmeasured), a
+    # K over 8192 (measured slower), 64-row tiles
+    (512, 3584, 3584, "RC", None), (512, 10240, 8192, "RC", None), (16384, 8192, 8192, "RC", None),
+    (4096, 3584, 18944, "RC", None), (4096, 4096, 8256, "RC", None), (128, 4096, 4096, "RC", None),
     # a cluster's tile (128 x 256 in 1x2 over 12 waves) and GPC-ordered clusters keep theirs
     (16384, 4096, 4096, "RR", None), (512, 3584, 18944, "RC", None),
 ])
