@@ -391,12 +391,12 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     limits = limits or device_limits(vo.device)
     if config is None:
         M, N = vo.shape
+        plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
         if epilogue is not None and epilogue.block_scales:
             block_m, block_n = block_scaled_tile(M, N, va.shape[1], limits.sm_count, wide=not epilogue.column_bytes(192),
                                                  tall=not epilogue.fuses_more and ELEMENT_BYTES[vo.dtype] > 1,
                                                  paired=not epilogue.fuses_more)
         else:
-            plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
             a_row_bytes = leading_dim(va if a_major == "K" else transpose(va)) * va.itemsize
             block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
                                           block_k=KBLOCK_BYTES // va.itemsize,

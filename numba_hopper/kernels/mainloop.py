@@ -20,6 +20,9 @@ A tile and part ``rm`` of its B tile and multicasts each to the CTAs that share 
 (``cp.async.bulk.tensor`` with ``.multicast::cluster``); a slot is then released to every
 producer that writes into it.
 
+Ping-pong (``cfg.pingpong``): a consumer issues both 64-row halves of a whole tile, in turns
+with the other consumer, and passes over the other's k-blocks in the ring.
+
 Block-wise fp8 scales (``cfg.block_scaled``): a slot also holds A's scales of the tile's
 rows for its k-block (one more TMA box), and the consumers' ``mma`` is two-level: each
 k-block's product is waited for and added, scaled, into an f32 register sum
@@ -64,11 +67,12 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
       thread) the loads of work ``item``'s k-blocks of output ``tile`` (``tmaps``: the CTA's
       tensor maps, ``.a``, ``.b`` and, with block-wise scales, ``.a_scales``);
     - ``begin(consumer)``: (each consumer warpgroup, once, before its first ``mma``) with
-      block-wise scales and two or three consumers, hand the first turn to issue wgmmas to
-      consumer 0;
+      block-wise scales and two or three consumers, or ping-pong, hand the first turn to issue
+      wgmmas to consumer 0;
     - ``mma(acc, smem, bars, st, params, item, consumer, peers, tile, ep) -> (acc, st)``: (a
       consumer warpgroup) its 64 rows of the tile's product over the item's k-blocks, in the
-      accumulator tuple ``acc``; with block-wise scales (``cfg.block_scaled``, read from
+      accumulator tuple ``acc`` (ping-pong: the whole tile in the consumer's turn, ``acc`` the
+      upper and lower rows' accumulators); with block-wise scales (``cfg.block_scaled``, read from
       ``ep``) each k-block's product is scaled into an f32 sum, returned in ``acc``'s place;
       with ``cfg.acc_chains`` > 1 the k-block's wgmmas go to separate accumulators, whose sum
       is returned.
