@@ -106,8 +106,9 @@ def pingpong_width(M, N, k_blocks, units, sms, block_n, k_major_b):
         waves = _ceil(tiles, sms)
         if (bn % 64 and not k_major_b) or tiles < 2 * sms or waves > MANY_WAVES or k_blocks > PINGPONG_MAX_K_BLOCKS:
             continue
-        if waves * bn * cost < best_time or best is None and waves * bn * cost == best_time:
-            best, best_time = bn, waves * bn * cost
+        time = waves * bn * cost
+        if time < best_time or (best is None and time == best_time):  # a tie with the cooperative tile: ping-pong
+            best, best_time = bn, time
     return best
 
 

@@ -440,6 +440,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     if cfg.block_scaled:
         consumer_mma = mma_promoted_pairs if cfg.promotes_in_pairs else mma_promoted
     elif cfg.pingpong:
+        assert K_STEPS == 4, cfg  # (mma_stage_tile spells out a 16-bit k-block's four k-steps)
         consumer_mma = mma_pingpong
     else:
         consumer_mma = mma_chained if cfg.acc_chains > 1 else mma
