@@ -24,21 +24,21 @@ __all__ = ["NAMES", "fusion_args", "fusion_key_and_values", "Fusion", "check_fus
            "is_array"]
 
 NAMES = ("alpha", "beta", "c", "bias", "bias_dim", "activation", "aux_out", "epilogue", "epilogue_args",
-         "row_scale", "col_scale", "a_block_scales", "b_block_scales", "scale_out", "amax_out")
+         "row_scale", "col_scale", "a_block_scales", "b_block_scales", "scale_out", "amax_out", "up")
 # The arrays whose addresses a call passes, in the order of the call's values (after alpha,
 # beta); ``scale_out`` given as a number passes the number.
 ARRAYS = ("c", "row_scale", "col_scale", "bias", "aux_out", "a_block_scales", "b_block_scales", "scale_out",
-          "amax_out")
+          "amax_out", "up")
 NUMBER = "number"  # the signature of a scale given as a Python number (its value is a call's)
 
 
 def fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale, col_scale,
-                block_scales=None, scale_out=None, amax_out=None):
+                block_scales=None, scale_out=None, amax_out=None, up=None):
     """The epilogue keywords as a dict (``gemm`` calls this only when one of them is not its
     default: a plain GEMM runs the plain kernel). ``block_scales``: fp8 block-wise ``(scale_a,
     scale_b)`` (``_scales``), which the kernel reads with the epilogue's arrays."""
     return dict(zip(NAMES, (alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, tuple(epilogue_args),
-                            row_scale, col_scale, *(block_scales or (None, None)), scale_out, amax_out)))
+                            row_scale, col_scale, *(block_scales or (None, None)), scale_out, amax_out, up)))
 
 
 def fusion_key_and_values(f):
@@ -83,6 +83,7 @@ class Fusion:
     b_block_scales: DeviceView | None = None
     out_scale: float | DeviceView | None = None
     amax: DeviceView | None = None
+    up: DeviceView | None = None
 
     def transposed(self):
         """The same epilogue for the kernel that computes ``out.T``."""
@@ -97,7 +98,8 @@ class Fusion:
             bias_dtype=self.bias.dtype if self.bias else "f32", activation=self.activation,
             aux_dtype=self.aux and self.aux.dtype, user=self.user, transposed=transposed,
             block_scales=self.a_block_scales is not None, amax=self.amax is not None,
-            out_scale=None if self.out_scale is None else "number" if isinstance(self.out_scale, float) else "array")
+            out_scale=None if self.out_scale is None else "number" if isinstance(self.out_scale, float) else "array",
+            gated=self.up is not None)
 
 
 def check_fusion(f, M, N, K, device, dtype, out_dtype, rows=None) -> Fusion:
@@ -155,7 +157,19 @@ def check_fusion(f, M, N, K, device, dtype, out_dtype, rows=None) -> Fusion:
         col_scale=f["col_scale"] if f["col_scale"] is None else view("col_scale", f["col_scale"], (N,), ("f32",)),
         **_block_scale_views(f, M, N, K, view),
         **_fp8_output_views(f, out_dtype, view),
+        **_up_view(f, K, N, view),
     )
+
+
+def _up_view(f, K, N, view):
+    """``up``, checked: a (K, N) B like ``b``, with nothing else fused but the activation."""
+    if f["up"] is None:
+        return {}
+    others = [name for name in NAMES if name not in ("activation", "up", "epilogue_args", "alpha", "beta")
+              and f[name] is not None] + [name for name, plain in (("alpha", 1.0), ("beta", 0.0)) if f[name] != plain]
+    if others:
+        raise ValueError(f"up= fuses only an activation; got {', '.join(others)} too")
+    return {"up": view("up", f["up"], (K, N), ("bf16", "f16"))}
 
 
 def _block_scale_views(f, M, N, K, view):

@@ -374,6 +374,48 @@ def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 
     return stages
 
 
+def _tiling(va, vb, vo, a_major, b_major, epilogue, units, limits):
+    """:func:`choose_config`'s default tiling (a :class:`GemmConfig` of tile and cluster) of an
+    ungated product."""
+    M, N = vo.shape
+    plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
+    if epilogue is not None and epilogue.block_scales:
+        block_m, block_n = block_scaled_tile(M, N, va.shape[1], limits.sm_count, wide=not epilogue.column_bytes(192),
+                                             tall=not epilogue.fuses_more and ELEMENT_BYTES[vo.dtype] > 1,
+                                             paired=not epilogue.fuses_more)
+    else:
+        a_row_bytes = leading_dim(va if a_major == "K" else transpose(va)) * va.itemsize
+        block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
+                                      block_k=KBLOCK_BYTES // va.itemsize,
+                                      k_major_widths=b_major == "K" and plain_16bit, a_lines=a_row_bytes % 128 == 0)
+    base = GemmConfig(block_m=block_m, block_n=block_n)
+    tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
+    if block_m == 128 and block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
+        base = dataclasses.replace(base, cluster_n=2)
+    plain_16bit_out = epilogue is None and va.itemsize == 2 and ELEMENT_BYTES[vo.dtype] == 2
+    if block_m == 128 and plain_16bit_out and gpc_clusters_pay(units * tiles_m, tiles_n, va.shape[1], block_n, limits.sm_count):
+        base = dataclasses.replace(base, cluster_n=2, cluster_order="gpc")
+    straddling = block_m == 128 and M > SMALL_M and va.itemsize == 2 and straddling_tile(  # 16-bit: where it was measured
+        M, N, units, limits.sm_count, rows_straddle_sectors(va, a_major == "K"), rows_straddle_sectors(vb, b_major == "N"),
+        a_major, b_major, plain=plain_16bit_out)
+    if straddling:
+        base = GemmConfig(a_major=a_major, b_major=b_major, **straddling)
+    elif block_m == 128 and plain_16bit and base.cluster_size == 1:
+        width = pingpong_width(M, N, _ceil(va.shape[1], KBLOCK_BYTES // va.itemsize), units, limits.sm_count, block_n,
+                               b_major == "K")
+        if width:
+            base = GemmConfig(block_n=width, pingpong=True)
+    return base
+
+
+def gated_tile(M, N, K, units, sms):
+    """The tile of a gated product (``gemm(..., up=)``): :func:`tile_shape`'s rows for its kernel's
+    2N columns (B's and B_up's), 256 columns wide on 128-row tiles (a 128 x 128 output tile, as a
+    fused 128 x 256 product's), else 128."""
+    block_m, _ = tile_shape(M, 2 * N, K, units, sms, fused=True)
+    return GemmConfig(block_m=block_m, block_n=256 if block_m == 128 else 128)
+
+
 def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None):
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
 
@@ -388,37 +430,15 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     a_major = "K" if fp8 or tma_addressable(va, row_major=True) else "M"
     # (a column-major output's narrow B is the tokens, K-major: a (K, 1) view passes both tests)
     narrow = config is not None and config.out_major == "M"
-    b_major = "N" if not (fp8 or narrow) and tma_addressable(vb, row_major=True) else "K"
+    gated = epilogue is not None and epilogue.gated  # (B and B_up column-major: the caller checked)
+    b_major = "N" if not (fp8 or narrow or gated) and tma_addressable(vb, row_major=True) else "K"
     limits = limits or device_limits(vo.device)
     if config is None:
         M, N = vo.shape
-        plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
-        if epilogue is not None and epilogue.block_scales:
-            block_m, block_n = block_scaled_tile(M, N, va.shape[1], limits.sm_count, wide=not epilogue.column_bytes(192),
-                                                 tall=not epilogue.fuses_more and ELEMENT_BYTES[vo.dtype] > 1,
-                                                 paired=not epilogue.fuses_more)
+        if gated:
+            base = gated_tile(M, N, va.shape[1], units, limits.sm_count)
         else:
-            a_row_bytes = leading_dim(va if a_major == "K" else transpose(va)) * va.itemsize
-            block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,
-                                          block_k=KBLOCK_BYTES // va.itemsize,
-                                          k_major_widths=b_major == "K" and plain_16bit, a_lines=a_row_bytes % 128 == 0)
-        base = GemmConfig(block_m=block_m, block_n=block_n)
-        tiles_m, tiles_n = -(-M // block_m), -(-N // block_n)
-        if block_m == 128 and block_n == 256 and tiles_n >= 2 and cluster_pays(units * tiles_m * tiles_n, va.shape[1], b_major, limits.sm_count):
-            base = dataclasses.replace(base, cluster_n=2)
-        plain_16bit_out = epilogue is None and va.itemsize == 2 and ELEMENT_BYTES[vo.dtype] == 2
-        if block_m == 128 and plain_16bit_out and gpc_clusters_pay(units * tiles_m, tiles_n, va.shape[1], block_n, limits.sm_count):
-            base = dataclasses.replace(base, cluster_n=2, cluster_order="gpc")
-        straddling = block_m == 128 and M > SMALL_M and va.itemsize == 2 and straddling_tile(  # 16-bit: where it was measured
-            M, N, units, limits.sm_count, rows_straddle_sectors(va, a_major == "K"), rows_straddle_sectors(vb, b_major == "N"),
-            a_major, b_major, plain=plain_16bit_out)
-        if straddling:
-            base = GemmConfig(a_major=a_major, b_major=b_major, **straddling)
-        elif block_m == 128 and plain_16bit and base.cluster_size == 1:
-            width = pingpong_width(M, N, _ceil(va.shape[1], KBLOCK_BYTES // va.itemsize), units, limits.sm_count, block_n,
-                                   b_major == "K")
-            if width:
-                base = GemmConfig(block_n=width, pingpong=True)
+            base = _tiling(va, vb, vo, a_major, b_major, epilogue, units, limits)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epi_buffers=base.epi_buffers,
                             epilogue=epilogue)
@@ -447,7 +467,9 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
     if config is None:
         M, N = mo.shape
         rows = M if mode == "masked" else max(1, _ceil(M, groups))
-        if epilogue is not None and epilogue.block_scales:
+        if epilogue is not None and epilogue.gated:
+            base = gated_config(M, N, va.shape[1], units, limits.sm_count)
+        elif epilogue is not None and epilogue.block_scales:
             block_m, block_n = block_scaled_tile(rows, N, ma.shape[1], limits.sm_count, units=groups, wide=False, paired=False)
         else:
             block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,

@@ -41,13 +41,13 @@ from .tensormap import TensorMapArg, encode_template
 
 __all__ = ["Plan", "gemm_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config", "gemm_cache_key",
            "SCRATCH", "A", "B", "OUT", "ALPHA", "BETA", "C", "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "A_BLOCK_SCALES",
-           "B_BLOCK_SCALES", "OUT_SCALE", "AMAX", "USER", "GROUP_ROWS"]
+           "B_BLOCK_SCALES", "OUT_SCALE", "AMAX", "UP", "USER", "GROUP_ROWS"]
 
 # Indices into a call's values (the order of ``_fusion.ARRAYS`` after BETA). USER + i: the
 # i-th array among the user epilogue's arguments.
 (SCRATCH, A, B, OUT, ALPHA, BETA, C, ROW_SCALE, COL_SCALE, BIAS, AUX, A_BLOCK_SCALES, B_BLOCK_SCALES, OUT_SCALE, AMAX,
- USER) = range(16)
-GROUP_ROWS = USER  # a grouped call's group sizes (grouped calls take no user epilogue)
+ UP, USER) = range(17)
+GROUP_ROWS = UP  # a grouped call's group sizes (grouped calls take no gated or user epilogue)
 
 # Whether GEMM kernels launch as programmatic dependents ("all", the default, or "none"): each
 # sets up its barriers, waits in griddepcontrol.wait for the previous kernel of the stream, and
@@ -183,18 +183,23 @@ class _Gemm:
     ``group_rows``: where a grouped launch's group sizes are (a :class:`Src`).
     """
 
-    def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, a_scales=None, arrays=None,
+    def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, a_scales=None, up=None, arrays=None,
                  user_srcs=(), grid=None, dp_tiles=0, record=None, group_rows=None):
         self.cfg, self.a, self.b, self.d, self.c, self.batch = cfg, a, b, d, c, batch
-        self.a_scales = a_scales
+        self.a_scales, self.up = a_scales, up
         self.fusion, self.arrays, self.user_srcs = fusion, arrays or {}, user_srcs
         self.dp_tiles, self.record, self.group_rows = dp_tiles, record, group_rows
-        M, N = d.view.shape
+        M, N = self._kernel_shape()
         limits = device_limits(d.view.device)
         tiles = batch.count * -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
         self.grid = grid or min(tiles * cfg.cluster_size, limits.sm_count)  # whole clusters: trimmed in prepare
         self.partials = scratch.take(self.grid * 2 * (cfg.partial_bytes + 4)) if cfg.stream_k else None
         self.claims = scratch.claims() if cfg.cluster_order == "gpc" else None
+
+    def _kernel_shape(self):
+        """The kernel's (M, N): the output's, with a gated kernel's columns B's and B_up's."""
+        M, N = self.d.view.shape
+        return M, 2 * N if self.cfg.gated else N
 
     def _templates(self, values):
         cfg, batch = self.cfg, self.batch
@@ -216,6 +221,9 @@ class _Gemm:
         if self.a_scales is not None:  # one k-block's scales of a tile's rows per box
             maps.append(encode_template(_batched(self.a_scales.at(values), batch.count, batch.a_scales),
                                         (1, 1, cfg.a_scales_box)))
+        if self.up is not None:  # like B
+            maps.append(encode_template(_batched(transpose(self.up.at(values)), batch.count, batch.b), cfg.b_box,
+                                        swizzle=cfg.b_swizzle))
         return maps
 
     def _epilogue_args(self, values):
@@ -234,9 +242,9 @@ class _Gemm:
 
     def prepare(self, values):
         cfg, batch = self.cfg, self.batch
-        M, N = self.d.view.shape
+        M, N = self._kernel_shape()
         K = self.a.view.shape[1]
-        operands = (self.a, self.b, self.d) + tuple(op for op in (self.c, self.a_scales) if op is not None)
+        operands = (self.a, self.b, self.d) + tuple(op for op in (self.c, self.a_scales, self.up) if op is not None)
         params = GemmParams(
             maps=tuple(TensorMapArg(m, op.src.resolve(values)) for m, op in zip(self._templates(values), operands)),
             M=M, N=N, K=K, batches=batch.count, a_batched=int(batch.a != 0), b_batched=int(batch.b != 0),
@@ -365,7 +373,7 @@ def _aligned(op: Operand, scratch, copies, row_major_only=False):
 
 _FUSION_SRCS = {"c": Src(C), "row_scale": Src(ROW_SCALE), "col_scale": Src(COL_SCALE), "bias": Src(BIAS),
                 "aux": Src(AUX), "a_block_scales": Src(A_BLOCK_SCALES), "b_block_scales": Src(B_BLOCK_SCALES),
-                "out_scale": Src(OUT_SCALE), "amax": Src(AMAX)}
+                "out_scale": Src(OUT_SCALE), "amax": Src(AMAX), "up": Src(UP)}
 _SWAPPED = {"row_scale": "col_scale", "col_scale": "row_scale"}
 
 
@@ -401,6 +409,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
         fusion = fusion and fusion.transposed()
     if "c" in arrays:  # C is read like the output: row-major
         c = _aligned(arrays.pop("c"), scratch, copies, row_major_only=True)
+    up = arrays.pop("up", None)  # (gated: K-major and addressable, as gemm checked)
     a_scales = None
     if "a_block_scales" in arrays:
         a_scales, _ = _a_block_scales(arrays.pop("a_block_scales").view, scratch, copies)
@@ -439,7 +448,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
                          arrays.get("row_scale"), arrays.get("col_scale"))
         steps = [*copies, gemm, reduce]
     else:
-        gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, a_scales=a_scales, arrays=arrays,
+        gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, a_scales=a_scales, up=up, arrays=arrays,
                      user_srcs=user_srcs, record=record, **_stream_k(cfg, M, N, K, sms))
         zero_amax = [_Memset(Src(AMAX), 4)] if fusion and fusion.amax is not None else []
         steps = [*zero_amax, *copies, gemm, *finish]

@@ -46,7 +46,7 @@ from ._checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, c
 from ._device import hopper_device_reason
 from ._fusion import check_fusion, fusion_args, fusion_key_and_values
 from ._operands import current_torch_stream, describe, empty_like
-from ._plan import A, AMAX, AUX, B, C, OUT, Plan, bmm_plan, gemm_plan, zero_fill_plan
+from ._plan import A, AMAX, AUX, B, C, OUT, UP, Plan, bmm_plan, gemm_plan, zero_fill_plan
 from ._scales import NUMBER, fold_scales, scale_binder, scale_signature
 from .errors import DtypeError, LayoutError, ShapeError, UnsupportedDeviceError
 from .kernels.gemm_config import GemmConfig
@@ -57,7 +57,7 @@ __all__ = ["gemm", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
 
 def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None,
          out_dtype=None, aux_out=None, epilogue=None, epilogue_args=(), row_scale=None, col_scale=None,
-         scale_a=None, scale_b=None, scale_out=None, amax_out=None, dtype=None, stream=None, config=None,
+         scale_a=None, scale_b=None, scale_out=None, amax_out=None, up=None, dtype=None, stream=None, config=None,
          debug=None):
     """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N), or with a fused
     epilogue ``act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``.
@@ -94,6 +94,13 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       device arrays and scalars passed through. It is compiled into the kernel (one kernel
       per function), so keep it small: it runs in the registers of the epilogue.
     - ``row_scale`` (length M), ``col_scale`` (length N): float32 vectors.
+    - ``up``: a second (K, N) operand like ``b``, for a gated linear unit:
+      ``out = activation(a @ b) * (a @ up)`` (SwiGLU's ``silu(x @ W_gate.T) * (x @ W_up.T)`` with
+      ``b = W_gate.t()``, ``up = W_up.t()``; GeGLU with "gelu"). One kernel computes both
+      products in one tile (its B tile is ``b``'s columns beside ``up``'s) and writes only the
+      gated output: the two (M, N) products never reach memory. 16-bit ``a``, ``b`` and ``up`` of
+      one dtype, ``b`` and ``up`` column-major (``w.t()`` of row-major (N, K) weights) and
+      TMA-addressable, a row-major ``out``, no other epilogue option than ``activation``.
 
     FP8 (``a`` and ``b`` each ``float8_e4m3fn`` or ``float8_e5m2``, mixed included; numba/CuPy:
     uint8 arrays with ``dtype="e4m3"``/``"e5m2"`` for both), accumulated in float32, output
@@ -170,7 +177,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     if (scale_a is not None or scale_b is not None) and not debug and alpha == 1.0 and beta == 0.0 and c is None \
             and bias is None and bias_dim is None and activation is None and aux_out is None and epilogue is None \
             and row_scale is None and col_scale is None and not epilogue_args and scale_out is None \
-            and amax_out is None:
+            and amax_out is None and up is None:
         # fp8's usual call: the scales alone, looked up by their layouts (fold_scales checks them once).
         (kind_a, value_a), (kind_b, value_b) = scale_signature(scale_a), scale_signature(scale_b)
         scale = (value_a if kind_a in (None, NUMBER) else 1.0) * (value_b if kind_b in (None, NUMBER) else 1.0)
@@ -183,11 +190,11 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
         alpha, row_scale, col_scale, block_scales = fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale)
     if (alpha == 1.0 and beta == 0.0 and c is None and bias is None and bias_dim is None and activation is None
             and aux_out is None and epilogue is None and row_scale is None and col_scale is None
-            and not epilogue_args and block_scales is None and scale_out is None and amax_out is None):
+            and not epilogue_args and block_scales is None and scale_out is None and amax_out is None and up is None):
         f, fkey, fvalues = None, None, ()
     else:
         f = fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale,
-                        col_scale, block_scales, scale_out, amax_out)
+                        col_scale, block_scales, scale_out, amax_out, up)
         fkey, fvalues = fusion_key_and_values(f)
     key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, fkey)
     entry = None if debug else _plans.get(key)
@@ -278,8 +285,11 @@ def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, de
             raise DtypeError(f"block-wise scales are for fp8 operands; a and b are {va.dtype}")
         if vo and is_col_major(vo):  # the kernel would compute out.T, whose A is b (128 x 128 blocks)
             raise LayoutError("block-wise scales need a row-major out; got a column-major one")
+    if fusion and fusion.up is not None:
+        _check_gated(va, vb, fusion.up, vo)
     c, aux, amax = fusion and fusion.c, fusion and fusion.aux, fusion and fusion.amax
-    read = [("a", A, va), ("b", B, vb)] + ([("c", C, c)] if c else [])
+    up = fusion and fusion.up
+    read = [("a", A, va), ("b", B, vb)] + ([("c", C, c)] if c else []) + ([("up", UP, up)] if up else [])
     written = ([("out", OUT, vo)] if vo else []) + ([("aux_out", AUX, aux)] if aux else []) + \
         ([("amax_out", AMAX, amax)] if amax else [])
     in_place = {("out", "c")} if vo and c and _same_layout(vo, c) else ()
@@ -296,6 +306,19 @@ def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, de
 
     return _first_run(key, plan_for, a, out, vo, (*rows, N), out_dtype, va, (va.ptr, vb.ptr), fvalues,
                       stream, overlap_pairs(_spans(written), _spans(read), in_place), cache=not debug)
+
+
+def _check_gated(va, vb, vu, vo):
+    """A gated product's operands (``gemm(..., up=)``): 16-bit, ``b`` and ``up`` of one dtype and
+    K-major (the kernel loads each tile's rows of both into one B slot), ``out`` row-major."""
+    if va.dtype in FP8_DTYPES or vu.dtype != vb.dtype:
+        raise DtypeError(f"up= takes 16-bit a, b and up of one dtype; got a {va.dtype}, b {vb.dtype}, up {vu.dtype}")
+    for name, v in (("b", vb), ("up", vu)):
+        if not tma_addressable(v, row_major=False):
+            raise LayoutError(f"up= needs {name} column-major (K, N) with a 16-byte-aligned base and leading "
+                              f"dimension, as w.t() of a row-major (N, K) weight; got strides {v.strides}")
+    if vo is not None and is_col_major(rows_of("out", vo)):
+        raise LayoutError("up= writes a row-major out; got a column-major one")
 
 
 def _first_bmm(key, a, b, out, out_dtype, dtype, stream, config):

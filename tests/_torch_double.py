@@ -30,8 +30,13 @@ def _inputs(a, b):
 
 
 def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None,
-         out_dtype=None, aux_out=None):
+         out_dtype=None, aux_out=None, up=None):
     _inputs(a, b)
+    if up is not None:  # gated: act(a @ b) * (a @ up), b and up column-major
+        if up.dtype != b.dtype or up.shape != b.shape or b.stride(0) != 1 or up.stride(0) != 1:
+            raise errors.LayoutError("up= takes column-major b and up of one dtype and shape")
+        result = (_ACT[activation](a.double() @ b.double()) * (a.double() @ up.double())).to(a.dtype)
+        return result if out is None else out.copy_(result)
     if a.dim() < 2 or b.dim() != 2 or a.shape[-1] != b.shape[0]:
         raise errors.ShapeError(f"shapes {tuple(a.shape)} and {tuple(b.shape)}")
     rows = a.shape[:-1]  # (..., K): the leading dimensions are rows, as numba_hopper.gemm reads them

@@ -41,8 +41,8 @@ def _fused(**kw):
 def test_epilogue_key_keeps_flags_and_layouts_and_values_keep_addresses_and_scalars():
     bias = FakeCAI((8,), "<f4", ptr=BASE)
     key, values = _fused(bias=bias, alpha=2.0, activation="relu")
-    # c, row_scale, col_scale, bias, aux, block scales, scale_out, amax_out
-    assert values == (2.0, 0.0, 0, 0, 0, BASE, 0, 0, 0, 0, 0)
+    # c, row_scale, col_scale, bias, aux, block scales, scale_out, amax_out, up
+    assert values == (2.0, 0.0, 0, 0, 0, BASE, 0, 0, 0, 0, 0, 0)
     assert _fused(bias=FakeCAI((8,), "<f4", ptr=BASE + 256), alpha=3.0, activation="relu")[0] == key
     assert _fused(bias=bias, alpha=1.0, activation="relu")[0] != key  # alpha == 1 compiles no multiply
     assert _fused(bias=bias, alpha=2.0, activation="gelu")[0] != key

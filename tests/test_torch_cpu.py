@@ -254,3 +254,53 @@ def test_bad_input_raises_before_launch(double):
         nht.mm(torch.randn(2, 4, 8, dtype=torch.bfloat16), torch.randn(8, 4, dtype=torch.bfloat16))
     with pytest.raises(errors.ShapeError):
         torch.ops.numba_hopper.bmm(torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 4, dtype=torch.bfloat16))
+
+
+class _SwiGLU(torch.nn.Module):
+    """A Llama MLP: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden=64, inner=96):
+        super().__init__()
+        self.gate_proj, self.up_proj = (torch.nn.Linear(hidden, inner, bias=False) for _ in range(2))
+        self.down_proj = torch.nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_inductor_fuses_a_gated_mlp_into_one_gemm(double):
+    """Under torch.no_grad() Inductor's post-grad pass (``_gated``) puts one gated GEMM in place of
+    the gate and up products and the SiLU-and-multiply between them."""
+    from torch._inductor.utils import run_and_get_code
+
+    mlp = _SwiGLU().to(torch.bfloat16)
+    x = torch.randn(2, 33, 64, dtype=torch.bfloat16)
+    ref = mlp.double()(x.double())
+    nht.replace_linear(mlp.to(torch.bfloat16))
+    with torch.no_grad():
+        got, (code, *_) = run_and_get_code(torch.compile(mlp, fullgraph=True), x)
+    assert code.count("extern_kernels.numba_hopper_gated_mm(") == 1, code
+    assert code.count("extern_kernels.numba_hopper_mm(") == 1, code  # the down projection
+    assert cases.rel_error(got, ref) < 1e-2
+
+
+def test_gated_pass_leaves_products_used_elsewhere(double):
+    """A product that something else also reads (here the gate's, returned) must be computed: no fusion."""
+    from torch._inductor.utils import run_and_get_code
+
+    mlp = _SwiGLU().to(torch.bfloat16)
+    nht.replace_linear(mlp)
+
+    def both(x):
+        g = mlp.gate_proj(x)
+        return mlp.down_proj(torch.nn.functional.silu(g) * mlp.up_proj(x)), g
+
+    with torch.no_grad():
+        (out, g), (code, *_) = run_and_get_code(torch.compile(both, fullgraph=True), torch.randn(5, 64, dtype=torch.bfloat16))
+    assert "numba_hopper_gated_mm" not in code and code.count("extern_kernels.numba_hopper_mm(") == 3, code
+
+
+def test_gated_mm_passes_opcheck(double):
+    a = torch.randn(7, 24, dtype=torch.bfloat16)
+    b, up = (torch.randn(9, 24, dtype=torch.bfloat16).t() for _ in range(2))
+    torch.library.opcheck(torch.ops.numba_hopper.gated_mm.default, (a, b, up, "silu"))

@@ -32,6 +32,12 @@ output tile:
     amax = max(amax, |v|)                              (if asked)
     v = v * out_scale                                  (if asked; fp8 outputs saturate)
 
+A gated epilogue (``gated``: ``act(A @ B) * (A @ B_up)``, the GLU of SwiGLU and GeGLU MLPs) has
+only the activation: the kernel's tile is B's ``block_n / 2`` columns then B_up's, so register
+``k`` of a thread's fragment (column ``col``) and register ``k + block_n / 4`` (column
+``col + block_n / 2``) are the same output element's two products, and the store writes
+``activation(acc[k]) * acc[k + block_n / 4]`` to the tile's ``block_n / 2`` output columns.
+
 ``amax`` is a thread's running maximum over every tile it stores, kept as the bits of
 ``|v|`` (which order as the floats do, NaN highest); at the end each warp reduces it
 (``redux.sync``) and one lane raises the global value with an atomic max: one atomic per
@@ -60,9 +66,9 @@ other dimension; ``transposed`` then swaps (row, col) back for the user's functi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import namedtuple
-from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda
@@ -86,7 +92,7 @@ _GELU_K = np.float32(math.sqrt(2 / math.pi))
 _GELU_KC = np.float32(math.sqrt(2 / math.pi) * 0.044715)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class EpilogueConfig:
     """Compile-time shape of a fused epilogue (kernel coordinates; see the module doc).
 
@@ -111,6 +117,7 @@ class EpilogueConfig:
     block_scales: bool = False
     out_scale: str | None = None
     amax: bool = False
+    gated: bool = False
 
     def __post_init__(self):
         if self.activation not in (None,) + ACTIVATIONS:
@@ -124,13 +131,17 @@ class EpilogueConfig:
             raise ValueError(f"bias_dtype must be one of {FLOAT_DTYPES}, got {self.bias_dtype!r}")
         if self.out_scale not in (None, "number", "array"):
             raise ValueError(f"out_scale must be None, 'number' or 'array', got {self.out_scale!r}")
+        others = [f.name for f in dataclasses.fields(self) if f.name not in ("activation", "gated")
+                  and getattr(self, f.name) != f.default]
+        if self.gated and others:
+            raise ValueError(f"a gated epilogue fuses an activation only; got {', '.join(others)}")
 
     @property
     def scale_only(self) -> bool:
         """Whether it only multiplies (``alpha``, ``row_scale``, ``col_scale``): then split-K's
         reduce can apply it after summing the K slices."""
         return (self.c_dtype, self.bias, self.activation, self.aux_dtype, self.user, self.out_scale) == (None,) * 6 \
-            and not (self.block_scales or self.amax)
+            and not (self.block_scales or self.amax or self.gated)
 
     @property
     def arg_names(self) -> tuple:
@@ -152,7 +163,7 @@ class EpilogueConfig:
     def fuses_more(self) -> bool:
         """Whether it computes more than ``alpha`` times the product (block-wise scaled or not)."""
         return bool(self.row_scale or self.col_scale or self.c_dtype or self.bias or self.activation or self.aux_dtype
-                    or self.user is not None or self.transposed or self.out_scale or self.amax)
+                    or self.user is not None or self.transposed or self.out_scale or self.amax or self.gated)
 
     def column_bytes(self, block_n):
         """Shared memory a consumer stages its tile's column vectors in (f32, ``block_n`` each)."""
@@ -356,7 +367,9 @@ def make_epilogue(cfg) -> Epilogue:
     - ``drain(c, state, ep)``: wait for the consumer's last stores; with ``amax``, raise
       ``ep.amax`` to the warp's largest ``|value|``.
     """
-    BN, OUT_T, CONSUMERS = cfg.block_n, cfg.out_dtype, cfg.consumers
+    BN, OUT_T, CONSUMERS = cfg.out_block_n, cfg.out_dtype, cfg.consumers
+    GATED = cfg.gated
+    UP_REGS = cfg.block_n // 4  # (gated) a fragment's B_up registers follow its B registers
     GROUPED, MASKED = cfg.grouped is not None, cfg.grouped == "masked"
     D_BATCHED = cfg.grouped != "contiguous"  # a contiguous grouped output is one matrix
     OUT_BYTES = ELEMENT_BYTES[OUT_T]
@@ -402,6 +415,8 @@ def make_epilogue(cfg) -> Epilogue:
         rt = at.row_terms if j == 0 else at.row_terms_8
         v0 = apply(frag[k], c[0], rt, ct[0], row, col, at.M, at.N, at.ep)
         v1 = apply(frag[k + 1], c[1], rt, ct[1], row, col + 1, at.M, at.N, at.ep)
+        if GATED:
+            v0, v1 = v0 * frag[k + UP_REGS], v1 * frag[k + 1 + UP_REGS]
         m = _NO_AMAX
         if AMAX and row < at.M:  # the padding of partial tiles holds bias and C terms too
             m = max(nh.abs_bits(v0) if col < at.N else _NO_AMAX, nh.abs_bits(v1) if col + 1 < at.N else _NO_AMAX)
@@ -607,7 +622,8 @@ def make_epilogue(cfg) -> Epilogue:
         if COL_MAJOR:
             return store_transposed(frag, smem, c, row0, tile.n0, tile.batch, tmap_d, state)
         if not GROUPED:
-            return subtiles(state, _TileStore(frag, smem, c, row0, tile.n0, tile.batch, tmap_d, tmap_c, p.M, p.N,
+            n0 = tile.n0 // 2 if GATED else tile.n0  # (gated: the kernel's columns are B's and B_up's)
+            return subtiles(state, _TileStore(frag, smem, c, row0, n0, tile.batch, tmap_d, tmap_c, p.M, p.N,
                                               ep, terms))
         batch = tile.batch if D_BATCHED else 0
         rows = tile.row_end - row0  # the same for the whole warpgroup: its barriers agree

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "gemm_argument_types", "WG_ROWS", "KBLOCK_BYTES",
            "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES",
-           "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N"]
+           "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N", "GATED_NS"]
 
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements
@@ -44,6 +44,8 @@ STREAM_K_MAX_BLOCK_N = 192
 BLOCK_SCALED_NS = (64, 128, 192, 256)
 # A ping-pong consumer holds a 128 x block_n tile's accumulators: block_n f32 registers a thread.
 PINGPONG_MAX_BLOCK_N = 192
+# Gated tiles: each half (B's columns, B_up's) a multiple of the 64-column epilogue sub-tile.
+GATED_NS = (128, 256)
 SWIZZLE_ALIGN = 1024  # a 128B-swizzled tile starts on a 1024-byte boundary (the swizzle's period)
 
 
@@ -84,6 +86,10 @@ class GemmConfig:
     halves' wgmmas, so that one's epilogue runs under the other's mainloop (CUTLASS's
     ``KernelTmaWarpSpecializedPingpong``); plain 16-bit products only, with no cluster, and
     at most ``PINGPONG_MAX_BLOCK_N`` wide (a consumer holds the whole tile's accumulators).
+    A gated epilogue (``epilogue.gated``: ``act(A @ B) * (A @ B_up)``) takes a second B: each tile's
+    B slot holds ``block_n / 2`` rows of B and as many of B_up, so one wgmma tile computes both
+    products side by side and the epilogue writes the ``block_n / 2`` gated columns
+    (``out_block_n``); 16-bit inputs, a K-major B, ``block_n`` in ``GATED_NS``, no cluster or grouping.
     """
 
     in_dtype: str = "bf16"
@@ -212,6 +218,10 @@ class GemmConfig:
                               or self.grouped is not None or self.out_major != "N" or self.acc_chains != 1):
             raise ValueError(f"pingpong runs plain 16-bit products on 128-row tiles at most {PINGPONG_MAX_BLOCK_N} "
                              "wide, without a cluster, stream_k or grouping")
+        if self.gated and (self.block_n not in GATED_NS or self.b_major != "K" or self.in_dtype in FP8_DTYPES
+                           or self.out_major != "N" or self.cluster_size > 1 or self.grouped is not None):
+            raise ValueError(f"a gated epilogue runs 16-bit products with a K-major B on tiles {GATED_NS} wide, "
+                             "without a cluster or grouping")
         if self.grouped is not None:
             self._check_grouped()
 
@@ -264,9 +274,9 @@ class GemmConfig:
 
     @property
     def tensormaps(self):
-        """Tensor maps the kernel takes: A, B, the output D, then C with a residual and A's
-        block-wise scales with those."""
-        return 3 + self.has_c + self.block_scaled
+        """Tensor maps the kernel takes: A, B, the output D, then C with a residual, A's
+        block-wise scales with those and B_up gated."""
+        return 3 + self.has_c + self.block_scaled + self.gated
 
     @property
     def has_c(self):
@@ -276,6 +286,16 @@ class GemmConfig:
     def block_scaled(self):
         """Whether the mainloop scales each k-block's product (fp8 block-wise scales)."""
         return self.epilogue is not None and self.epilogue.block_scales
+
+    @property
+    def gated(self):
+        """Whether the kernel computes ``act(A @ B) * (A @ B_up)`` (a gated epilogue)."""
+        return self.epilogue is not None and self.epilogue.gated
+
+    @property
+    def out_block_n(self):
+        """Output columns of a tile: ``block_n``, or half of it gated."""
+        return self.block_n // 2 if self.gated else self.block_n
 
     @property
     def promotes_in_pairs(self):
@@ -314,8 +334,9 @@ class GemmConfig:
 
     @property
     def b_box(self):
+        """Box of B's tensor map (gated: also B_up's, each half the tile's rows)."""
         if self.b_major == "K":
-            return (1, self.block_n // self.cluster_m, self.block_k)
+            return (1, self.block_n // (2 if self.gated else self.cluster_m), self.block_k)
         return (1, self.block_k, min(self.block_n, 64))
 
     @property
@@ -336,7 +357,7 @@ class GemmConfig:
     def epi_cols(self):
         """Columns of one epilogue sub-tile: 128 bytes of output elements, at most 32 where 64
         does not divide ``block_n`` (160, 224) and 16 where 32 does not (112, 144)."""
-        cols = 16 if self.block_n % 32 and self.out_major == "N" else 32 if self.block_n % 64 else 64
+        cols = 16 if self.block_n % 32 and self.out_major == "N" else 32 if self.out_block_n % 64 else 64
         return min(128 // ELEMENT_BYTES[self.out_dtype], cols)
 
     @property
@@ -437,7 +458,8 @@ class GemmParams(NamedTuple):
 
     ``maps``: the 3-D TMA descriptors (batch outermost), passed by value
     (:class:`numba_hopper.tensormap.TensorMapArg`), of A, B, the output D and, with a
-    residual, C, then A's block-wise scales if it has them (``cfg.tensormaps`` in all). A
+    residual, C, then A's block-wise scales if it has them, or B_up if gated (``cfg.tensormaps``
+    in all). A gated kernel's ``N`` is twice the output's: its tiles' columns, B's and B_up's. A
     call at new addresses sets each map's ``value``. A and B have 128-byte swizzle and the boxes of
     ``cfg.a_box`` / ``cfg.b_box``; D the box ``cfg.c_box`` and ``cfg.epi_swizzle`` bytes of
     swizzle; C (row-major like D) the box ``(1, 64, c_box_cols(cfg))`` and that many

@@ -50,8 +50,8 @@ from .pipeline import make_tma_pipeline, pipeline_start
 from .scheduler import make_tile_scheduler
 
 # The kernel's tensor maps (kernel parameters, by value); A's block-wise scales last: (1, K blocks, M)
-# f32, box (1, 1, BM).
-TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales"])
+# f32, box (1, 1, BM); a gated kernel's B_up last.
+TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales", "b_up"])
 
 __all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel"]
 
@@ -95,7 +95,7 @@ def register_budget(cfg: GemmConfig):
 @functools.lru_cache(maxsize=None)
 def _build_gemm_kernel(cfg: GemmConfig):
     BN, CONSUMERS, THREADS, CLUSTER, MAPS = cfg.block_n, cfg.consumers, cfg.threads, cfg.cluster_size, cfg.tensormaps
-    HAS_C, SCALED, PINGPONG = cfg.has_c, cfg.block_scaled, cfg.pingpong
+    HAS_C, SCALED, PINGPONG, GATED = cfg.has_c, cfg.block_scaled, cfg.pingpong, cfg.gated
     GROUPED = cfg.grouped is not None
     # The 192-wide block-scaled grouped kernels' consumers spill (120 + 204 B) when the tensor maps
     # are prefetched: ptxas then keeps the maps' addresses live from the kernel's start. They load
@@ -122,13 +122,13 @@ def _build_gemm_kernel(cfg: GemmConfig):
 
     @cuda.jit(device=True, forceinline=True)
     def tensormaps(p):
-        """Where the launch put the tensor maps of A, B, D, C and A's scales (the last two
+        """Where the launch put the tensor maps of A, B, D, C, A's scales and B_up (the last three
         only if the kernel has them; else another map stands in, unused). Each role takes
         them after ``setmaxnreg``: values live across it must fit the producer's few
         registers (fused kernels with a cluster spilled 40 B otherwise)."""
         return TensorMaps(nh.tensormap_param_address(p.maps[0]), nh.tensormap_param_address(p.maps[1]),
                           nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]),
-                          nh.tensormap_param_address(p.maps[MAPS - 1]))
+                          nh.tensormap_param_address(p.maps[MAPS - 1]), nh.tensormap_param_address(p.maps[MAPS - 1]))
 
     @cuda.jit(device=True, forceinline=True)
     def prefetch_tensormaps(p):
@@ -145,6 +145,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
             nh.prefetch_tensormap(maps.c)
         if SCALED:
             nh.prefetch_tensormap(maps.a_scales)
+        if GATED:
+            nh.prefetch_tensormap(maps.b_up)
 
     @cuda.jit(device=True, forceinline=True)
     def prefetch_first_tile(p, cta):

@@ -65,7 +65,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
       loads for the first ``PREFETCH_KBLOCKS`` k-blocks of work ``item``;
     - ``load(smem, bars, st, tmaps, params, item, tile, cta) -> st``: (the producer's elected
       thread) the loads of work ``item``'s k-blocks of output ``tile`` (``tmaps``: the CTA's
-      tensor maps, ``.a``, ``.b`` and, with block-wise scales, ``.a_scales``);
+      tensor maps, ``.a``, ``.b`` and, with block-wise scales, ``.a_scales``, gated ``.b_up``);
     - ``begin(consumer)``: (each consumer warpgroup, once, before its first ``mma``) with
       block-wise scales and two or three consumers, or ping-pong, hand the first turn to issue
       wgmmas to consumer 0;
@@ -86,8 +86,11 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     CM, CN, CLUSTER = cfg.cluster_m, cfg.cluster_n, cfg.cluster_size
     A_TILE, B_TILE, B_OFF = cfg.a_tile_bytes, cfg.b_tile_bytes, cfg.layout.b
     B_SWIZZLE = cfg.b_swizzle
-    # CTAs of a tile row share its A tile, CTAs of a tile column its B tile.
-    load_a, load_b = _operand_loader(A_K_MAJOR, BM, CN), _operand_loader(B_K_MAJOR, BN, CM)
+    # CTAs of a tile row share its A tile, CTAs of a tile column its B tile. A gated tile's B slot
+    # is B's rows n0 / 2 on, then as many of B_up's (kernel column n0 is output column n0 / 2).
+    GATED = cfg.gated
+    load_a = _operand_loader(A_K_MAJOR, BM, CN)
+    load_b = _operand_loader(B_K_MAJOR, BN // 2 if GATED else BN, CM)
     prefetch_a, prefetch_b = _operand_prefetcher(A_K_MAJOR, BM), _operand_prefetcher(B_K_MAJOR, BN)
     # wgmma descriptors (128B swizzle). K-major: 8-row groups 1024 B apart (SBO), a k16 step
     # (k32 for fp8) is 32 B along the swizzled row. MN-major (16-bit only): 64-element MN
@@ -154,7 +157,13 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             full = pipe.producer_acquire(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             k0 = (k_first + kb) * BK
             load_a(smem + st.stage * A_TILE, tmaps.a, tile.m0, k0, b * p.a_batched, full, cta.rn, cta.a_mask)
-            load_b(smem + B_OFF + st.stage * B_TILE, tmaps.b, tile.n0, k0, b * p.b_batched, full, cta.rm, cta.b_mask)
+            if GATED:
+                b_slot = smem + B_OFF + st.stage * B_TILE
+                load_b(b_slot, tmaps.b, tile.n0 // 2, k0, b * p.b_batched, full, 0, 0)
+                load_b(b_slot + B_TILE // 2, tmaps.b_up, tile.n0 // 2, k0, b * p.b_batched, full, 0, 0)
+            else:
+                load_b(smem + B_OFF + st.stage * B_TILE, tmaps.b, tile.n0, k0, b * p.b_batched, full, cta.rm,
+                       cta.b_mask)
             if BLOCK_SCALED:  # the tile rows' scales of this k-block, from a 16-byte boundary
                 nh.tma_load_3d(smem + A_SCALES + st.stage * A_SCALES_BYTES, tmaps.a_scales, tile.m0 - tile.m0 % 4,
                                k_first + kb, b * p.a_batched, full)

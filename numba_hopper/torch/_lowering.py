@@ -1,6 +1,8 @@
-"""Inductor's lowering of ``numba_hopper::mm``: the compiled graph's wrapper calls
-``numba_hopper.gemm(a, b, out=buf)`` itself, as it calls ``extern_kernels.mm(a, b, out=buf)``
-for ``aten.mm``, instead of calling the operator through the dispatcher.
+"""Inductor's lowering of ``numba_hopper::mm`` and ``numba_hopper::gated_mm``: the compiled graph's
+wrapper calls ``numba_hopper.gemm(a, b, out=buf)`` itself, as it calls
+``extern_kernels.mm(a, b, out=buf)`` for ``aten.mm``, instead of calling the operator through the
+dispatcher. With them comes the post-grad pass that fuses gated MLPs (``_gated``), installed as
+Inductor's ``post_grad_custom_pre_pass`` (after any pass the user had set there).
 
 Why: a compiled forward issues each GEMM from Inductor's Python wrapper, and through the
 dispatcher a Python-implemented operator costs more than the GEMM call itself (an H100 host, a
@@ -29,6 +31,11 @@ def numba_hopper_mm(a, b, *, out):
     _matmul.gemm(a, b, out=out)
 
 
+def numba_hopper_gated_mm(a, b, up, *, activation, out):
+    """The extern kernel: ``out = activation(a @ b) * (a @ up)`` into Inductor's buffer."""
+    _matmul.gemm(a, b, up=up, activation=activation, out=out)
+
+
 def register():
     """Lower ``numba_hopper::mm`` to :func:`numba_hopper_mm` (once per process)."""
     global _registered
@@ -37,11 +44,16 @@ def register():
     from torch._inductor.kernel.mm_common import mm_args
     from torch._inductor.lowering import fallback_handler, register_lowering
     from torch._inductor.select_algorithm import ExternKernelChoice
+    from torch._inductor import config
     from torch._inductor.virtualized import V
 
-    op = torch.ops.numba_hopper.mm.default
+    from ._gated import GatedMlpPass
+
+    op, gated_op = torch.ops.numba_hopper.mm.default, torch.ops.numba_hopper.gated_mm.default
     kernel = ExternKernelChoice(numba_hopper_mm)  # generated code calls extern_kernels.numba_hopper_mm
+    gated_kernel = ExternKernelChoice(numba_hopper_gated_mm)
     call_operator = fallback_handler(op, add_to_fallback_set=False)
+    call_gated_operator = fallback_handler(gated_op, add_to_fallback_set=False)
 
     @register_lowering(op, type_promotion_kind=None)
     def lower(a, b):
@@ -50,4 +62,13 @@ def register():
         *_, layout, a, b = mm_args(a, b)  # a row-major (M, N) output buffer
         return kernel.bind((a, b), layout).output_node()
 
+    @register_lowering(gated_op, type_promotion_kind=None)
+    def lower_gated(a, b, up, activation):
+        if V.graph.cpp_wrapper:
+            return call_gated_operator(a, b, up, activation)
+        *_, layout, a, b = mm_args(a, b)
+        return gated_kernel.bind((a, b, up), layout, activation=activation).output_node()
+
+    if not isinstance(config.post_grad_custom_pre_pass, GatedMlpPass):
+        config.post_grad_custom_pre_pass = GatedMlpPass(then=config.post_grad_custom_pre_pass)
     _registered = True

@@ -81,6 +81,14 @@ def _bmm_impl(a, b, out_dtype=None):
     return padded.contiguous()
 
 
+def _gated_mm_impl(a, b, up, activation):
+    return _matmul.gemm(a, b, up=up, activation=activation)
+
+
+def _gated_mm_fake(a, b, up, activation):
+    return _out_like(a, b, None)
+
+
 def _out_like(a, b, out_dtype):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
 
@@ -250,6 +258,12 @@ _bmm_no_grad_op = _define("bmm_no_grad", f"({_no_defaults(_BMM)}) -> Tensor", _b
 # cache keys a graph by its operators, not by their lowerings, so the lowered operator has a name
 # of its own: a numba_hopper without the lowering never gets a cached graph that needs it.
 _mm_op = _define("mm", "(Tensor a, Tensor b) -> Tensor", _gemm_impl, _mm_fake)
+
+
+# A gated product, ``activation(a @ b) * (a @ up)`` (``numba_hopper.gemm(a, b, up=up)``): put in
+# place of two ``mm`` and the gating math by the compiled inference graph's pass (``_lowering``).
+_gated_mm_op = _define("gated_mm", "(Tensor a, Tensor b, Tensor up, str activation) -> Tensor", _gated_mm_impl,
+                       _gated_mm_fake)
 
 
 def _gemm_no_grad(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype):

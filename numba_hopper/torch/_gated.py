@@ -1,0 +1,143 @@
+"""A compiled inference graph's gated MLPs as one GEMM each: Inductor's post-grad pass that finds
+``silu(x @ W_gate.T) * (x @ W_up.T)`` (SwiGLU, as Llama, Mistral and Qwen MLPs compute it) over
+two ``numba_hopper::mm`` and puts one ``numba_hopper::gated_mm`` in their place.
+
+The gated kernel (``numba_hopper.gemm(x, W_gate.t(), up=W_up.t(), activation="silu")``) computes
+both products in one tile and writes only the gated output: the two products' outputs never
+reach memory, and the elementwise kernel that reads them to compute the gating is gone
+(benchmarks/NOTES.md, session 36). Stock PyTorch cannot do this: cuBLAS has no such epilogue.
+
+The pass sees the graph after AOTAutograd's decompositions, where SiLU in a 16-bit model is
+``convert(x32 / (1 + exp(-x32)))`` with ``x32 = convert(x, float32)`` (or ``x32 * sigmoid(x32)``,
+or ``silu`` itself). It rewrites only what it recognizes whole: both products read the same
+activation, each product and each step of the gating has no other user, and the dtypes are 16-bit;
+anything else stays as it was. ``numba_hopper::mm`` appears only in graphs traced with grad mode
+off (``ops.py``), so training graphs, whose backward needs the two products, are never touched.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+aten, prims = torch.ops.aten, torch.ops.prims
+_VIEWS = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
+_CONVERT = prims.convert_element_type.default
+_HALF = (torch.bfloat16, torch.float16)
+
+
+class GatedMlpPass(CustomGraphPass):
+    """The pass (Inductor's ``post_grad_custom_pre_pass``); ``then``: a pass the user had set there,
+    run first."""
+
+    def __init__(self, then=None):
+        self.then = then
+
+    def __call__(self, graph: torch.fx.Graph):
+        if self.then is not None:
+            self.then(graph)
+        fuse_gated_mlps(graph)
+
+    def uuid(self):
+        other = self.then.uuid() if isinstance(self.then, CustomGraphPass) else None
+        return get_hash_for_files((__file__,)), other
+
+
+def fuse_gated_mlps(graph: torch.fx.Graph) -> int:
+    """Rewrite each gated MLP of ``graph`` in place; return how many."""
+    mm = torch.ops.numba_hopper.mm.default
+    fused = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != aten.mul.Tensor or len(node.args) != 2:
+            continue
+        for gate_side, up_side in (node.args, node.args[::-1]):
+            up_view, up_mm = _under_views(up_side)
+            gate_mm = _under_views(_silu_input(gate_side))[1]
+            if not (_is(up_mm, mm) and _is(gate_mm, mm) and _same_input(gate_mm.args[0], up_mm.args[0])
+                    and _single_use(up_side, up_mm, gate_mm) and _value(node).dtype in _HALF
+                    and _value(gate_mm).shape == _value(up_mm).shape
+                    and _k_major(gate_mm.args[1]) and _k_major(up_mm.args[1])):
+                continue
+            with graph.inserting_before(node):
+                gated = graph.call_function(torch.ops.numba_hopper.gated_mm.default,
+                                            (gate_mm.args[0], gate_mm.args[1], up_mm.args[1], "silu"))
+                gated.meta["val"] = _value(gate_mm)  # (M, N) like either product
+                out = gated if up_view is None else graph.call_function(up_view.target, (gated, *up_view.args[1:]))
+                out.meta["val"] = _value(node)
+            node.replace_all_uses_with(out)
+            fused += 1
+            break
+    if fused:
+        graph.eliminate_dead_code()
+    return fused
+
+
+def _value(node):
+    return node.meta.get("val")
+
+
+def _is(node, target):
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == target
+
+
+def _under_views(node):
+    """``(outermost view or None, the node under a chain of single-use views)``."""
+    outer = None
+    while _is(node, _VIEWS[0]) or _is(node, _VIEWS[1]) or _is(node, _VIEWS[2]):
+        if len(node.users) > 1:
+            return outer, None
+        outer = outer or node
+        node = node.args[0]
+    return outer, node
+
+
+def _same_input(x, y):
+    """Whether two products read the same activation (a node, or equal views of one node)."""
+    def view(n):
+        return n.op == "call_function" and n.target in _VIEWS
+
+    return x is y or (view(x) and view(y) and x.target == y.target and x.args == y.args)
+
+
+def _k_major(b):
+    """Whether the (K, N) operand ``b`` is column-major with 16-byte rows (``w.t()`` of a row-major
+    weight), as the gated kernel reads it."""
+    v = _value(b)
+    return v is not None and v.dim() == 2 and v.stride(0) == 1 and v.stride(1) * v.element_size() % 16 == 0
+
+
+def _single_use(*nodes):
+    return all(len(n.users) == 1 for n in nodes)
+
+
+def _silu_input(node):
+    """``x`` if ``node`` is ``silu(x)`` for a 16-bit ``x``, in one of the forms decompositions give
+    it, each step used only there; else None."""
+    if not isinstance(node, torch.fx.Node) or len(node.users) != 1:
+        return None
+    if _is(node, _CONVERT) and node.args[1] in _HALF:
+        node = node.args[0]
+        if len(node.users) != 1:
+            return None
+    if _is(node, aten.silu.default):
+        x32 = node.args[0]
+    elif _is(node, aten.div.Tensor):  # x / (1 + exp(-x))
+        x32, den = node.args
+        one_plus = den if _is(den, aten.add.Tensor) and den.args[1] == 1 else None
+        exp = one_plus and one_plus.args[0]
+        if not (_is(exp, aten.exp.default) and _is(exp.args[0], aten.neg.default) and exp.args[0].args[0] is x32
+                and _single_use(one_plus, exp, exp.args[0])):
+            return None
+    elif _is(node, aten.mul.Tensor):  # x * sigmoid(x)
+        x32, sig = node.args
+        if not (_is(sig, aten.sigmoid.default) and sig.args[0] is x32 and _single_use(sig)):
+            return None
+    else:
+        return None
+    if _is(x32, _CONVERT) and x32.args[1] == torch.float32:
+        if len(x32.users) != (1 if _is(node, aten.silu.default) else 2):
+            return None
+        x32 = x32.args[0]
+    elif len(x32.users) != (1 if _is(node, aten.silu.default) else 2):
+        return None
+    return x32 if _value(x32) is not None and _value(x32).dtype in _HALF else None
