@@ -5,7 +5,11 @@ and trained, against the stock model in one process.
 
 The model is ``bench_model.py``'s Llama-style decoder (4 layers, hidden 2048, bf16). "ours"
 is a copy (the same weights) with every ``nn.Linear`` swapped by
-``numba_hopper.torch.replace_linear`` (29 per forward, custom ops ``numba_hopper::gemm``).
+``numba_hopper.torch.replace_linear`` (29 per forward, custom ops ``numba_hopper::gemm``) and its
+4 SwiGLU MLPs by ``numba_hopper.torch.fuse_gated_mlps`` (in inference the gate and up
+projections and the SiLU-and-multiply are one gated GEMM; ``--unfused-mlps``: linears only).
+The compiled forward gets the gated GEMM either way: Inductor's pass finds the unfused MLPs
+(``numba_hopper.torch._gated``).
 
 Cases (``ratio = torch_ms / ours_ms``, above 1: ours is faster):
 
@@ -98,10 +102,10 @@ CASES = [
 ]
 
 
-def bench(make, batch, seq, rounds):
+def bench(make, batch, seq, rounds, fuse_mlps):
     stock = build_model()
     ours = copy.deepcopy(stock)
-    swapped = nht.replace_linear(ours)
+    swapped = nht.replace_linear(ours), nht.fuse_gated_mlps(ours) if fuse_mlps else 0
     torch.manual_seed(1)
     runs = {False: make(stock, batch, seq)}
     torch.manual_seed(1)  # the same input ids
@@ -120,18 +124,20 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--json", help="results file (default benchmarks/results/torch-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--unfused-mlps", action="store_true", help="swap the linears only (no fuse_gated_mlps)")
     args = p.parse_args(argv)
     records = []
     for case, make, batch, seq in CASES:
-        ours, stock, swapped = bench(make, batch, seq, args.rounds)
+        ours, stock, swapped = bench(make, batch, seq, args.rounds, not args.unfused_mlps)
         ours_ms, torch_ms = statistics.median(ours), statistics.median(stock)
         ratio = paired_ratio({"torch": stock, "ours": ours}, "torch", "ours")
         records.append({"case": case, "ours_ms": ours_ms, "torch_ms": torch_ms, "ratio": ratio,
                         "ratio_of_medians": torch_ms / ours_ms})
         print(f"{case:34s} ours {ours_ms:8.3f} ms  torch {torch_ms:8.3f} ms  ratio {ratio:.3f}"
-              f" (of medians {torch_ms / ours_ms:.3f})  ({swapped} linears swapped)", flush=True)
+              f" (of medians {torch_ms / ours_ms:.3f})  ({swapped[0]} linears swapped, {swapped[1]} MLPs fused)", flush=True)
         torch.cuda.empty_cache()
-    out = save_results("torch", {"model": MODEL, "torch": torch.__version__, "records": records}, args.json)
+    ours = "replace_linear" + ("" if args.unfused_mlps else " + fuse_gated_mlps")
+    out = save_results("torch", {"model": MODEL, "torch": torch.__version__, "ours": ours, "records": records}, args.json)
     print_table(records, [("case", "case", "s"), ("ours_ms", "ours ms", ".3f"), ("torch_ms", "torch ms", ".3f"),
                           ("ratio", "ratio", ".3f")], out)
 

@@ -304,3 +304,38 @@ def test_gated_mm_passes_opcheck(double):
     a = torch.randn(7, 24, dtype=torch.bfloat16)
     b, up = (torch.randn(9, 24, dtype=torch.bfloat16).t() for _ in range(2))
     torch.library.opcheck(torch.ops.numba_hopper.gated_mm.default, (a, b, up, "silu"))
+
+
+def test_fused_gated_mlp_keeps_the_module_and_its_answers(double, monkeypatch):
+    """``fuse_gated_mlps``: the same parameters and state_dict; in inference one gated product
+    (eager and traced), with a gradient the three linears (whose backward needs both products)."""
+    model = torch.nn.Sequential(_SwiGLU().to(torch.bfloat16))
+    model[0].act_fn = torch.nn.SiLU()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 33, 64, dtype=torch.bfloat16)
+    ref = torch.nn.functional.linear(
+        torch.nn.functional.silu(x.double() @ state["0.gate_proj.weight"].double().t())
+        * (x.double() @ state["0.up_proj.weight"].double().t()), state["0.down_proj.weight"].double())
+    assert nht.fuse_gated_mlps(model) == 1 and nht.fuse_gated_mlps(model) == 0
+    assert isinstance(model[0], nht.GatedMLP) and isinstance(model[0].gate_proj, nht.Linear)
+    assert model.state_dict().keys() == state.keys()
+    import numba_hopper.matmul
+
+    calls, gemm = [], numba_hopper.matmul.gemm
+    monkeypatch.setattr(numba_hopper.matmul, "gemm", lambda *a, **kw: calls.append(kw.get("up") is not None)
+                        or gemm(*a, **kw))
+    with torch.no_grad():
+        got = model(x)
+    assert calls == [True, False] and cases.rel_error(got, ref) < 1e-2
+    graphs = []
+
+    def record(gm, inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    with torch.no_grad():
+        assert cases.rel_error(torch.compile(model, fullgraph=True, backend=record)(x), ref) < 1e-2
+    assert "numba_hopper.gated_mm.default" in graphs[0], graphs
+    x.requires_grad_(True)
+    model(x).float().square().sum().backward()  # the unfused path, differentiable
+    assert x.grad is not None and model[0].gate_proj.weight.grad is not None

@@ -3,6 +3,7 @@
     import numba_hopper.torch as nht
     y = nht.linear(x, weight, bias, activation="gelu_tanh")   # differentiable, one kernel
     nht.replace_linear(model)                                 # every nn.Linear, in place
+    nht.fuse_gated_mlps(model)                                # SwiGLU MLPs on one gated GEMM
     model = torch.compile(model, fullgraph=True)              # no graph break
 
 - :mod:`~numba_hopper.torch.ops`: the ``torch.library`` custom ops ``numba_hopper::gemm``,
@@ -13,7 +14,9 @@
   ``matmul``, with PyTorch's semantics (broadcasting, 1-D operands, ``beta``/``alpha``,
   K == 0);
 - :mod:`~numba_hopper.torch.linear`: ``linear``, the ``nn.Linear`` drop-in ``Linear``, and
-  ``replace_linear``.
+  ``replace_linear``;
+- :mod:`~numba_hopper.torch.mlp`: ``GatedMLP`` and ``fuse_gated_mlps``, SwiGLU MLPs whose gate and
+  up products are one gated GEMM in inference (``torch.compile`` finds them by itself: ``_gated``).
 
 Everything runs on PyTorch's current stream and never synchronizes, so ``torch.cuda.graph``
 captures it (after a warm-up call, which compiles). bf16/fp16 CUDA tensors on a Hopper GPU;
@@ -24,5 +27,7 @@ torch; ``import numba_hopper`` alone does not.
 from . import ops  # noqa: F401  (registers the custom ops)
 from .functional import addmm, baddbmm, bmm, matmul, mm
 from .linear import Linear, linear, replace_linear
+from .mlp import GatedMLP, fuse_gated_mlps
 
-__all__ = ["ops", "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "Linear", "replace_linear"]
+__all__ = ["ops", "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "Linear", "replace_linear", "GatedMLP",
+           "fuse_gated_mlps"]

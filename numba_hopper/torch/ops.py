@@ -45,7 +45,7 @@ from .. import matmul as _matmul
 from ..errors import ShapeError
 from . import _lowering
 
-__all__ = ["gemm", "gemm_aux", "bmm", "tracing", "needs_grad", "DTYPE_NAMES", "ACTIVATION_BACKWARD"]
+__all__ = ["gemm", "gemm_aux", "gated_mm", "bmm", "tracing", "needs_grad", "DTYPE_NAMES", "ACTIVATION_BACKWARD"]
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
@@ -320,6 +320,12 @@ def gemm_aux(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activatio
     """``numba_hopper::gemm_aux``: ``(act(pre), pre)`` with ``pre = alpha * a @ b + beta * c + bias``."""
     return _call(_gemm_aux_op, None, _GemmAuxFunction, _gemm_aux_impl,
                  (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
+
+
+def gated_mm(a, b, up, activation):
+    """``numba_hopper::gated_mm``: ``activation(a @ b) * (a @ up)``, for a trace (inference: it has no
+    formula; eagerly, call ``numba_hopper.gemm(a, b, up=up, activation=activation)``)."""
+    return _gated_mm_op(a, b, up, activation)
 
 
 def bmm(a, b, out_dtype=None):
