@@ -84,21 +84,50 @@ def test_gated_call_never_waits_for_the_gpu(torch):
     assert host < 0.05, host
 
 
+def _mlp_class(torch):
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = (torch.nn.Linear(512, 1408, bias=False) for _ in range(2))
+            self.down_proj = torch.nn.Linear(1408, 512, bias=False)
+            self.act_fn = torch.nn.SiLU()
+
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    return MLP
+
+
+def test_fused_mlp_in_a_cuda_graph(torch):
+    """``fuse_gated_mlps``: eager inference and a captured CUDA graph replayed on new data match the
+    float64 MLP."""
+    import numba_hopper.torch as nht
+
+    MLP = _mlp_class(torch)
+    mlp = MLP().cuda().to(torch.bfloat16)
+    ref = MLP().cuda().double()
+    ref.load_state_dict(mlp.state_dict())
+    assert nht.fuse_gated_mlps(mlp) == 1
+    x = torch.randn(4, 300, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert _rel(torch, mlp(x), ref(x.double())) < 2e-2  # (also the warm-up the capture needs)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = mlp(x)
+        for _ in range(2):
+            x.copy_(torch.randn_like(x))
+            y.fill_(float("nan"))
+            graph.replay()
+            assert _rel(torch, y, ref(x.double())) < 2e-2
+
+
 def test_compiled_swiglu_mlp_runs_one_gated_gemm(torch):
     """torch.compile of a Llama MLP on numba_hopper linears, under no_grad: one gated GEMM for gate
     and up, matching the stock MLP."""
     import numba_hopper.torch as nht
     from torch._inductor.utils import run_and_get_code
 
-    class MLP(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gate_proj, self.up_proj = (torch.nn.Linear(512, 1408, bias=False) for _ in range(2))
-            self.down_proj = torch.nn.Linear(1408, 512, bias=False)
-
-        def forward(self, x):
-            return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
-
+    MLP = _mlp_class(torch)
     stock = MLP().cuda().to(torch.bfloat16)
     x = torch.randn(4, 300, 512, device="cuda", dtype=torch.bfloat16)
     ref = MLP().cuda().double()
