@@ -44,18 +44,22 @@ class GatedMLP(torch.nn.Module):
         return self.down_proj(gated)
 
 
+# torch's, and transformers' for hidden_act="silu" (a module whose forward is F.silu)
+_SILU_CLASSES = ("SiLU", "SiLUActivation")
+
+
 def _is_gated_mlp(m):
     linears = [getattr(m, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
     return (not isinstance(m, GatedMLP) and all(isinstance(lin, torch.nn.Linear) for lin in linears)
             and linears[0].bias is None and linears[1].bias is None
             and linears[0].weight.shape == linears[1].weight.shape
-            and type(getattr(m, "act_fn", None)) is torch.nn.SiLU)
+            and type(getattr(m, "act_fn", None)).__name__ in _SILU_CLASSES)
 
 
 def fuse_gated_mlps(model: torch.nn.Module) -> int:
     """Replace, in place, every SwiGLU MLP inside ``model`` (a module with ``gate_proj``,
-    ``up_proj`` and ``down_proj`` Linears, the first two without bias, and an ``nn.SiLU``
-    ``act_fn``) by a :class:`GatedMLP` of the same submodules, its linears swapped for
+    ``up_proj`` and ``down_proj`` Linears, the first two without bias, and a SiLU ``act_fn``:
+    ``nn.SiLU`` or transformers' ``SiLUActivation``) by a :class:`GatedMLP` of the same submodules, its linears swapped for
     :class:`~numba_hopper.torch.Linear`; return how many."""
     fused = 0
     for parent in list(model.modules()):
