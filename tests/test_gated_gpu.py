@@ -104,8 +104,8 @@ def test_fused_mlp_in_a_cuda_graph(torch):
     import numba_hopper.torch as nht
 
     MLP = _mlp_class(torch)
-    mlp = MLP().cuda().to(torch.bfloat16)
-    ref = MLP().cuda().double()
+    mlp = torch.nn.Sequential(MLP()).cuda().to(torch.bfloat16)  # (MLPs inside the model are replaced)
+    ref = torch.nn.Sequential(MLP()).cuda().double()
     ref.load_state_dict(mlp.state_dict())
     assert nht.fuse_gated_mlps(mlp) == 1
     x = torch.randn(4, 300, 512, device="cuda", dtype=torch.bfloat16)
