@@ -467,9 +467,7 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
     if config is None:
         M, N = mo.shape
         rows = M if mode == "masked" else max(1, _ceil(M, groups))
-        if epilogue is not None and epilogue.gated:
-            base = gated_config(M, N, va.shape[1], units, limits.sm_count)
-        elif epilogue is not None and epilogue.block_scales:
+        if epilogue is not None and epilogue.block_scales:
             block_m, block_n = block_scaled_tile(rows, N, ma.shape[1], limits.sm_count, units=groups, wide=False, paired=False)
         else:
             block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
