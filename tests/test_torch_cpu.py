@@ -268,9 +268,10 @@ class _SwiGLU(torch.nn.Module):
         return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def test_inductor_fuses_a_gated_mlp_into_one_gemm(double):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_inductor_fuses_a_gated_mlp_into_one_gemm(double, dynamic):
     """Under torch.no_grad() Inductor's post-grad pass (``_gated``) puts one gated GEMM in place of
-    the gate and up products and the SiLU-and-multiply between them."""
+    the gate and up products and the SiLU-and-multiply between them (static or symbolic rows)."""
     from torch._inductor.utils import run_and_get_code
 
     mlp = _SwiGLU().to(torch.bfloat16)
@@ -278,7 +279,7 @@ def test_inductor_fuses_a_gated_mlp_into_one_gemm(double):
     ref = mlp.double()(x.double())
     nht.replace_linear(mlp.to(torch.bfloat16))
     with torch.no_grad():
-        got, (code, *_) = run_and_get_code(torch.compile(mlp, fullgraph=True), x)
+        got, (code, *_) = run_and_get_code(torch.compile(mlp, fullgraph=True, dynamic=dynamic), x)
     assert code.count("extern_kernels.numba_hopper_gated_mm(") == 1, code
     assert code.count("extern_kernels.numba_hopper_mm(") == 1, code  # the down projection
     assert cases.rel_error(got, ref) < 1e-2

@@ -55,7 +55,7 @@ def fuse_gated_mlps(graph: torch.fx.Graph) -> int:
             gate_mm = _under_views(_silu_input(gate_side))[1]
             if not (_is(up_mm, mm) and _is(gate_mm, mm) and _same_input(gate_mm.args[0], up_mm.args[0])
                     and _single_use(up_side, up_mm, gate_mm) and _value(node).dtype in _HALF
-                    and _value(gate_mm).shape == _value(up_mm).shape
+                    and _value(gate_mm.args[1]).shape == _value(up_mm.args[1]).shape  # (static: weights)
                     and _k_major(gate_mm.args[1]) and _k_major(up_mm.args[1])):
                 continue
             with graph.inserting_before(node):
