@@ -131,10 +131,11 @@ class EpilogueConfig:
             raise ValueError(f"bias_dtype must be one of {FLOAT_DTYPES}, got {self.bias_dtype!r}")
         if self.out_scale not in (None, "number", "array"):
             raise ValueError(f"out_scale must be None, 'number' or 'array', got {self.out_scale!r}")
-        others = [f.name for f in dataclasses.fields(self) if f.name not in ("activation", "gated")
-                  and getattr(self, f.name) != f.default]
-        if self.gated and others:
-            raise ValueError(f"a gated epilogue fuses an activation only; got {', '.join(others)}")
+        if self.gated:
+            others = [f.name for f in dataclasses.fields(self) if f.name not in ("activation", "gated")
+                      and getattr(self, f.name) != f.default]
+            if others:
+                raise ValueError(f"a gated epilogue fuses an activation only; got {', '.join(others)}")
 
     @property
     def scale_only(self) -> bool:

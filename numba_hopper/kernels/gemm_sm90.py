@@ -126,9 +126,9 @@ def _build_gemm_kernel(cfg: GemmConfig):
         only if the kernel has them; else another map stands in, unused). Each role takes
         them after ``setmaxnreg``: values live across it must fit the producer's few
         registers (fused kernels with a cluster spilled 40 B otherwise)."""
+        last = nh.tensormap_param_address(p.maps[MAPS - 1])  # A's scales or B_up (never both)
         return TensorMaps(nh.tensormap_param_address(p.maps[0]), nh.tensormap_param_address(p.maps[1]),
-                          nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]),
-                          nh.tensormap_param_address(p.maps[MAPS - 1]), nh.tensormap_param_address(p.maps[MAPS - 1]))
+                          nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]), last, last)
 
     @cuda.jit(device=True, forceinline=True)
     def prefetch_tensormaps(p):

@@ -80,10 +80,14 @@ def _is(node, target):
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == target
 
 
+def _is_view(node):
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _VIEWS
+
+
 def _under_views(node):
     """``(outermost view or None, the node under a chain of single-use views)``."""
     outer = None
-    while _is(node, _VIEWS[0]) or _is(node, _VIEWS[1]) or _is(node, _VIEWS[2]):
+    while _is_view(node):
         if len(node.users) > 1:
             return outer, None
         outer = outer or node
@@ -93,10 +97,7 @@ def _under_views(node):
 
 def _same_input(x, y):
     """Whether two products read the same activation (a node, or equal views of one node)."""
-    def view(n):
-        return n.op == "call_function" and n.target in _VIEWS
-
-    return x is y or (view(x) and view(y) and x.target == y.target and x.args == y.args)
+    return x is y or (_is_view(x) and _is_view(y) and x.target == y.target and x.args == y.args)
 
 
 def _k_major(b):
@@ -134,10 +135,8 @@ def _silu_input(node):
             return None
     else:
         return None
-    if _is(x32, _CONVERT) and x32.args[1] == torch.float32:
-        if len(x32.users) != (1 if _is(node, aten.silu.default) else 2):
-            return None
-        x32 = x32.args[0]
-    elif len(x32.users) != (1 if _is(node, aten.silu.default) else 2):
+    if len(x32.users) != (1 if _is(node, aten.silu.default) else 2):  # (x / (1 + exp(-x)) reads x twice)
         return None
+    if _is(x32, _CONVERT) and x32.args[1] == torch.float32:
+        x32 = x32.args[0]  # (its single use: _under_views checks the views below)
     return x32 if _value(x32) is not None and _value(x32).dtype in _HALF else None
