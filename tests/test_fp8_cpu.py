@@ -305,7 +305,8 @@ def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
     alone: three copies of that code. No spills: 96 sums beside 96 accumulators (128 beside 64,
     64 beside 64 + 64) fit in the consumers' 240 registers (255 for a single 64-row consumer).
     The k-block loop moves no wgmma descriptor into a uniform register (R2UR): the warpgroup
-    index is broadcast."""
+    index is broadcast. B's scales load (from global memory) after the loop's first wgmmas are
+    issued, not between the last promotion and the next issue."""
     cfg = _fp8(block_m=block_m, block_n=block_n, epilogue=EpilogueConfig(block_scales=True))
     m2 = types.Array(types.float32, 2, "A")
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (m2,)))  # B's scales; A's by TMA
@@ -320,7 +321,11 @@ def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
     assert r.count("FFMA") == copies * block_n // 2, r.summary()
     assert r.count("UTMALDG") > 14 and r.count("LDS") >= 2  # the scales' loads, then their reads
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
-    assert not [line for line in _k_block_loop(r.sass) if "R2UR" in line]
+    loop = _k_block_loop(r.sass)
+    assert not [line for line in loop if "R2UR" in line]
+    first_issue = next(i for i, line in enumerate(loop) if "QGMMA" in line)
+    assert not [line for line in loop[:first_issue] if " LD.E " in line or " LDG.E" in line], loop[:first_issue]
+    assert [line for line in loop[first_issue:] if " LD.E " in line or " LDG.E" in line]
 
 
 @pytest.mark.parametrize("block_m,block_n", [(128, 128), (64, 128)])

@@ -330,8 +330,11 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         scales arrive with the k-block in the ring (TMA) and are read while its wgmmas run;
         B's, one per k-block (two for a 192- or 256-wide tile, whose columns span two
         128-column blocks: TWO_B_BLOCKS), are loaded SCALE_AHEAD k-blocks ahead, so the L2's
-        latency hides behind wgmmas. The sum comes back as a tuple like ``acc`` (whose
-        registers the next tile's wgmmas overwrite: scale_d = 0)."""
+        latency hides behind wgmmas, and once the k-block's (last) wgmmas are issued: loaded
+        at the loop's top, their address arithmetic lay between the last promotion and the
+        next issue, where the tensor cores wait for it (1-3% at M = 4096: NOTES, session 38).
+        The sum comes back as a tuple like ``acc`` (whose registers the next tile's wgmmas
+        overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         # 32-bit k-block count and scale indices, as in _k_loop: with numba's 64-bit ones, the
         # loop's B-scale addresses took 64-bit compares and multiplies.
@@ -353,12 +356,13 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         part_acc = part_accumulator(acc)
         for i in range(k_blocks):
             ahead = np.int32(i + SCALE_AHEAD)
-            b_later = load_b_scale(ep, tile.batch, n_block, k_begin, ahead, k_blocks)
-            if TWO_B_BLOCKS:
-                b_next_later = load_b_scale(ep, tile.batch, n_next, k_begin, ahead, k_blocks)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + i) if DEBUG else None)
             descs = stage_descriptors(smem, st, c.cw)
             part_acc = take_turn(part_acc, descs, c)
+            if HALVES == 1:
+                b_later = load_b_scale(ep, tile.batch, n_block, k_begin, ahead, k_blocks)
+                if TWO_B_BLOCKS:
+                    b_next_later = load_b_scale(ep, tile.batch, n_next, k_begin, ahead, k_blocks)
             a0, a1 = a_scales(row_scales, st)
             nh.wgmma_wait_group(0)
             part_acc = nh.wgmma_fence_operand(part_acc)  # the reads below stay after the wait
@@ -371,6 +375,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
                 if HALVES == 2:  # columns 0-127 in this scale block, 128-255 in the next
                     promote(sums, 0, part, 0, BN // 4, s0, s1)
                     part_acc = take_turn(part_acc, (descs[0], descs[1] + np.uint64(B_HALF_DESC)), c)
+                    b_later = load_b_scale(ep, tile.batch, n_block, k_begin, ahead, k_blocks)
+                    b_next_later = load_b_scale(ep, tile.batch, n_next, k_begin, ahead, k_blocks)
                     nh.wgmma_wait_group(0)
                     part_acc = nh.wgmma_fence_operand(part_acc)
                     if c.lane == 0:
@@ -410,9 +416,6 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         b_scales = first_b_scales(ep, tile.batch, n_block, k_begin, k_blocks)  # the next pair's
         second_acc = nh.wgmma_accumulator(BN, "f32")
         for j in range(k_blocks // 2):
-            ahead = np.int32(2 * j + SCALE_AHEAD)
-            b_later = (load_b_scale(ep, tile.batch, n_block, k_begin, ahead, k_blocks),
-                       load_b_scale(ep, tile.batch, n_block, k_begin, ahead + 1, k_blocks))
             st_second = pipe.advance(st)
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + 2 * j) if DEBUG else None)
             pipe.consumer_wait(bars, st_second,
@@ -423,6 +426,9 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             second_acc = mma_block(second_acc, stage_descriptors(smem, st_second, c.cw), True)
             if TAKE_TURNS:
                 nh.named_barrier_arrive(next_turn(c.cw), 256)
+            ahead = np.int32(2 * j + SCALE_AHEAD)  # (loaded while the pair's wgmmas run)
+            b_later = (load_b_scale(ep, tile.batch, n_block, k_begin, ahead, k_blocks),
+                       load_b_scale(ep, tile.batch, n_block, k_begin, ahead + 1, k_blocks))
             first_a, second_a = a_scales(row_scales, st), a_scales(row_scales, st_second)
             nh.wgmma_wait_group(1)
             if c.lane == 0:
