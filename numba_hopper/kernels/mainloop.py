@@ -330,10 +330,10 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         scales arrive with the k-block in the ring (TMA) and are read while its wgmmas run;
         B's, one per k-block (two for a 192- or 256-wide tile, whose columns span two
         128-column blocks: TWO_B_BLOCKS), are loaded SCALE_AHEAD k-blocks ahead, so the L2's
-        latency hides behind wgmmas, and once the k-block's (last) wgmmas are issued: loaded
-        at the loop's top, their address arithmetic lay between the last promotion and the
-        next issue, where the tensor cores wait for it (1-3% at M = 4096: NOTES, session 38).
-        The sum comes back as a tuple like ``acc`` (whose registers the next tile's wgmmas
+        latency hides behind wgmmas. They load once the k-block's (last) wgmmas are issued,
+        while those run: at the loop's top, the loads and their address arithmetic sat between
+        the last promotion and the next issue, and the tensor cores waited for them (1-3% at
+        M = 4096: benchmarks/NOTES.md, session 38). The sum comes back as a tuple like ``acc`` (whose registers the next tile's wgmmas
         overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         # 32-bit k-block count and scale indices, as in _k_loop: with numba's 64-bit ones, the
