@@ -243,11 +243,16 @@ BLOCK_SCALED_TILE_COST = {(128, 256): 1.96, (192, 128): 1.44, (128, 128): 1.0, (
 UNPAIRED_BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (192, 128): 1.23, (128, 128): 1.0, (128, 64): 0.7,
                                    (64, 128): 0.8, (128, 192): 1.34}
 # Against paired 128 x 128 tiles a 128 x 256 one costs more the longer K runs (device time,
-# benchmarks/NOTES.md, sessions 29-30): 1.83-1.93 at 16 k-blocks, 1.94-2.01 at 32, 1.94-2.14 at
-# 56 (mean 2.02: a tie, which the wall-time suite gave to 128 x 256) and 1.99-2.10 at 128 (mean
-# 2.06). From LONG_K_BLOCKS k-blocks on it costs the latter.
-LONG_K_BLOCKS = 96
+# benchmarks/NOTES.md, sessions 29-30 and 39): 1.83-1.93 at 16 k-blocks, 1.94-2.01 at 32, and
+# once the 128 x 128 ring has six slots (PAIRED_TILE_EPI_BUFFERS) 2.0-2.16 at 56 (mean 2.07),
+# 2.05-2.06 at 64 and 2.0-2.06 at 128. From LONG_K_BLOCKS k-blocks on it costs 2.06.
+LONG_K_BLOCKS = 48
 LONG_K_BLOCK_SCALED_TILE_COST = {**BLOCK_SCALED_TILE_COST, (128, 256): 2.06}
+# A paired 128 x 128 tile's consumers take their slots two at a time: one output buffer each
+# instead of two buys the ring a sixth slot, three pairs instead of two and a half (measured
+# +1 to +8% in device time at 4096-8192 rows and 16-128 k-blocks; four slots lose 3-8%:
+# benchmarks/NOTES.md, session 39).
+PAIRED_TILE_EPI_BUFFERS = 1
 
 
 def block_scaled_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True):
@@ -380,9 +385,11 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, units, limits):
     M, N = vo.shape
     plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
     if epilogue is not None and epilogue.block_scales:
+        paired = not epilogue.fuses_more
         block_m, block_n = block_scaled_tile(M, N, va.shape[1], limits.sm_count, wide=not epilogue.column_bytes(192),
-                                             tall=not epilogue.fuses_more and ELEMENT_BYTES[vo.dtype] > 1,
-                                             paired=not epilogue.fuses_more)
+                                             tall=paired and ELEMENT_BYTES[vo.dtype] > 1, paired=paired)
+        if paired and (block_m, block_n) == (128, 128):
+            return GemmConfig(block_m=block_m, block_n=block_n, epi_buffers=PAIRED_TILE_EPI_BUFFERS)
     else:
         a_row_bytes = leading_dim(va if a_major == "K" else transpose(va)) * va.itemsize
         block_m, block_n = tile_shape(M, N, va.shape[1], units, limits.sm_count, fused=epilogue is not None,

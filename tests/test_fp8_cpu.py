@@ -234,9 +234,9 @@ def test_block_wise_tile_choice():
     assert block_scaled_tile(4096, 2112, K, 132) == (128, 192)  # 3 waves, not 5 (256: 3 waves of larger tiles)
     assert block_scaled_tile(8192, 8192, K, 132) == (128, 192)  # 21 waves of 1.47 against 16 of 1.96
     assert block_scaled_tile(128, 24576, K, 132) == (128, 192)  # one full wave, not two
-    # a long K: 14 waves of paired 128 x 128 tiles against 7 of 128 x 256 ones at 2.06
+    # a long K (48 k-blocks on): 14 waves of paired 128 x 128 tiles against 7 of 128 x 256 ones at 2.06
     assert block_scaled_tile(4096, 7168, 16384, 132) == (128, 128)
-    assert block_scaled_tile(4096, 4096, 7168, 132) == (128, 256)  # 56 k-blocks: at 1.96
+    assert block_scaled_tile(4096, 4096, 7168, 132) == (128, 128)  # 56 k-blocks: 4 waves at 2.06 against 8
     assert block_scaled_tile(4096, 7168, 16384, 132, paired=False) == (128, 256)
     # three consumers: 192 x 128 where its waves are full (a plain product with a 16- or 32-bit output)
     assert block_scaled_tile(8192, 8192, K, 132, tall=True) == (192, 128)  # 21 full waves
@@ -252,12 +252,19 @@ def test_block_wise_tile_choice():
         GemmConfig("bf16", "bf16", "K", "K", block_n=128, epilogue=EpilogueConfig(block_scales=True))
 
 
-@pytest.mark.parametrize("out_dtype,epilogue,block_m", [
-    ("bf16", EpilogueConfig(block_scales=True), 192), ("f32", EpilogueConfig(block_scales=True, alpha=True), 192),
-    ("e4m3", EpilogueConfig(block_scales=True, out_scale="number", amax=True), 128),  # an fp8 output's amax
-    ("bf16", EpilogueConfig(block_scales=True, row_scale=True), 128)])
-def test_block_wise_192_row_tiles_only_for_plain_products(out_dtype, epilogue, block_m):
-    """8192^3 takes three consumers' 192 x 128 tiles where the epilogue leaves them the registers."""
+@pytest.mark.parametrize("out_dtype,epilogue,tile", [
+    ("bf16", EpilogueConfig(block_scales=True), (128, 128, 1, 6)), ("f32", EpilogueConfig(block_scales=True), (128, 128, 1, 6)),
+    ("bf16", EpilogueConfig(block_scales=True, col_scale=True), (128, 128, 2, 5))])  # (unpaired)
+def test_block_wise_paired_tiles_take_a_sixth_slot(out_dtype, epilogue, tile):
+    """A paired 128 x 128 tile (4096x4096x7168) gives up an output buffer per consumer for a
+    sixth ring slot, three pairs of k-blocks; an unpaired one keeps both."""
+    cfg = _choose(4096, 4096, 7168, out_dtype, epilogue)
+    assert (cfg.block_m, cfg.block_n, cfg.epi_buffers, cfg.stages) == tile
+    assert cfg.promotes_in_pairs == (tile[2] == 1) and cfg.shared_bytes <= 227 * 1024
+
+
+def _choose(M, N, K, out_dtype, epilogue):
+    """``choose_config``'s kernel of an e4m3 TN product on an H100's 132 SMs."""
     from numba_hopper._arrays import DeviceView
     from numba_hopper._heuristics import choose_config
     from numba_hopper.launch import DeviceLimits
@@ -265,9 +272,17 @@ def test_block_wise_192_row_tiles_only_for_plain_products(out_dtype, epilogue, b
     def view(rows, cols, dtype, strides=None):
         return DeviceView(0x7F0000000000, (rows, cols), strides or (cols, 1), dtype, 1, 0, "torch")
 
-    n = 8192
-    cfg = choose_config(view(n, n, "e4m3"), view(n, n, "e4m3", (1, n)), view(n, n, out_dtype), None, False, epilogue,
-                        limits=DeviceLimits(0, (9, 0), 132))
+    return choose_config(view(M, K, "e4m3"), view(K, N, "e4m3", (1, K)), view(M, N, out_dtype), None, False, epilogue,
+                         limits=DeviceLimits(0, (9, 0), 132))
+
+
+@pytest.mark.parametrize("out_dtype,epilogue,block_m", [
+    ("bf16", EpilogueConfig(block_scales=True), 192), ("f32", EpilogueConfig(block_scales=True, alpha=True), 192),
+    ("e4m3", EpilogueConfig(block_scales=True, out_scale="number", amax=True), 128),  # an fp8 output's amax
+    ("bf16", EpilogueConfig(block_scales=True, row_scale=True), 128)])
+def test_block_wise_192_row_tiles_only_for_plain_products(out_dtype, epilogue, block_m):
+    """8192^3 takes three consumers' 192 x 128 tiles where the epilogue leaves them the registers."""
+    cfg = _choose(8192, 8192, 8192, out_dtype, epilogue)
     assert cfg.block_m == block_m and cfg.shared_bytes <= 227 * 1024
 
 

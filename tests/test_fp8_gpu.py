@@ -350,6 +350,19 @@ def test_fp8_block_wise_tiles(torch, block_m, block_n, out_dtype):
     _check_block(torch, out, _block_reference(torch, a, b, sa, sb), out_dtype, f"{block_m}x{block_n}")
 
 
+@pytest.mark.parametrize("M,N,K", [(1000, 1500, 2048 + 80), (129, 384, 7 * 128), (4096, 4096, 7168)], ids=str)
+@pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
+def test_fp8_block_wise_paired_ring_of_six(torch, M, N, K, out_dtype):
+    """Paired 128 x 128 tiles in a six-slot ring with one output buffer per consumer (the
+    default at 4096x4096x7168): pairs that wrap around the ring, an odd k-block count, a
+    partial last k-block."""
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _block_scales(torch, M, N, K)
+    out = torch.full((M, N), float("nan"), dtype=getattr(torch, TORCH_OUT[out_dtype]), device="cuda")
+    gemm(a, b, out, scale_a=sa, scale_b=sb, config=GemmConfig(block_n=128, stages=6, epi_buffers=1))
+    _check_block(torch, out, _block_reference(torch, a, b, sa, sb), out_dtype, f"{M}x{N}x{K}")
+
+
 # 192- and 256-wide tiles span two of B's 128-column scale blocks: a 192-wide tile at n0 = 0
 # mod 384 takes the next block from its column 128 on, one at 192 mod 384 from its column 64
 # on, a 256-wide one from its column 128 on; past B's last block (N = 192 + 1..64, 1000, 320)
