@@ -244,14 +244,14 @@ UNPAIRED_BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (192, 128): 1.23, (128, 128
                                    (64, 128): 0.8, (128, 192): 1.34}
 # Against paired 128 x 128 tiles a 128 x 256 one costs more the longer K runs (device time,
 # benchmarks/NOTES.md, sessions 29-30 and 39): 1.83-1.93 at 16 k-blocks, 1.94-2.01 at 32, and
-# once the 128 x 128 ring has six slots (PAIRED_TILE_EPI_BUFFERS) 2.0-2.16 at 56 (mean 2.07),
+# once the 128 x 128 ring has six slots (PAIRED_TILE_EPI_BUFFERS) 1.96-2.16 at 56 (mean 2.07),
 # 2.05-2.06 at 64 and 2.0-2.06 at 128. From LONG_K_BLOCKS k-blocks on it costs 2.06.
 LONG_K_BLOCKS = 48
 LONG_K_BLOCK_SCALED_TILE_COST = {**BLOCK_SCALED_TILE_COST, (128, 256): 2.06}
 # A paired 128 x 128 tile's consumers take their slots two at a time: one output buffer each
 # instead of two buys the ring a sixth slot, three pairs instead of two and a half (measured
-# +1 to +8% in device time at 4096-8192 rows and 16-128 k-blocks; four slots lose 3-8%:
-# benchmarks/NOTES.md, session 39).
+# -1 to +8%, mean +3%, in device time at 4096-8192 rows and 16-128 k-blocks; four slots lose
+# 3-8%: benchmarks/NOTES.md, session 39).
 PAIRED_TILE_EPI_BUFFERS = 1
 
 
