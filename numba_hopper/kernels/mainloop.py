@@ -333,8 +333,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         latency hides behind wgmmas. They load once the k-block's (last) wgmmas are issued,
         while those run: at the loop's top, the loads and their address arithmetic sat between
         the last promotion and the next issue, and the tensor cores waited for them (1-3% at
-        M = 4096: benchmarks/NOTES.md, session 38). The sum comes back as a tuple like ``acc`` (whose registers the next tile's wgmmas
-        overwrite: scale_d = 0)."""
+        M = 4096: benchmarks/NOTES.md, session 38). The sum comes back as a tuple like ``acc``
+        (whose registers the next tile's wgmmas overwrite: scale_d = 0)."""
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         # 32-bit k-block count and scale indices, as in _k_loop: with numba's 64-bit ones, the
         # loop's B-scale addresses took 64-bit compares and multiplies.
