@@ -117,7 +117,7 @@ def test_fp8_output_dtypes(torch, fp8, out_dtype):
 
 
 @pytest.mark.parametrize("fp8_a,fp8_b", [("e4m3", "e5m2"), ("e5m2", "e4m3")])
-@pytest.mark.parametrize("scaling", ["tensor", "block"])
+@pytest.mark.parametrize("scaling", ["tensor", "rowwise", "block"])
 def test_mixed_fp8_operands(torch, fp8_a, fp8_b, scaling):
     """e4m3 x e5m2 (FP8 training's gradient products), against float64 and torch._scaled_mm."""
     M, N, K = 1000, 1500, 2048 + 80
@@ -127,7 +127,7 @@ def test_mixed_fp8_operands(torch, fp8_a, fp8_b, scaling):
         sa, sb = _block_scales(torch, M, N, K)
         ref, tol = _block_reference(torch, a, b, sa, sb), block_tolerance("bf16")
     else:
-        sa, sb = _scales(torch, "tensor", M, N)
+        sa, sb = _scales(torch, scaling, M, N)
         ref, tol = _reference(torch, a, b, sa, sb), tolerance("bf16", K)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm(a, b, out, scale_a=sa, scale_b=sb)
