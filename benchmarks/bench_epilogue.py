@@ -42,7 +42,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from numba_hopper import gemm  # noqa: E402
 from numba_hopper.kernels.epilogue import EpilogueConfig  # noqa: E402
-from numba_hopper._heuristics import max_stages  # noqa: E402
+from numba_hopper.matmul.heuristics import max_stages  # noqa: E402
 
 SHAPES = [("4096^3", 4096), ("8192^3", 8192)]
 

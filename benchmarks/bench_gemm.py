@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from numba_hopper import GemmConfig, bmm, gemm  # noqa: E402
-from numba_hopper._heuristics import max_stages  # noqa: E402
+from numba_hopper.matmul.heuristics import max_stages  # noqa: E402
 
 # (name, M, N, K, dtype, layout)
 SUITE = [

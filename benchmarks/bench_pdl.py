@@ -26,7 +26,8 @@ import torch.nn.functional as F  # noqa: E402
 from bench_gemm import print_table, save_results  # noqa: E402
 
 import numba_hopper  # noqa: E402
-from numba_hopper import _plan, matmul  # noqa: E402
+from numba_hopper.matmul import api as matmul  # noqa: E402
+from numba_hopper.matmul import plan as _plan  # noqa: E402
 
 HIDDEN, MLP, LAYERS = 2048, 5632, 4
 

@@ -25,7 +25,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def child():
     import torch
 
-    from numba_hopper import _kernel_cache, gemm
+    from numba_hopper import gemm
+    from numba_hopper.runtime import kernel_cache as _kernel_cache
 
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)

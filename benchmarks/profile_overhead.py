@@ -19,7 +19,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import numba_hopper  # noqa: E402
-from numba_hopper import _workspace, matmul  # noqa: E402
+from numba_hopper.matmul import api as matmul  # noqa: E402
+from numba_hopper.runtime import workspace as _workspace  # noqa: E402
 
 
 def main():

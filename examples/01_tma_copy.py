@@ -23,9 +23,9 @@ import numpy as np
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
-from numba_hopper.cli import run_example
-from numba_hopper.launch import launch
-from numba_hopper.tensormap import TensorMap
+from numba_hopper.tools.cli import run_example
+from numba_hopper.runtime.launch import launch
+from numba_hopper.runtime.tensormap import TensorMap
 
 ROWS, COLS = 32, 32  # one box: 32 rows of 128 bytes
 TILE_BYTES = ROWS * COLS * 4

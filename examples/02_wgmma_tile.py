@@ -25,9 +25,9 @@ import numpy as np
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
-from numba_hopper.cli import run_example
-from numba_hopper.launch import launch
-from numba_hopper.tensormap import TensorMap
+from numba_hopper.tools.cli import run_example
+from numba_hopper.runtime.launch import launch
+from numba_hopper.runtime.tensormap import TensorMap
 
 M, N, K = 64, 128, 64  # K = 64 f16 = one 128-byte swizzle row
 A_ELEMS, B_ELEMS = M * K, N * K  # shared array sizes must be constants numba can read

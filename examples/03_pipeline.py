@@ -1,4 +1,4 @@
-"""A producer/consumer ring buffer with numba_hopper.kernels.pipeline: row sums of a 32 x 4096 matrix.
+"""A producer/consumer ring buffer with numba_hopper.kit.pipeline: row sums of a 32 x 4096 matrix.
 
 Warp 0 is the producer: one elected thread streams the matrix through a 4-slot ring in
 32 x 32 float32 chunks with TMA. Warp 1 is the consumer: lane r adds up row r of each chunk.
@@ -25,13 +25,13 @@ import numpy as np
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
-from numba_hopper.cli import run_example
-from numba_hopper.launch import launch
-from numba_hopper.kernels.pipeline import (
+from numba_hopper.tools.cli import run_example
+from numba_hopper.runtime.launch import launch
+from numba_hopper.kit.pipeline import (
     consumer_release, consumer_wait, pipeline_advance, pipeline_init, pipeline_start,
     producer_acquire, producer_commit,
 )
-from numba_hopper.tensormap import TensorMap
+from numba_hopper.runtime.tensormap import TensorMap
 
 STAGES = 4
 ROWS, COLS = 32, 32  # one chunk: 32 rows of 128 bytes

@@ -21,9 +21,9 @@ import numpy as np
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
-from numba_hopper.cli import run_example
-from numba_hopper.launch import launch
-from numba_hopper.tensormap import TensorMap
+from numba_hopper.tools.cli import run_example
+from numba_hopper.runtime.launch import launch
+from numba_hopper.runtime.tensormap import TensorMap
 
 CLUSTER = 2
 HALF, COLS = 32, 32  # the box each CTA loads: 32 rows of 128 bytes

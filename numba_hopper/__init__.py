@@ -1,23 +1,22 @@
-"""numba_hopper: Hopper (sm_90a) instructions for numba-cuda, and a GEMM built from them.
+"""numba_hopper: Hopper (sm_90a) kernels from Python.
 
     import numba_hopper
-    c = numba_hopper.gemm(a, b)          # PyTorch, CuPy or numba arrays; bf16/fp16 in
+    c = numba_hopper.gemm(a, b)          # PyTorch, CuPy or numba arrays; bf16/fp16/fp8 in
 
-Layers, each importing only the ones above it:
+Layers, each importing only the ones listed before it:
 
-- ``numba_hopper.intrinsics`` (device): one numba intrinsic per PTX instruction;
-- ``numba_hopper.kernels`` (device): the GEMM kernel and its components (the TMA ring,
-  mainloop, tile scheduler, epilogue);
-- ``numba_hopper.tensormap`` / ``numba_hopper.launch`` (host): TMA descriptors and cluster
-  launch;
-- ``numba_hopper.matmul`` (host): the public GEMM (``gemm``, ``bmm``) over the host layers
-  (``_checks``, ``_heuristics``, ``_plan``, ...), and ``numba_hopper.grouped``
-  (``grouped_gemm``, mixture-of-experts layers) on the same call path, re-exported here with
-  :class:`GemmConfig` and the exceptions of ``numba_hopper.errors``.
+- :mod:`numba_hopper.intrinsics` (device): one numba intrinsic per PTX instruction;
+- :mod:`numba_hopper.kit` (device): parts for any Hopper kernel (pipelines, ...);
+- :mod:`numba_hopper.kernels` (device): the GEMM kernel and its components;
+- :mod:`numba_hopper.runtime` (host): device arrays, TMA tensor maps, cluster launch, the kernel
+  cache;
+- :mod:`numba_hopper.matmul` (host): ``gemm``, ``bmm`` and ``grouped_gemm`` and their call path,
+  re-exported here with :class:`GemmConfig` and the exceptions of :mod:`numba_hopper.errors`;
+- :mod:`numba_hopper.torch`: custom ops, autograd and modules for PyTorch (imports torch);
+- :mod:`numba_hopper.tools`: SASS inspection without a GPU, the command line
+  (``python -m numba_hopper``), the prebuilt kernel set.
 
-``numba_hopper.sass`` compiles any kernel for sm_90a without a GPU and reports its SASS;
-``python -m numba_hopper`` (``numba_hopper.cli``) checks, inspects and times the shipped
-kernels (``--help``).
+``numba_hopper._numba_internals`` holds every use of numba-cuda's private internals.
 """
 
 from .errors import (  # noqa: F401
@@ -30,8 +29,7 @@ from .errors import (  # noqa: F401
     ShapeError,
     UnsupportedDeviceError,
 )
-from .grouped import grouped_gemm  # noqa: F401
-from .matmul import GemmConfig, bmm, gemm  # noqa: F401
+from .matmul import GemmConfig, bmm, gemm, grouped_gemm  # noqa: F401
 
 __version__ = "0.1.0"
 

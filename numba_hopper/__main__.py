@@ -1,4 +1,4 @@
-"""``python -m numba_hopper [check | inspect | bench]``: see ``numba_hopper.cli``.
+"""``python -m numba_hopper [check | inspect | bench]``: see ``numba_hopper.tools.cli``.
 
 Without a command it checks: on a Hopper GPU it runs and checks the shipped kernels; with
 none it compiles them for sm_90a and prints what they compiled to. ``--help`` lists the
@@ -7,7 +7,7 @@ commands and compiles nothing.
 
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -70,7 +70,7 @@ class ByValueParam(types.Type):
     what a TMA instruction takes as its tensor map (PTX ISA, "Tensor Map": param, const or
     global memory). The host passes a ctypes object of ``nbytes`` bytes. A kernel taking one
     is compiled by :func:`compile_kernel` or :func:`kernel_for_args` (numba's own compile
-    would pass the address as a plain integer) and launched by ``numba_hopper.launch``.
+    would pass the address as a plain integer) and launched by ``numba_hopper.runtime.launch``.
     """
 
     def __init__(self, nbytes: int):
@@ -355,7 +355,7 @@ def pack_kernel_args(kernel, args, stream=0):
         pack(ty, val)
     if writeback:
         raise TypeError(
-            "host arrays were passed to a kernel launched by numba_hopper.launch; "
+            "host arrays were passed to a kernel launched by numba_hopper.runtime.launch; "
             "copy them to the device first"
         )
     # numba leaves array fields (pointers, sizes, shapes, strides) as Python ints and

@@ -48,7 +48,7 @@ class UnsupportedDeviceError(NumbaHopperError, RuntimeError):
 
 
 class PipelineHangError(NumbaHopperError, RuntimeError):
-    """A debug-mode kernel's mbarrier wait timed out (see ``numba_hopper.debug``).
+    """A debug-mode kernel's mbarrier wait timed out (see ``numba_hopper.runtime.debug``).
 
     Attributes, from the kernel's debug record: ``role`` ("producer" waited on an empty
     slot, "consumer" on a full one), ``slot``, ``phase`` (the parity waited for),

@@ -13,9 +13,9 @@ import numpy as np
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
-from numba_hopper.debug import DebugRecord
+from numba_hopper.runtime.debug import DebugRecord
 from numba_hopper.errors import PipelineHangError
-from numba_hopper.kernels.pipeline import (
+from numba_hopper.kit.pipeline import (
     consumer_release,
     consumer_wait,
     debug_site,

@@ -85,10 +85,10 @@ def bmm(a, b, out=None, *, out_dtype=None):
 
 def install(monkeypatch):
     """Route ``numba_hopper.torch``'s calls to this stand-in for the test."""
-    import numba_hopper.matmul
+    from numba_hopper.matmul import api
 
-    monkeypatch.setattr(numba_hopper.matmul, "gemm", _no_grad(gemm))
-    monkeypatch.setattr(numba_hopper.matmul, "bmm", _no_grad(bmm))
+    monkeypatch.setattr(api, "gemm", _no_grad(gemm))
+    monkeypatch.setattr(api, "bmm", _no_grad(bmm))
 
 
 def _no_grad(fn):

@@ -2,8 +2,8 @@ import os
 
 import pytest
 
-from numba_hopper._device import hopper_device_reason
-from numba_hopper._sass_cache import ENV as SASS_CACHE_ENV
+from numba_hopper.runtime.device import hopper_device_reason
+from numba_hopper.tools.sass_cache import ENV as SASS_CACHE_ENV
 
 
 def pytest_configure(config):

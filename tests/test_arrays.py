@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from numba_hopper._arrays import DeviceView, device_view
+from numba_hopper.runtime.arrays import DeviceView, device_view
 
 from _fakes import FakeCAI
 
@@ -166,7 +166,7 @@ def test_cupy_bfloat16_by_dtype_name_and_uint16_override():
     ((2, 0, 8), (0, 8, 1), ((0, 8), (8, 1))),           # empty
 ])
 def test_merge_rows_reads_leading_dimensions_as_rows(shape, strides, merged):
-    from numba_hopper._arrays import merge_rows
+    from numba_hopper.runtime.arrays import merge_rows
 
     v = merge_rows(device_view(FakeCAI(shape, "<f2", strides=tuple(2 * s for s in strides))))
     assert (v.shape, v.strides) == merged
@@ -176,6 +176,6 @@ def test_merge_rows_reads_leading_dimensions_as_rows(shape, strides, merged):
                                            ((2, 3, 8), (40, 8, 1)),    # a gap between batch items
                                            ((2, 6, 8), (48, 1, 6))])   # column-major items, two of them
 def test_merge_rows_refuses_dimensions_that_do_not_merge(shape, strides):
-    from numba_hopper._arrays import merge_rows
+    from numba_hopper.runtime.arrays import merge_rows
 
     assert merge_rows(device_view(FakeCAI(shape, "<f2", strides=tuple(2 * s for s in strides)))) is None

@@ -4,8 +4,8 @@ import pytest
 from _fakes import FakeCAI
 
 import numba_hopper
-from numba_hopper._fusion import fusion_args, fusion_key_and_values
-from numba_hopper._operands import describe
+from numba_hopper.matmul.fusion import fusion_args, fusion_key_and_values
+from numba_hopper.runtime.operands import describe
 
 BASE = 0x7F0000000000
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import numba_hopper
-import numba_hopper.matmul as matmul
-from numba_hopper import _plan
+import numba_hopper.matmul.api as matmul
+from numba_hopper.matmul import plan as _plan
 
 pytestmark = pytest.mark.gpu
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from numba_hopper import cli
+from numba_hopper.tools import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ def _no_compiling(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("nothing should be compiled here")
 
-    monkeypatch.setattr("numba_hopper.sass.inspect_kernel", refuse)
+    monkeypatch.setattr("numba_hopper.tools.sass.inspect_kernel", refuse)
     monkeypatch.setattr(cli, "report_compiled", refuse)
 
 

@@ -5,7 +5,7 @@ import pytest
 from numba import cuda
 
 from numba_hopper import intrinsics as I
-from numba_hopper.launch import as_stream_handle, device_limits, launch
+from numba_hopper.runtime.launch import as_stream_handle, device_limits, launch
 
 pytestmark = pytest.mark.gpu
 
@@ -162,7 +162,7 @@ def test_launch_on_streams_of_other_libraries():
 
 def test_torch_tensor_and_stream():
     torch = pytest.importorskip("torch")
-    from numba_hopper.tensormap import TensorMap
+    from numba_hopper.runtime.tensormap import TensorMap
 
     from test_tma_gpu import expected_box, load2d_kernel, unswizzle
 

@@ -4,13 +4,13 @@ import pytest
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
-from numba_hopper.debug import debug_enabled
+from numba_hopper.runtime.debug import debug_enabled
 from numba_hopper.errors import PipelineHangError
 from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.gemm_config import GemmConfig
 from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
-from numba_hopper.kernels.pipeline import PipelineState, consumer_wait, debug_site, pipeline_init, producer_acquire
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.kit.pipeline import PipelineState, consumer_wait, debug_site, pipeline_init, producer_acquire
+from numba_hopper.tools.sass import inspect_kernel
 
 DEBUG_OPCODES = ("BPT.TRAP", "ATOMG.E.CAS")  # trap; the record's compare-and-swap
 

@@ -11,7 +11,8 @@ issued, whose CTAs then start on the 128 idle SMs and would race it without
 import pytest
 
 import numba_hopper
-from numba_hopper import GemmConfig, _plan
+from numba_hopper import GemmConfig
+from numba_hopper.matmul import plan as _plan
 
 pytestmark = pytest.mark.gpu
 

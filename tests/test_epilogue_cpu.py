@@ -11,10 +11,10 @@ from numba_hopper.errors import OverlapError
 from numba_hopper import gemm
 from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.epilogue import EpilogueConfig
-from numba_hopper._heuristics import max_stages
+from numba_hopper.matmul.heuristics import max_stages
 from numba_hopper.kernels.gemm_config import GemmConfig
 from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 F32 = types.float32
 
@@ -147,7 +147,7 @@ def test_square_output_needs_bias_dim():
 
 
 def test_valid_options_reach_the_gpu_check(monkeypatch):
-    import numba_hopper.matmul as g
+    import numba_hopper.matmul.api as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
@@ -158,7 +158,7 @@ def test_valid_options_reach_the_gpu_check(monkeypatch):
 
 
 def _reach_gpu_check(monkeypatch, **kw):
-    import numba_hopper.matmul as g
+    import numba_hopper.matmul.api as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
@@ -184,9 +184,9 @@ def test_written_arrays_must_not_overlap(case):
 
 
 def test_user_epilogue_kernels_skip_the_disk_cache(monkeypatch):
-    from numba_hopper import _plan
-    from numba_hopper._arrays import device_view
-    from numba_hopper._fusion import Fusion
+    from numba_hopper.matmul import plan as _plan
+    from numba_hopper.runtime.arrays import device_view
+    from numba_hopper.matmul.fusion import Fusion
 
     class Prepared(Exception):
         pass

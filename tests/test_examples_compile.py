@@ -8,7 +8,7 @@ import runpy
 
 import pytest
 
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 

@@ -9,15 +9,15 @@ from numba.cuda import types
 
 from _fakes import FakeCAI
 from test_gemm_cpu import _k_block_loop
-import numba_hopper.matmul as g
+import numba_hopper.matmul.api as g
 from numba_hopper import gemm
-from numba_hopper._heuristics import max_stages
+from numba_hopper.matmul.heuristics import max_stages
 from numba_hopper.errors import DtypeError, LayoutError, ShapeError
 from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.epilogue import EpilogueConfig
 from numba_hopper.kernels.gemm_config import GemmConfig
 from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 
 def _fp8(in_dtype="e4m3", out_dtype="bf16", block_m=128, block_n=256, epilogue=None):
@@ -115,7 +115,7 @@ def test_fp8_layouts_are_refused_before_launch(a, b, msg):
 
 
 def test_mixed_fp8_dtypes_reach_the_gpu_check(monkeypatch):
-    from numba_hopper._arrays import device_view
+    from numba_hopper.runtime.arrays import device_view
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
     for ta, tb in (("e4m3", "e5m2"), ("e5m2", "e4m3")):
@@ -225,7 +225,7 @@ def test_block_wise_tile_choice():
     """128 x 256, 192 x 128 and 128 x 192 tiles where they waste no more of a wave than 128 x 128
     ones, 64 x 128 ones where 128 x 128 ones leave SMs idle (measured: benchmarks/NOTES.md); never
     wide tiles with column vectors, nor in grouped products; unpaired tiles at their own costs."""
-    from numba_hopper._heuristics import block_scaled_tile
+    from numba_hopper.matmul.heuristics import block_scaled_tile
 
     K = 4096  # 32 k-blocks
     assert block_scaled_tile(4096, 4096, K, 132) == (128, 256)  # 4 full waves (704 192-wide tiles: 6, a third empty)
@@ -265,9 +265,9 @@ def test_block_wise_paired_tiles_take_a_sixth_slot(out_dtype, epilogue, tile):
 
 def _choose(M, N, K, out_dtype, epilogue):
     """``choose_config``'s kernel of an e4m3 TN product on an H100's 132 SMs."""
-    from numba_hopper._arrays import DeviceView
-    from numba_hopper._heuristics import choose_config
-    from numba_hopper.launch import DeviceLimits
+    from numba_hopper.runtime.arrays import DeviceView
+    from numba_hopper.matmul.heuristics import choose_config
+    from numba_hopper.runtime.launch import DeviceLimits
 
     def view(rows, cols, dtype, strides=None):
         return DeviceView(0x7F0000000000, (rows, cols), strides or (cols, 1), dtype, 1, 0, "torch")
@@ -372,7 +372,7 @@ def _ptr(x):
 def test_scaled_calls_bind_each_calls_scales(monkeypatch):
     """Calls whose only epilogue keywords are the scales take a fast path after their layout's
     first call: each call's numbers and arrays land where the first call's plan reads them."""
-    from numba_hopper._plan import A_BLOCK_SCALES, ALPHA, B_BLOCK_SCALES, COL_SCALE, ROW_SCALE
+    from numba_hopper.matmul.plan import A_BLOCK_SCALES, ALPHA, B_BLOCK_SCALES, COL_SCALE, ROW_SCALE
 
     seen, firsts = [], []
 

@@ -174,8 +174,8 @@ def test_fp8_split_k(torch, M):
 
 def _plan_steps(monkeypatch):
     """The step kinds of each plan gemm builds from here on (in a fresh plan cache)."""
-    import numba_hopper.matmul as g
-    from numba_hopper import _plan
+    import numba_hopper.matmul.api as g
+    from numba_hopper.matmul import plan as _plan
 
     steps = []
 

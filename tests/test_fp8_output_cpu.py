@@ -8,16 +8,19 @@ import pytest
 from numba.cuda import types
 
 from _fakes import FakeCAI
-import numba_hopper.matmul as g
-from numba_hopper import _heuristics, _plan, gemm, grouped_gemm, prebuild
-from numba_hopper._arrays import DeviceView
-from numba_hopper._fusion import Fusion
+import numba_hopper.matmul.api as g
+from numba_hopper import gemm, grouped_gemm
+from numba_hopper.matmul import heuristics as _heuristics
+from numba_hopper.matmul import plan as _plan
+from numba_hopper.tools import prebuild
+from numba_hopper.runtime.arrays import DeviceView
+from numba_hopper.matmul.fusion import Fusion
 from numba_hopper.errors import DtypeError, OverlapError, ShapeError
 from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.epilogue import EpilogueConfig
 from numba_hopper.kernels.gemm_config import GemmConfig
 from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 _VEC = types.Array(types.float32, 1, "A")
 _BITS = types.Array(types.uint32, 1, "A")

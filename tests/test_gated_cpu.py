@@ -8,17 +8,17 @@ from numba.cuda import types
 
 from _fakes import FakeCAI
 from numba_hopper import gemm
-from numba_hopper import _plan
-from numba_hopper._arrays import device_view
-from numba_hopper._fusion import Fusion
-from numba_hopper._heuristics import max_stages
+from numba_hopper.matmul import plan as _plan
+from numba_hopper.runtime.arrays import device_view
+from numba_hopper.matmul.fusion import Fusion
+from numba_hopper.matmul.heuristics import max_stages
 from numba_hopper.errors import DtypeError, LayoutError
 from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.epilogue import EpilogueConfig
 from numba_hopper.kernels.gemm_config import GemmConfig
 from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
-from numba_hopper.launch import DeviceLimits
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.runtime.launch import DeviceLimits
+from numba_hopper.tools.sass import inspect_kernel
 
 SILU = EpilogueConfig(activation="silu", gated=True)
 
@@ -68,7 +68,7 @@ def test_gated_plan_passes_both_weights_and_twice_the_columns(monkeypatch):
     monkeypatch.setattr(_plan, "encode_template", lambda view, box, **kw: boxes.append((view.shape, box)) or _Template)
     limits = DeviceLimits(0, (9, 0), 132, max_shared_per_block_optin=227 * 1024)
     monkeypatch.setattr(_plan, "device_limits", lambda device: limits)
-    monkeypatch.setattr("numba_hopper._heuristics.device_limits", lambda device: limits)
+    monkeypatch.setattr("numba_hopper.matmul.heuristics.device_limits", lambda device: limits)
     monkeypatch.setattr(_plan, "prepare_launch", prepare_launch)
     M, N, K = 4096, 5632, 2048
     va, vo = device_view(_m(M, K)), device_view(_m(M, N))
@@ -134,7 +134,7 @@ def test_gated_fp8_is_refused():
 
 
 def test_valid_gated_call_reaches_the_gpu_check(monkeypatch):
-    import numba_hopper.matmul as g
+    import numba_hopper.matmul.api as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from numba_hopper.kernels import gemm_argument_types, shipped_kernels
-from numba_hopper._heuristics import max_stages
+from numba_hopper.matmul.heuristics import max_stages
 from numba_hopper.kernels.gemm_config import GemmConfig
 from numba_hopper.kernels.epilogue import EpilogueConfig
 from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel, register_budget
 from numba_hopper.kernels.scheduler import host_grouped_tile
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 # One compile per code path, not one per combination of options. The majors change the TMA
 # boxes and wgmma descriptors, the output dtype the epilogue's conversion and sub-tiles, block_n
@@ -170,7 +170,7 @@ def test_stream_k_rejects_what_it_cannot_compile():
 def test_stream_k_walk_covers_every_k_block_once(tiles, k_blocks):
     """Every (tile, k-block) is done by exactly one CTA; a tile a CTA leaves unfinished goes
     on in the next CTA, whose first stream-K item it is (what the fix-up waits for)."""
-    from numba_hopper._heuristics import stream_k_schedule as _stream_k_schedule
+    from numba_hopper.matmul.heuristics import stream_k_schedule as _stream_k_schedule
     from numba_hopper.kernels.scheduler import host_work_walk
 
     first_item, next_item = host_work_walk()
@@ -271,7 +271,7 @@ def test_gemm_rejects_host_arrays():
 
 
 def test_gemm_without_hopper_gpu_says_so(monkeypatch):
-    import numba_hopper.matmul as g
+    import numba_hopper.matmul.api as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "device 0 is compute capability 8.0, not Hopper (9.x)")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU.*8.0"):
@@ -297,14 +297,14 @@ def test_gemm_without_hopper_gpu_says_so(monkeypatch):
     (128, 4608, 3584, 2, (64, 256)),  # measured on single products only: the 64-row rule
 ])
 def test_tile_shape_heuristic(M, N, K, units, tile):
-    from numba_hopper._heuristics import tile_shape as _tile_shape
+    from numba_hopper.matmul.heuristics import tile_shape as _tile_shape
 
     assert _tile_shape(M, N, K, units, 132) == tile
 
 
 def test_rows_together_needs_a_on_128_byte_lines():
     """A 128 x 64 tile reads all of A's rows: not where they straddle 128-byte lines (K = 3104)."""
-    from numba_hopper._heuristics import tile_shape
+    from numba_hopper.matmul.heuristics import tile_shape
 
     assert tile_shape(128, 4608, 3104, 1, 132) == (128, 64)
     assert tile_shape(128, 4608, 3104, 1, 132, a_lines=False) == (64, 128)
@@ -317,9 +317,9 @@ def test_rows_together_needs_a_on_128_byte_lines():
     (1024, 14336, 4096, (128, 224)),  # ties 128 by the estimate; measured 2.5% faster (session 23)
 ])
 def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, tile):
-    from numba_hopper._arrays import transpose
-    from numba_hopper._heuristics import choose_config, pingpong_width, tile_shape
-    from numba_hopper.prebuild import H100, _view
+    from numba_hopper.runtime.arrays import transpose
+    from numba_hopper.matmul.heuristics import choose_config, pingpong_width, tile_shape
+    from numba_hopper.tools.prebuild import H100, _view
 
     assert tile_shape(M, N, K, 1, 132, k_major_widths=True) == tile
     x, w, out = _view(M, K, "bf16", True), _view(N, K, "bf16", True), _view(M, N, "bf16", True)
@@ -345,8 +345,8 @@ def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, t
     (16384, 4096, 4096, "RR", None), (512, 3584, 18944, "RC", None),
 ])
 def test_plain_products_take_ping_pong_tiles_where_they_fill_waves(M, N, K, layout, width):
-    from numba_hopper._heuristics import choose_config
-    from numba_hopper.prebuild import H100, _view
+    from numba_hopper.matmul.heuristics import choose_config
+    from numba_hopper.tools.prebuild import H100, _view
 
     a, b = _view(M, K, "bf16", layout[0] == "R"), _view(K, N, "bf16", layout[1] == "R")
     cfg = choose_config(a, b, _view(M, N, "bf16", True), None, False, limits=H100)
@@ -367,8 +367,8 @@ def test_plain_products_take_ping_pong_tiles_where_they_fill_waves(M, N, K, layo
     (4096, 4096, 16384, "RC", None), (128, 3584, 18944, "RC", None), (512, 3584, 4096, "RC", None),
     (64, 4096, 14336, "RC", None)])
 def test_gpc_ordered_clusters_take_one_long_wave(M, N, K, layout, tile):
-    from numba_hopper._heuristics import choose_config
-    from numba_hopper.prebuild import H100, _view
+    from numba_hopper.matmul.heuristics import choose_config
+    from numba_hopper.tools.prebuild import H100, _view
 
     a, b, out = _view(M, K, "bf16", layout[0] == "R"), _view(K, N, "bf16", layout[1] == "R"), _view(M, N, "bf16", True)
     cfg = choose_config(a, b, out, None, False, limits=H100)
@@ -404,9 +404,9 @@ def test_epilogue_sub_tiles_divide_the_tile(block_n, out_dtype, cols, swizzle):
     (8, 32000, 2048, 8), (1, 6144, 4096, 8), (16, 57344, 8192, 16),  # wider 64-row tiles, whole K
 ])
 def test_decode_products_run_swapped_unless_the_64_row_tiling_splits_k_in_four(M, N, K, block_n):
-    from numba_hopper._arrays import DeviceView, transpose
-    from numba_hopper._heuristics import choose_config, narrow_config, narrow_tokens
-    from numba_hopper.prebuild import H100, _view
+    from numba_hopper.runtime.arrays import DeviceView, transpose
+    from numba_hopper.matmul.heuristics import choose_config, narrow_config, narrow_tokens
+    from numba_hopper.tools.prebuild import H100, _view
 
     assert narrow_tokens(M, N, K, 132) == block_n
     a, w, out = _view(M, K, "bf16", True), _view(N, K, "bf16", True), _view(M, N, "bf16", True)
@@ -426,7 +426,7 @@ def test_decode_products_run_swapped_unless_the_64_row_tiling_splits_k_in_four(M
     (2048, 4096, "N", True), (2048, 8192, "N", True), (512, 4096, "N", False), (1152, 6144, "N", False),
     (4096, 1024, "N", False), (1024, 512, "N", False), (2048, 8192, "K", False)])
 def test_cluster_heuristic(tiles, K, b_major, cluster):
-    from numba_hopper._heuristics import cluster_pays as _cluster_pays
+    from numba_hopper.matmul.heuristics import cluster_pays as _cluster_pays
 
     assert _cluster_pays(tiles, K, b_major, 132) == cluster
 
@@ -449,8 +449,8 @@ def test_cluster_heuristic(tiles, K, b_major, cluster):
     (2000, 2000, 2000, "RR", None), (6000, 6000, 6000, "RR", None), (256, 1000, 1000, "RC", None),
     (128, 3000, 3000, "RC", None)])
 def test_rows_straddling_sectors_run_in_clusters(M, N, K, layout, tile):
-    from numba_hopper._heuristics import choose_config
-    from numba_hopper.prebuild import H100, _view
+    from numba_hopper.matmul.heuristics import choose_config
+    from numba_hopper.tools.prebuild import H100, _view
 
     a, b = _view(M, K, "bf16", layout[0] == "R"), _view(K, N, "bf16", layout[1] == "R")
     cfg = choose_config(a, b, _view(M, N, "bf16", True), None, False, limits=H100)
@@ -463,8 +463,8 @@ def test_rows_straddling_sectors_run_in_clusters(M, N, K, layout, tile):
 
 
 def test_straddling_192_tiles_only_for_plain_16_bit_outputs():
-    from numba_hopper._heuristics import choose_config
-    from numba_hopper.prebuild import H100, _view
+    from numba_hopper.matmul.heuristics import choose_config
+    from numba_hopper.tools.prebuild import H100, _view
 
     a, b = _view(3000, 3000, "bf16", True), _view(3000, 3000, "bf16", True)
     for out, epilogue in [(_view(3000, 3000, "f32", True), None),
@@ -480,6 +480,6 @@ def test_straddling_192_tiles_only_for_plain_16_bit_outputs():
     (1, 4096, 14336, (64, 128), 2), (1, 3584, 18944, (64, 128), 2), (16, 8192, 8192, (64, 128), 1),
     (1, 4096, 14336, (64, 64), 1), (128, 4096, 14336, (64, 128), 1)])
 def test_split_k_heuristic(M, N, K, block, splits):
-    from numba_hopper._heuristics import split_count as _split_count
+    from numba_hopper.matmul.heuristics import split_count as _split_count
 
     assert _split_count(GemmConfig(block_m=block[0], block_n=block[1]), M, N, K, 132) == splits

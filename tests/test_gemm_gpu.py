@@ -79,8 +79,8 @@ def test_64_row_tiles(torch, block_n, M, N, K, layout):
 def test_rows_together_at_small_m(torch, M, N, K, layout):
     """M = 112-128 with a wave of at most 80 64 x 128 tiles and A's rows on 128-byte lines: the
     default runs 128 x 64 tiles (112 rows: A's column-major rows straddle, so not with CR or CC)."""
-    from numba_hopper._arrays import device_view
-    from numba_hopper._heuristics import choose_config
+    from numba_hopper.runtime.arrays import device_view
+    from numba_hopper.matmul.heuristics import choose_config
 
     a = _operand(torch, M, K, "bf16", layout[0], None)
     b = _operand(torch, K, N, "bf16", layout[1], None)
@@ -201,9 +201,9 @@ def test_persistent_ctas_take_many_tiles(torch):
                                           (16, 4096, 4096, "RC"), (7, 136, 1000, "RR"), (8, 1000, 64, "RC")])
 def test_decode_products_run_swapped(torch, dtype, M, N, K, layout):
     """A few rows run swapped, the tokens on wgmma's narrow N, the output stored transposed."""
-    from numba_hopper._arrays import device_view
-    from numba_hopper._heuristics import narrow_config
-    from numba_hopper.launch import device_limits
+    from numba_hopper.runtime.arrays import device_view
+    from numba_hopper.matmul.heuristics import narrow_config
+    from numba_hopper.runtime.launch import device_limits
 
     a = _operand(torch, M, K, dtype, "R", torch.Generator(device="cuda"))
     b = _operand(torch, K, N, dtype, layout[1], torch.Generator(device="cuda"))
@@ -350,8 +350,8 @@ def test_clusters_with_multicast(torch, cluster, layout, M, N, K):
     ("RR", 3000, 3000, 3000, (192, 1, 2)), ("CC", 3000, 3000, 3000, (192, 2, 1))])
 def test_rows_straddling_sectors_run_in_clusters(torch, layout, M, N, K, tile):
     # 5 x 8 tiles leave the last cluster row with one CTA that has no tile of its own.
-    from numba_hopper._arrays import device_view
-    from numba_hopper._heuristics import choose_config
+    from numba_hopper.runtime.arrays import device_view
+    from numba_hopper.matmul.heuristics import choose_config
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(np.random.SeedSequence().entropy % 2**63)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from _fakes import FakeCAI
 
-import numba_hopper.matmul as g
+import numba_hopper.matmul.api as g
 from numba_hopper.errors import (
     DeviceMismatchError,
     DtypeError,
@@ -18,7 +18,7 @@ from numba_hopper.errors import (
     ShapeError,
     UnsupportedDeviceError,
 )
-from numba_hopper._arrays import device_view
+from numba_hopper.runtime.arrays import device_view
 from numba_hopper import gemm
 
 BASE = 0x7F0000000000

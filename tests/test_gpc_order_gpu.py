@@ -8,9 +8,9 @@ from cuda.bindings import driver
 from numba import cuda
 
 from numba_hopper import GemmConfig, bmm, gemm
-from numba_hopper._placement import TPCS, tpc_order
-from numba_hopper._workspace import CLAIMS_BYTES
-from numba_hopper.launch import device_limits, launch
+from numba_hopper.matmul.placement import TPCS, tpc_order
+from numba_hopper.runtime.workspace import CLAIMS_BYTES
+from numba_hopper.runtime.launch import device_limits, launch
 
 pytestmark = pytest.mark.gpu
 
@@ -69,8 +69,8 @@ def test_gpc_ordered_clusters_compute_every_tile(torch, cfg, layout, M, N, K):
 
 
 def test_the_default_runs_long_single_waves_in_gpc_order(torch):
-    from numba_hopper._arrays import device_view
-    from numba_hopper._heuristics import choose_config
+    from numba_hopper.runtime.arrays import device_view
+    from numba_hopper.matmul.heuristics import choose_config
 
     a, b = _operands(torch, 512, 3584, 8192)  # 128 x 112 tiles: 64 cluster tiles on 66 TPCs
     out = gemm(a, b)  # a user's call: fresh output
@@ -80,7 +80,7 @@ def test_the_default_runs_long_single_waves_in_gpc_order(torch):
 
 
 def _claims(stream_handle):
-    from numba_hopper import _workspace
+    from numba_hopper.runtime import workspace as _workspace
 
     buf = _workspace._buffers[(cuda.get_current_device().id, stream_handle)]
     words = np.empty(CLAIMS_BYTES // 4, np.uint32)

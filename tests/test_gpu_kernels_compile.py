@@ -3,7 +3,7 @@
 import pytest
 
 import test_intrinsics_gpu as g
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 SS_ARGS = "uint32[::1], int64, int64, int64, int64, int64, int64, int64, int64, int64, int64"
 
@@ -42,7 +42,7 @@ def test_a_tensor_map_passed_by_value_is_read_in_param_space():
     import test_tma_gpu as t
     from numba.cuda import types
 
-    from numba_hopper.tensormap import TENSORMAP_ARG
+    from numba_hopper.runtime.tensormap import TENSORMAP_ARG
 
     r = inspect_kernel(t.load2d_by_value_kernel, (TENSORMAP_ARG, types.int32[:, :], types.int64, types.uint32[:, :]))
     assert ".param .align 64 .b8" in r.ptx and "[128]" in r.ptx and "cvta.param.u64" in r.ptx

@@ -9,19 +9,19 @@ import pytest
 from numba.cuda import types
 
 import numba_hopper
-import numba_hopper.matmul as g
+import numba_hopper.matmul.api as g
 from _fakes import FakeCAI
 from numba_hopper import grouped_gemm
-from numba_hopper._heuristics import grouped_config, max_stages
+from numba_hopper.matmul.heuristics import grouped_config, max_stages
 from numba_hopper.errors import DeviceMismatchError, DtypeError, LayoutError, OverlapError, ShapeError
-from numba_hopper.grouped import check_group_sizes
+from numba_hopper.matmul.grouped import check_group_sizes
 from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.epilogue import EpilogueConfig
 from numba_hopper.kernels.gemm_config import GemmConfig
 from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
 from numba_hopper.kernels.scheduler import GROUP_WALK_END, GroupWork, host_group_walk
-from numba_hopper.launch import DeviceLimits
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.runtime.launch import DeviceLimits
+from numba_hopper.tools.sass import inspect_kernel
 
 # --- the walk ------------------------------------------------------------------------------
 
@@ -172,7 +172,7 @@ def test_grouped_config_rejects_what_it_cannot_run(kw, msg):
 
 
 def _view(shape, strides=None, dtype="bf16"):
-    from numba_hopper._arrays import DeviceView
+    from numba_hopper.runtime.arrays import DeviceView
 
     if strides is None:
         strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
@@ -195,7 +195,7 @@ def test_grouped_tile_follows_the_rows_per_group(mode, rows, groups, tile):
 def test_grouped_tiles_are_not_192_wide(rows, groups, N, K):
     """Dense products of these shapes take 128 x 192 tiles; grouped ones ran them 5-9% slower
     than 128 x 256 ones (GROUPED_SLOW_WIDTHS)."""
-    from numba_hopper._heuristics import tile_shape
+    from numba_hopper.matmul.heuristics import tile_shape
 
     assert tile_shape(-(-rows // groups), N, K, groups, 132)[1] == 192
     cfg = grouped_config(_view((rows, K)), _view((K, N)), _view((rows, N)), "contiguous", groups, None, False,
@@ -289,7 +289,7 @@ def test_out_may_not_overlap_the_operands(monkeypatch):
 
 
 def test_operands_on_other_devices_are_refused():
-    from numba_hopper._arrays import DeviceView
+    from numba_hopper.runtime.arrays import DeviceView
 
     b = DeviceView(0x7F0000000000, (G, K, N), (K * N, N, 1), "bf16", 2, 1, "cai")
     with pytest.raises(DeviceMismatchError, match="b is on device 1"):
@@ -321,7 +321,8 @@ class _FakeLaunch:
 @pytest.fixture
 def fake_device(monkeypatch):
     """Plans built and run with no GPU: fake limits, templates, kernels, scratch and launches."""
-    from numba_hopper import _heuristics, _plan
+    from numba_hopper.matmul import heuristics as _heuristics
+    from numba_hopper.matmul import plan as _plan
 
     calls, prepared = [], []
 
@@ -423,7 +424,7 @@ def test_fp8_per_tensor_grouped_sass():
 
 
 def _fp8_view(shape, strides):
-    from numba_hopper._arrays import DeviceView
+    from numba_hopper.runtime.arrays import DeviceView
 
     return DeviceView(0x7F0000000000, shape, strides, "e4m3", 1, 0, "torch")
 
@@ -486,7 +487,7 @@ def _fp8_call(masked=False, **kw):
 
 
 def _dv(shape, strides, dtype, device=0):
-    from numba_hopper._arrays import DeviceView
+    from numba_hopper.runtime.arrays import DeviceView
 
     return DeviceView(next(_addresses), shape, strides, dtype, 4 if dtype == "f32" else 1, device, "cai")
 
@@ -543,7 +544,7 @@ def test_fp8_block_scales_reach_the_kernel_each_call(fake_device, monkeypatch, m
     """One plan; each call's scales (and operands) bound into the launch; a block-scaled fp8
     kernel of the grouped mode, at most 128 wide, which reads A's scales through its last
     tensor map (torch's strides: no copy) and B's among its epilogue arguments."""
-    from numba_hopper import _plan
+    from numba_hopper.matmul import plan as _plan
 
     calls, prepared = fake_device
     configs = []
@@ -567,7 +568,7 @@ def test_fp8_block_scales_reach_the_kernel_each_call(fake_device, monkeypatch, m
 
 
 def test_fp8_per_tensor_numbers_fold_into_alpha(fake_device, monkeypatch):
-    from numba_hopper import _plan
+    from numba_hopper.matmul import plan as _plan
 
     calls, prepared = fake_device
     configs = []

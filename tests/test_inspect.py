@@ -5,7 +5,7 @@ import pytest
 from numba import cuda
 
 from numba_hopper.intrinsics import ptx_intrinsic
-from numba_hopper.sass import ToolNotFoundError, find_tool, inspect_kernel
+from numba_hopper.tools.sass import ToolNotFoundError, find_tool, inspect_kernel
 
 wgmma_fence_raw = ptx_intrinsic("wgmma_fence_raw", "wgmma.fence.sync.aligned;")
 

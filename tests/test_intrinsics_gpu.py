@@ -23,7 +23,7 @@ from _ref import (
     unpack_accumulator,
 )
 from numba_hopper import intrinsics as nh
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 pytestmark = pytest.mark.gpu
 

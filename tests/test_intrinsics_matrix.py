@@ -26,7 +26,7 @@ from numba_hopper.intrinsics import (
     stmatrix_x4,
     stmatrix_x4_trans,
 )
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 
 @cuda.jit(launch_bounds=(32, 1))

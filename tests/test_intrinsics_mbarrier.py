@@ -18,7 +18,7 @@ from numba_hopper.intrinsics import (
     mbarrier_wait_parity,
     shared_address,
 )
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 
 @cuda.jit(launch_bounds=(128, 1))

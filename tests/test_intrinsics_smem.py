@@ -15,7 +15,7 @@ from numba_hopper.intrinsics import (
     shared_array,
     st_shared_u32,
 )
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 EXTERN_1024 = re.compile(r"\.extern \.shared \.align 1024 \.b8 (\w+)\[\];")
 

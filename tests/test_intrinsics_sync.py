@@ -16,7 +16,7 @@ from numba_hopper.intrinsics import (
     setmaxnreg_dec,
     setmaxnreg_inc,
 )
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 
 def _warp_specialized(out):

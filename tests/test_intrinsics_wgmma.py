@@ -21,7 +21,7 @@ from numba_hopper.intrinsics import (
     wgmma_wait_group,
 )
 from numba_hopper.intrinsics.wgmma import wgmma_asm
-from numba_hopper.sass import find_tool, inspect_kernel
+from numba_hopper.tools.sass import find_tool, inspect_kernel
 
 ACC_DTYPE = {"f32": "float32", "f16": "uint32", "s32": "int32"}
 

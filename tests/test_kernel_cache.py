@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from numba_hopper import _kernel_cache as kc
+from numba_hopper.runtime import kernel_cache as kc
 from numba_hopper import _numba_internals as internals
 
 

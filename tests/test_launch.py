@@ -4,8 +4,8 @@ import ctypes
 
 import pytest
 
-from numba_hopper import launch as L
-from numba_hopper.launch import DeviceLimits, as_stream_handle, validate_launch
+from numba_hopper.runtime import launch as L
+from numba_hopper.runtime.launch import DeviceLimits, as_stream_handle, validate_launch
 
 H100 = DeviceLimits(device=0, cc=(9, 0), sm_count=132)  # defaults are the H100's limits
 AMPERE = DeviceLimits(device=1, cc=(8, 0), sm_count=108, max_shared_per_block_optin=166912)
@@ -264,7 +264,7 @@ def no_driver(monkeypatch):
 
 
 def _view(shape, strides, dtype, itemsize, ptr=1 << 30):
-    from numba_hopper._arrays import DeviceView
+    from numba_hopper.runtime.arrays import DeviceView
 
     return DeviceView(ptr, shape, strides, dtype, itemsize, 0, "numba")
 
@@ -286,7 +286,7 @@ def test_numba_warns_on_its_own_launch_of_a_small_grid():
 def test_copy_and_split_k_reduce_launch_without_numbas_launch_or_its_warning(no_driver):
     import warnings
 
-    from numba_hopper._extra_launches import prepare_copy, prepare_reduce
+    from numba_hopper.matmul.extra_launches import prepare_copy, prepare_reduce
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning, NumbaPerformanceWarning included, fails the test
@@ -301,7 +301,7 @@ def test_copy_and_split_k_reduce_launch_without_numbas_launch_or_its_warning(no_
 def test_scaled_split_k_reduce_binds_each_calls_scales(no_driver):
     """The reduce of a scale-only epilogue: alpha and the scale vectors (a stride-0 per-tensor
     one, an absent one) are rebound from each call's values like the partials and out."""
-    from numba_hopper import _plan
+    from numba_hopper.matmul import plan as _plan
 
     partials = _plan.Operand(_view((2, 5, 8), (40, 8, 1), "f32", 4, ptr=0), _plan.Src(_plan.SCRATCH, 256))
     out = _plan.Operand(_view((5, 7), (8, 1), "bf16", 2), _plan.Src(_plan.OUT))

@@ -1,11 +1,11 @@
-"""The GPC-major order of TPCs (``numba_hopper._placement``) and the cluster claims' place in
+"""The GPC-major order of TPCs (``numba_hopper.matmul.placement``) and the cluster claims' place in
 the scratch, on a CPU."""
 
 import numpy as np
 
-from numba_hopper._placement import gpc_major_ranks
-from numba_hopper._plan import SCRATCH, _Scratch
-from numba_hopper._workspace import ALIGN, CLAIMS_BYTES
+from numba_hopper.matmul.placement import gpc_major_ranks
+from numba_hopper.matmul.plan import SCRATCH, _Scratch
+from numba_hopper.runtime.workspace import ALIGN, CLAIMS_BYTES
 
 
 def test_a_clusters_tpcs_take_consecutive_ranks():

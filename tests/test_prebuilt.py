@@ -8,10 +8,14 @@ import types
 
 import pytest
 
-from numba_hopper import _heuristics, _plan, prebuild
-from numba_hopper import _kernel_cache as kc
+from numba_hopper.matmul import heuristics as _heuristics
+
+from numba_hopper.matmul import plan as _plan
+
+from numba_hopper.tools import prebuild
+from numba_hopper.runtime import kernel_cache as kc
 from numba_hopper import _numba_internals as internals
-from numba_hopper._arrays import DeviceView
+from numba_hopper.runtime.arrays import DeviceView
 from numba_hopper.kernels import gemm_argument_types
 
 # (One xdist worker runs this module, which builds its module fixtures once: tests/conftest.py.)

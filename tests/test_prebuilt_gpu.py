@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from numba_hopper import _kernel_cache as kc
+from numba_hopper.runtime import kernel_cache as kc
 
 pytestmark = [pytest.mark.gpu, pytest.mark.serial]
 
@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.serial]
 CHILD = r"""
 import json, time
 import numpy as np
-from numba_hopper import _kernel_cache, gemm
+from numba_hopper import gemm
+from numba_hopper.runtime import kernel_cache as _kernel_cache
 
 M = N = K = 2048
 rng = np.random.default_rng(0)
@@ -59,9 +60,9 @@ print(json.dumps({"first_call_s": seconds, "rel_error": float(np.linalg.norm(res
 
 def test_first_gemm_of_a_new_process_loads_prebuilt_kernels(tmp_path):
     if not (kc.PREBUILT_DIR / kc.MANIFEST).exists():
-        pytest.skip(f"no prebuilt kernels in {kc.PREBUILT_DIR}: python -m numba_hopper.prebuild")
+        pytest.skip(f"no prebuilt kernels in {kc.PREBUILT_DIR}: python -m numba_hopper.tools.prebuild")
     reason = kc.prebuilt_status()
-    assert reason is None, f"the prebuilt kernels would not be used ({reason}): python -m numba_hopper.prebuild"
+    assert reason is None, f"the prebuilt kernels would not be used ({reason}): python -m numba_hopper.tools.prebuild"
     env = dict(os.environ, NUMBA_HOPPER_CACHE_DIR=str(tmp_path / "empty cache"))
     env.pop("NUMBA_HOPPER_PREBUILT", None)
     proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)

@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-import numba_hopper.matmul as g
-from numba_hopper import tensormap
+import numba_hopper.matmul.api as g
+from numba_hopper.runtime import tensormap
 from numba_hopper import gemm
 
 from test_gemm_gpu import _check
@@ -42,7 +42,7 @@ def test_broken_pipeline_raises_instead_of_hanging(mode, expected):
 
 
 def test_debug_gemm_is_correct(torch, monkeypatch):
-    from numba_hopper import debug
+    from numba_hopper.runtime import debug
 
     monkeypatch.setattr(debug, "DEFAULT", True)
     for M, N, K, layout in ((129, 257, 77, "RR"), (1000, 7, 300, "CC"), (2048, 2048, 1024, "RC")):

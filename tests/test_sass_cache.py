@@ -7,7 +7,11 @@ import types
 import pytest
 from numba import cuda
 
-from numba_hopper import _kernel_cache, _sass_cache, sass
+from numba_hopper.runtime import kernel_cache as _kernel_cache
+
+from numba_hopper.tools import sass_cache as _sass_cache
+
+from numba_hopper.tools import sass
 from numba_hopper import intrinsics as nh
 
 SIG = "void(float32[::1])"

@@ -3,9 +3,13 @@ scales (the planner sees an H100; nothing is launched)."""
 
 import pytest
 
-from numba_hopper import _heuristics, _plan, prebuild
-from numba_hopper._arrays import DeviceView
-from numba_hopper._fusion import Fusion
+from numba_hopper.matmul import heuristics as _heuristics
+
+from numba_hopper.matmul import plan as _plan
+
+from numba_hopper.tools import prebuild
+from numba_hopper.runtime.arrays import DeviceView
+from numba_hopper.matmul.fusion import Fusion
 from numba_hopper.kernels.gemm_config import GemmConfig
 
 BASE = 1 << 30  # a 16-byte-aligned address that is never dereferenced

@@ -2,8 +2,8 @@
 
 import pytest
 
-from numba_hopper import tensormap as tm
-from numba_hopper.tensormap import TensorMap, validate_tiled
+from numba_hopper.runtime import tensormap as tm
+from numba_hopper.runtime.tensormap import TensorMap, validate_tiled
 
 from _fakes import FakeCAI
 

@@ -16,7 +16,7 @@ from numba import cuda
 from numba.core.errors import TypingError
 
 from numba_hopper import intrinsics as I
-from numba_hopper.sass import inspect_kernel
+from numba_hopper.tools.sass import inspect_kernel
 
 
 @cuda.jit(launch_bounds=(128, 1))

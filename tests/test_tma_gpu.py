@@ -16,9 +16,9 @@ import pytest
 from numba import cuda
 
 from numba_hopper import intrinsics as I
-from numba_hopper import tensormap as tm
-from numba_hopper.launch import launch
-from numba_hopper.tensormap import TensorMap
+from numba_hopper.runtime import tensormap as tm
+from numba_hopper.runtime.launch import launch
+from numba_hopper.runtime.tensormap import TensorMap
 
 pytestmark = pytest.mark.gpu
 
@@ -205,7 +205,7 @@ load2d_by_value_kernel = make_load2d_kernel(I.tensormap_param_address)
 def test_load_2d_with_the_map_passed_by_value_at_two_addresses(a2):
     """A template encoded for one array reads another of the same layout once its ``value``
     (the address) is set, and a prepared launch rebinds that value as it rebinds a pointer."""
-    from numba_hopper.launch import prepare_launch
+    from numba_hopper.runtime.launch import prepare_launch
 
     other = RNG.integers(0, 2**16, A2.shape, dtype=np.uint16)
     arg = tm.TensorMapArg(tm.encode_template(a2, (16, 64), swizzle=128, dtype="bf16"), a2.device_ctypes_pointer.value)

@@ -54,7 +54,7 @@ def bulk_copy_s2g(dst: u64, src: u32, nbytes: u32):
 @intrinsic
 def tensormap_param_address(typingctx, tmap):
     """u64 generic address of a tensor map the kernel takes by value (a ``TensorMapArg``
-    argument, ``numba_hopper.tensormap``): what the TMA intrinsics take. NVVM emits
+    argument, ``numba_hopper.runtime.tensormap``): what the TMA intrinsics take. NVVM emits
     ``mov.b64`` of the parameter and ``cvta.param.u64`` (PTX ISA 5.1.6.1, kernel parameters
     with the grid_constant attribute). The launch wrote the map, so no proxy fence is needed.
     """

@@ -1,7 +1,7 @@
 """Thread-block clusters: ids, distributed shared memory (DSMEM), cluster barriers, and the SM a
 CTA runs on.
 
-A kernel runs in clusters only when launched with one (``numba_hopper.launch.launch(...,
+A kernel runs in clusters only when launched with one (``numba_hopper.runtime.launch.launch(...,
 cluster=...)``); otherwise every CTA is a cluster of one.
 
 DSMEM: ``mapa(addr, rank)`` turns this CTA's 32-bit shared address ``addr`` into the

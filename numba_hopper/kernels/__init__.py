@@ -1,20 +1,19 @@
-"""Device code built from ``numba_hopper.intrinsics``: the GEMM kernel and its components.
+"""The GEMM's device code, built from :mod:`numba_hopper.intrinsics` and :mod:`numba_hopper.kit`.
 
-``gemm_config`` (the kernel's interface), ``pipeline``, ``mainloop``, ``scheduler`` and
-``epilogue`` (its components), ``gemm_sm90`` (the kernel), ``elementwise`` (the small
-kernels a call may add). Host code lives in the package's top-level modules.
+``gemm_config`` (the kernel's interface), ``mainloop``, ``scheduler`` and ``epilogue`` (its
+components), ``gemm_sm90`` (the kernel, which only orchestrates them), ``elementwise`` (the
+small kernels a call may add) and ``placement`` (the SM-placement probe's kernel). The host call
+path lives in :mod:`numba_hopper.matmul`.
 """
 
-from .gemm_config import gemm_argument_types
+from .gemm_sm90 import gemm_argument_types, make_gemm_kernel
 
 __all__ = ["gemm_argument_types", "shipped_kernels"]
-
 
 
 def shipped_kernels():
     """``[(label, dispatcher, argument types), ...]`` for every kernel the package ships."""
     from .gemm_config import GemmConfig
-    from .gemm_sm90 import make_gemm_kernel
 
     configs = [
         GemmConfig("bf16", "bf16", "K", "N"),

@@ -2,7 +2,7 @@
 
 - ``copy_2d``: ``dst[...] = src`` for two 2-D arrays of one shape; it moves raw element
   bits, so it serves any dtype of the same item size (the aligned copies of operands TMA
-  cannot address, ``numba_hopper._extra_launches``).
+  cannot address, ``numba_hopper.matmul.extra_launches``).
 - ``reduce_kernel(out_dtype)``: split-K's second kernel. The GEMM kernel writes slice ``s``
   of the product to ``workspace[s]`` (fp32, row-major); this kernel adds the slices in the
   order 0, 1, ... and converts once to the output dtype, so a split-K result is

@@ -12,14 +12,11 @@ its run-time parameters.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from .pipeline import pipeline_barrier_bytes
+from ..kit.pipeline import pipeline_barrier_bytes
 
-if TYPE_CHECKING:
-    from .epilogue import EpilogueConfig
-
-__all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "gemm_argument_types", "WG_ROWS", "KBLOCK_BYTES",
+__all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "WG_ROWS", "KBLOCK_BYTES",
            "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES",
            "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N", "GATED_NS"]
 
@@ -56,7 +53,7 @@ class GemmConfig:
     ``a_major``: "K" (A row-major) or "M" (A column-major); ``b_major``: "K" (B
     column-major) or "N" (B row-major). The output is always row-major (the host swaps
     operands for a column-major output). ``debug``: bounded mbarrier waits that fill the
-    kernel's debug record and trap on a hang (``numba_hopper.debug``); False compiles none
+    kernel's debug record and trap on a hang (``numba_hopper.runtime.debug``); False compiles none
     of that code. ``epilogue``: None for a plain ``C = A @ B`` (the kernel has no epilogue
     code at all), or the fused epilogue to compile in. ``stream_k``: compile in the
     stream-K fix-up (tiles whose K loop several CTAs share, see ``kernels/scheduler.py``).
@@ -457,7 +454,7 @@ class GemmParams(NamedTuple):
     kernel parameter).
 
     ``maps``: the 3-D TMA descriptors (batch outermost), passed by value
-    (:class:`numba_hopper.tensormap.TensorMapArg`), of A, B, the output D and, with a
+    (:class:`numba_hopper.runtime.tensormap.TensorMapArg`), of A, B, the output D and, with a
     residual, C, then A's block-wise scales if it has them, or B_up if gated (``cfg.tensormaps``
     in all). A gated kernel's ``N`` is twice the output's: its tiles' columns, B's and B_up's. A
     call at new addresses sets each map's ``value``. A and B have 128-byte swizzle and the boxes of
@@ -472,7 +469,7 @@ class GemmParams(NamedTuple):
     needs ``workspace``: the device address of ``gridDim.x * 2 * cfg.partial_bytes`` bytes
     of partials followed by ``gridDim.x * 2`` u32 flags, zero before the launch and left
     zero after it). ``debug_record``: the device address of a
-    ``numba_hopper.debug.DebugRecord`` (read only if ``cfg.debug``).
+    ``numba_hopper.runtime.debug.DebugRecord`` (read only if ``cfg.debug``).
 
     Grouped kernels (``cfg.grouped``): ``batches`` is the group count G and ``group_rows``
     the device address of G int32: the groups' cumulative row ends (contiguous: group g is
@@ -514,20 +511,3 @@ class Consumer(NamedTuple):
     lane: int
     row_in_wg: int
     leader: bool
-
-
-def gemm_argument_types(cfg: GemmConfig, epilogue_types=None) -> tuple:
-    """The numba types of ``make_gemm_kernel(cfg)``'s arguments ``(params, epilogue)`` as
-    ``gemm`` passes them. ``epilogue_types``: the types of the fused epilogue's arguments in
-    ``cfg.epilogue.arg_names`` order (None: a plain kernel, whose second argument is ``()``)."""
-    from numba.cuda import types
-
-    from .epilogue import epilogue_argument_type
-
-    from ..tensormap import TENSORMAP_ARG
-
-    not_int64 = {"maps": types.UniTuple(TENSORMAP_ARG, cfg.tensormaps)}
-    params = types.NamedTuple(tuple(not_int64.get(f, types.int64) for f in GemmParams._fields), GemmParams)
-    if epilogue_types is None:
-        return params, types.Tuple(())
-    return params, epilogue_argument_type(cfg.epilogue, epilogue_types)

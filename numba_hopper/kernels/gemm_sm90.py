@@ -41,19 +41,21 @@ from collections import namedtuple
 
 import numpy as np
 from numba import cuda
+from numba.cuda import types
 
 from .. import intrinsics as nh
-from .epilogue import EpilogueArgs, make_epilogue
+from .epilogue import EpilogueArgs, epilogue_argument_type, make_epilogue
 from .gemm_config import KBLOCK_SCALE, Consumer, GemmConfig, GemmParams
 from .mainloop import make_mainloop
-from .pipeline import make_tma_pipeline, pipeline_start
+from ..kit.pipeline import make_tma_pipeline, pipeline_start
+from ..runtime.tensormap import TENSORMAP_ARG
 from .scheduler import make_tile_scheduler
 
 # The kernel's tensor maps (kernel parameters, by value); A's block-wise scales last: (1, K blocks, M)
 # f32, box (1, 1, BM); a gated kernel's B_up last.
 TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales", "b_up"])
 
-__all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel"]
+__all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel", "gemm_argument_types"]
 
 # Producer registers after setmaxnreg.dec; the consumers share the rest of the launch's
 # registers (``register_budget``). The cluster producer also computes multicast masks and peer
@@ -74,6 +76,17 @@ def make_gemm_kernel(cfg: GemmConfig):
     """The ``@cuda.jit`` kernel ``gemm_kernel(params, ep)`` for ``cfg`` (compiled once per
     kernel-relevant config: ``split_k`` is the host's)."""
     return _build_gemm_kernel(dataclasses.replace(cfg, split_k=1))
+
+
+def gemm_argument_types(cfg: GemmConfig, epilogue_types=None) -> tuple:
+    """The numba types of ``make_gemm_kernel(cfg)``'s arguments ``(params, epilogue)`` as
+    ``gemm`` passes them. ``epilogue_types``: the types of the fused epilogue's arguments in
+    ``cfg.epilogue.arg_names`` order (None: a plain kernel, whose second argument is ``()``)."""
+    not_int64 = {"maps": types.UniTuple(TENSORMAP_ARG, cfg.tensormaps)}
+    params = types.NamedTuple(tuple(not_int64.get(f, types.int64) for f in GemmParams._fields), GemmParams)
+    if epilogue_types is None:
+        return params, types.Tuple(())
+    return params, epilogue_argument_type(cfg.epilogue, epilogue_types)
 
 
 def register_budget(cfg: GemmConfig):

@@ -41,7 +41,7 @@ from numba import cuda
 
 from .. import intrinsics as nh
 from .gemm_config import FP8_DTYPES, KBLOCK_SCALE, WG_ROWS, GemmConfig
-from .pipeline import TmaPipeline, debug_site
+from ..kit.pipeline import TmaPipeline, debug_site
 
 __all__ = ["Mainloop", "ClusterCta", "make_mainloop"]
 

@@ -1,4 +1,4 @@
-"""``record_sm``: where each CTA of a cluster launch runs, for ``numba_hopper._placement``'s probe.
+"""``record_sm``: where each CTA of a cluster launch runs, for ``numba_hopper.matmul.placement``'s probe.
 
 A cluster's CTAs run in one GPC, so the SMs of each cluster of a launch name (part of) one
 GPC. Each CTA records its ``%smid`` and stays resident for about 100 us, so that a launch's

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import matmul as _matmul
+from ..matmul import api as _matmul
 
 _registered = False
 

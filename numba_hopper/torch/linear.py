@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import matmul as _matmul
+from ..matmul import api as _matmul
 from . import ops
 
 __all__ = ["linear", "Linear", "replace_linear"]

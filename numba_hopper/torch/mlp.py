@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import matmul as _matmul
+from ..matmul import api as _matmul
 from . import ops
 from .linear import Linear
 

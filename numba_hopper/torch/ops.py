@@ -41,7 +41,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily  # private: as below
 from torch.utils._python_dispatch import _get_current_dispatch_mode  # private: PyTorch has no public one
 
-from .. import matmul as _matmul
+from ..matmul import api as _matmul
 from ..errors import ShapeError
 from . import _lowering
 

@@ -1,4 +1,4 @@
-"""An on-disk cache of :func:`numba_hopper.sass.inspect_kernel` reports (opt-in).
+"""An on-disk cache of :func:`numba_hopper.tools.sass.inspect_kernel` reports (opt-in).
 
 Compiling a GEMM kernel for sm_90a and reading its SASS takes seconds, most of them numba's
 typing and lowering, which no cache keyed on the compiled code could skip. Here an entry is
@@ -42,7 +42,8 @@ import sysconfig
 import types as pytypes
 import zlib
 
-from . import _kernel_cache
+from ..runtime import kernel_cache as _kernel_cache
+from .binutils import find_tool
 
 __all__ = ["cache_dir", "kernel_identity", "entry_key", "load", "store", "locked", "Unkeyable", "ENV"]
 
@@ -219,8 +220,6 @@ def _toolchain() -> tuple:
         linker = nvjitlink.version()
     except Exception:  # no nvJitLink: the compile fails anyway
         linker = None
-    from .sass import find_tool
-
     try:
         nvdisasm = find_tool("nvdisasm")
         st = os.stat(nvdisasm)

@@ -33,7 +33,7 @@ def _time_ms(fn, reps=20):
 def run_selfcheck() -> int:
     from numba import cuda
 
-    from .matmul import gemm
+    from ..matmul.api import gemm
 
     try:
         import torch

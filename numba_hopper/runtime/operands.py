@@ -2,7 +2,7 @@
 
 - :func:`describe`: an array's layout signature (what decides a plan: framework, shape,
   strides, dtype, device, 16-byte alignment) and its address, read straight from the
-  framework's attributes (no :class:`~numba_hopper._arrays.DeviceView`, no driver call for
+  framework's attributes (no :class:`~numba_hopper.runtime.arrays.DeviceView`, no driver call for
   PyTorch and CuPy);
 - :func:`empty_like`: a new CuPy or numba output through the caller's framework (CuPy's
   pool, numba);
@@ -14,7 +14,7 @@ Nothing here imports torch or cupy until their arrays are seen.
 
 from __future__ import annotations
 
-from ._arrays import _pointer_device
+from .arrays import _pointer_device
 
 __all__ = ["describe", "empty_like", "current_torch_stream"]
 

@@ -1,13 +1,13 @@
 """An on-disk cache of compiled kernels, so that a new process does not compile them again.
 
 numba compiles a kernel on its first launch in every process (the GEMM kernel: seconds of
-typing, NVVM and nvJitLink). :func:`numba_hopper.launch.prepare_launch` with a
+typing, NVVM and nvJitLink). :func:`numba_hopper.runtime.launch.prepare_launch` with a
 ``cache_key`` looks here first, then among the package's prebuilt kernels, and stores what
 numba compiled after a miss of both.
 
 Why not numba's own ``cache=True``: its index keys an entry on the kernel's source file
 (its modification time) and its closure variables. Device functions the kernel calls from
-other modules (``numba_hopper.kernels.pipeline``, the intrinsics) are pickled by reference, so an
+other modules (``numba_hopper.kit.pipeline``, the intrinsics) are pickled by reference, so an
 edit to them would load a stale kernel. Here the key holds a digest of every source file of
 the package, numba-cuda's version, the device's compute capability, the argument types and
 the caller's ``cache_key`` (for the GEMM, its ``GemmConfig``: every constant its closure
@@ -21,7 +21,7 @@ and overwritten. Like numba's cache the entries are pickles: keep the directory 
 else ``~/.cache/numba_hopper``); set it to an empty string to turn the cache off.
 
 Prebuilt kernels: ``numba_hopper/_prebuilt/`` holds the kernels a default ``gemm``/``bmm``
-call can pick, built without a GPU by ``python -m numba_hopper.prebuild`` and named like
+call can pick, built without a GPU by ``python -m numba_hopper.tools.prebuild`` and named like
 the cache's entries, as cubins for sm_90a only (no IR or PTX; see
 ``_numba_internals.serialize_cubin_kernel``). They are used when the cache misses, unless
 its ``manifest.json`` names other package sources or another numba-cuda, or the driver is
@@ -42,12 +42,13 @@ import os
 import pathlib
 import tempfile
 
-from . import _numba_internals as _internals
+from .. import _numba_internals as _internals
 
 __all__ = ["cache_dir", "entry_name", "entry_path", "kernel_for_args", "PREBUILT_DIR", "MANIFEST", "build_identity",
            "prebuilt_status", "kernel_sources"]
 
-PREBUILT_DIR = pathlib.Path(__file__).resolve().parent / "_prebuilt"
+PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1]
+PREBUILT_DIR = PACKAGE_ROOT / "_prebuilt"
 MANIFEST = "manifest.json"
 # Where the kernels this process looked up came from: "user cache", "prebuilt" or "compiled".
 kernel_sources = collections.Counter()
@@ -65,7 +66,7 @@ def cache_dir() -> pathlib.Path | None:
 @functools.lru_cache(maxsize=1)
 def _package_digest() -> str:
     """A digest of the package's sources: any edit to a kernel or what it calls misses."""
-    root = pathlib.Path(__file__).resolve().parent
+    root = PACKAGE_ROOT
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")

@@ -33,7 +33,7 @@ record, the tile and the k-block being waited for). With ``site=None`` (the defa
 what release kernels pass) a wait spins without bound and compiles to a plain wait: numba
 prunes the ``site is None`` branch at compile time. With a site the wait gives up after
 ``DEBUG_TIMEOUT_NS``; the first thread in the grid to give up fills the record (fields
-``RECORD_FIELDS``, one ``uint32`` each) and every thread that gives up traps. ``numba_hopper.debug.DebugRecord`` allocates the record in
+``numba_hopper.runtime.debug.RECORD_FIELDS``, one ``uint32`` each) and every thread that gives up traps. ``numba_hopper.runtime.debug.DebugRecord`` allocates the record in
 host-mapped memory, which the host can still read once the trap has killed the context.
 """
 
@@ -54,14 +54,12 @@ from ..intrinsics import (
     st_global_u32,
     trap,
 )
+from ..runtime.debug import CONSUMER, DEBUG_TIMEOUT_NS, PRODUCER
 
 __all__ = [
     "PipelineState",
     "DebugSite",
     "debug_site",
-    "RECORD_FIELDS",
-    "ROLES",
-    "DEBUG_TIMEOUT_NS",
     "pipeline_barrier_bytes",
     "pipeline_init",
     "pipeline_start",
@@ -78,12 +76,6 @@ __all__ = [
 
 PipelineState = namedtuple("PipelineState", ["stage", "phase"])
 DebugSite = namedtuple("DebugSite", ["record", "tile", "k_block"])
-
-# Debug record: uint32 words in this order; "status" is 0 until a wait times out.
-RECORD_FIELDS = ("status", "role", "slot", "phase", "barrier", "tile", "k_block", "block", "thread")
-ROLES = {1: "producer", 2: "consumer"}  # the producer waits on empty[slot], consumers on full[slot]
-_PRODUCER, _CONSUMER = 1, 2
-DEBUG_TIMEOUT_NS = 2_000_000_000  # far beyond any healthy wait, short enough to fail a test
 
 
 def pipeline_barrier_bytes(stages):
@@ -159,7 +151,7 @@ def _wait(bar, parity, site, role, state):
 @cuda.jit(device=True, forceinline=True)
 def producer_acquire(bars, stages, state, site=None):
     """Wait until every consumer has released slot ``state.stage``."""
-    _wait(bars + 8 * (stages + state.stage), state.phase ^ 1, site, _PRODUCER, state)
+    _wait(bars + 8 * (stages + state.stage), state.phase ^ 1, site, PRODUCER, state)
 
 
 @cuda.jit(device=True, forceinline=True)
@@ -176,7 +168,7 @@ def producer_commit(bars, state, tx_bytes):
 @cuda.jit(device=True, forceinline=True)
 def consumer_wait(bars, state, site=None):
     """Wait until the data of slot ``state.stage`` has landed."""
-    _wait(bars + 8 * state.stage, state.phase, site, _CONSUMER, state)
+    _wait(bars + 8 * state.stage, state.phase, site, CONSUMER, state)
 
 
 @cuda.jit(device=True, forceinline=True)

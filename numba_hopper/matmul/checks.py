@@ -1,10 +1,10 @@
 """The checks a GEMM call passes before anything is launched, each raising a specific
-``numba_hopper.errors`` exception. They read :class:`~numba_hopper._arrays.DeviceView`s only."""
+``numba_hopper.errors`` exception. They read :class:`~numba_hopper.runtime.arrays.DeviceView`s only."""
 
 from __future__ import annotations
 
-from ._arrays import DeviceView, is_row_major, merge_rows, tma_addressable, transpose
-from .errors import DeviceMismatchError, DtypeError, LayoutError, OverlapError, ShapeError
+from ..runtime.arrays import DeviceView, is_row_major, merge_rows, tma_addressable, transpose
+from ..errors import DeviceMismatchError, DtypeError, LayoutError, OverlapError, ShapeError
 
 __all__ = ["INPUT_DTYPES", "EPILOGUE_DTYPES", "OUTPUT_DTYPES", "FP8_DTYPES", "default_out_dtype", "check_out_dtype", "check_dtype", "check_fp8_operands", "check_strides", "check_inputs", "check_out",
            "rows_of",

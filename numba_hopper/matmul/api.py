@@ -12,7 +12,7 @@ The fallback that copies: TMA needs 16-byte-aligned base addresses and leading d
 that are multiples of 16 bytes. An operand that breaks that (say a row-major bf16 matrix
 with 1001 columns, or a slice starting at an odd element) is first copied into an aligned
 row-major scratch region, and an ``out`` that breaks it (any odd N in bf16) receives the
-result through one (``numba_hopper._extra_launches``): one more kernel per copy, and its bytes moved
+result through one (``numba_hopper.matmul.extra_launches``): one more kernel per copy, and its bytes moved
 twice. Layouts that TMA can read cost no copy.
 
 Arrays: PyTorch tensors (bf16 included), CuPy arrays, numba device arrays and anything with
@@ -39,18 +39,18 @@ import threading
 
 import numpy as np
 
-from . import debug as _debug
-from ._arrays import ITEMSIZE, DeviceView, byte_span, device_view, is_col_major, tma_addressable
-from ._checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, check_out_dtype, check_overlaps,
+from ..runtime import debug as _debug
+from ..runtime.arrays import ITEMSIZE, DeviceView, byte_span, device_view, is_col_major, tma_addressable
+from .checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, check_out_dtype, check_overlaps,
                       default_out_dtype, overlap_pairs, rows_of)
-from ._device import hopper_device_reason
-from ._fusion import check_fusion, fusion_args, fusion_key_and_values
-from ._operands import current_torch_stream, describe, empty_like
-from ._plan import A, AMAX, AUX, B, C, OUT, UP, Plan, bmm_plan, gemm_plan, zero_fill_plan
-from ._scales import NUMBER, fold_scales, scale_binder, scale_signature
-from .errors import DtypeError, LayoutError, ShapeError, UnsupportedDeviceError
-from .kernels.gemm_config import GemmConfig
-from .launch import as_stream_handle
+from ..runtime.device import hopper_device_reason
+from .fusion import check_fusion, fusion_args, fusion_key_and_values
+from ..runtime.operands import current_torch_stream, describe, empty_like
+from .plan import A, AMAX, AUX, B, C, OUT, UP, Plan, bmm_plan, gemm_plan, zero_fill_plan
+from .scales import NUMBER, fold_scales, scale_binder, scale_signature
+from ..errors import DtypeError, LayoutError, ShapeError, UnsupportedDeviceError
+from ..kernels.gemm_config import GemmConfig
+from ..runtime.launch import as_stream_handle
 
 __all__ = ["gemm", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
 
@@ -144,7 +144,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       a driver call, no wait), then raised by one atomic max per warp; a NaN in ``z`` makes it NaN.
     - not supported yet: ``bmm`` of fp8 operands (``DtypeError``). The
       per-tensor and row-wise tiles are the 16-bit ones (not yet tuned), and fp8 kernels are
-      not prebuilt (``numba_hopper.prebuild``): they compile on first use, then come from the
+      not prebuilt (``numba_hopper.tools.prebuild``): they compile on first use, then come from the
       disk cache.
 
     Split-K's K slices produce partial sums, not outputs, so the only fused epilogue it runs
@@ -157,7 +157,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     benchmarks/NOTES.md) adds each tile's partial sums in CTA order.
 
     ``debug``: run the debug build (bounded pipeline waits) and synchronize; a hang raises
-    :class:`~numba_hopper.errors.PipelineHangError` (default: ``numba_hopper.debug.DEFAULT``,
+    :class:`~numba_hopper.errors.PipelineHangError` (default: ``numba_hopper.runtime.debug.DEFAULT``,
     from ``NUMBA_HOPPER_DEBUG``).
 
     Raises, before anything is launched (``numba_hopper.errors``): ``DtypeError``

@@ -2,7 +2,7 @@
 script in ``examples/`` shares (:func:`run_example`).
 
 - ``check`` (also what a bare ``python -m numba_hopper`` does): on a Hopper GPU, run the
-  GEMM on random data, check it against float64 and time it (``numba_hopper.selfcheck``),
+  GEMM on random data, check it against float64 and time it (``numba_hopper.tools.selfcheck``),
   then report what the shipped kernels compiled to; with no Hopper GPU, only the report.
 - ``inspect [KERNEL ...]``: compile the shipped kernels (all, or those chosen by number or
   by a piece of their label; ``--list`` shows both) for sm_90a and print registers, spills
@@ -22,13 +22,13 @@ import os
 import pathlib
 import sys
 
-from ._device import hopper_device_reason
+from ..runtime.device import hopper_device_reason
 
 __all__ = ["main", "run_example", "report_compiled", "NO_GPU"]
 
 NO_GPU = 1  # exit status of a command that needs a Hopper GPU when there is none
 BENCH_SHAPES = ("4096x4096x4096", "8192x8192x8192")
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _no_gpu_line(what: str, reason: str, hint: str) -> str:
@@ -51,7 +51,7 @@ def report_compiled(items) -> int:
 
 
 def _shipped():
-    from .kernels import shipped_kernels
+    from ..kernels import shipped_kernels
 
     return shipped_kernels()
 
@@ -144,7 +144,7 @@ def _bench_builtin(M, N, K, rounds):
     import numpy as np
     from numba import cuda
 
-    from .matmul import gemm
+    from ..matmul.api import gemm
     from .selfcheck import _bf16, _time_ms
 
     try:
@@ -249,7 +249,7 @@ def run_example(run, kernels, doc=None, argv=None) -> None:
 
     ``python examples/NN_name.py`` calls ``run()`` on a Hopper GPU; with none it prints one
     line saying so and exits with status :data:`NO_GPU`. ``--inspect`` compiles ``kernels``
-    (``(kernel, signature)`` pairs, as :func:`numba_hopper.sass.inspect_kernel` takes them)
+    (``(kernel, signature)`` pairs, as :func:`numba_hopper.tools.sass.inspect_kernel` takes them)
     for sm_90a and prints their summaries instead, with or without a GPU. ``doc`` (the
     example's docstring) is the ``--help`` text; ``argv`` defaults to ``sys.argv[1:]``.
     """

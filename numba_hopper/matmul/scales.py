@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from numbers import Real
 
-from ._fusion import NUMBER
-from ._operands import describe
-from .errors import DtypeError, ShapeError
-from .kernels.gemm_config import KBLOCK_SCALE
+from .fusion import NUMBER
+from ..runtime.operands import describe
+from ..errors import DtypeError, ShapeError
+from ..kernels.gemm_config import KBLOCK_SCALE
 
 __all__ = ["fold_scales", "scale_signature", "scale_binder", "NUMBER"]
 

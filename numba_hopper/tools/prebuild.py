@@ -1,6 +1,6 @@
 """Build the kernels a default ``gemm``/``bmm`` call can pick, on a machine without a GPU.
 
-    python -m numba_hopper.prebuild [--out DIR] [--jobs N] [--dtypes bf16 f16]
+    python -m numba_hopper.tools.prebuild [--out DIR] [--jobs N] [--dtypes bf16 f16]
 
 The set is what the heuristics choose for an H100 (132 SMs, 227 KB of shared memory per
 block) over a grid of shapes: every GEMM kernel of ``gemm(a, b)`` and ``bmm(a, b)`` with
@@ -27,15 +27,15 @@ import shutil
 import tempfile
 import time
 
-from . import _kernel_cache
-from . import _numba_internals as _internals
-from ._arrays import DeviceView, tma_addressable, transpose
-from ._heuristics import choose_config, narrow_config, split_count
-from ._plan import gemm_cache_key, split_k_config
-from .kernels import gemm_argument_types
-from .kernels.gemm_config import GemmConfig
-from .kernels.gemm_sm90 import make_gemm_kernel
-from .launch import DeviceLimits
+from ..runtime import kernel_cache as _kernel_cache
+from .. import _numba_internals as _internals
+from ..runtime.arrays import DeviceView, tma_addressable, transpose
+from ..matmul.heuristics import choose_config, narrow_config, split_count
+from ..matmul.plan import gemm_cache_key, split_k_config
+from ..kernels import gemm_argument_types
+from ..kernels.gemm_config import GemmConfig
+from ..kernels.gemm_sm90 import make_gemm_kernel
+from ..runtime.launch import DeviceLimits
 
 __all__ = ["H100", "kernel_set", "build"]
 
@@ -164,7 +164,7 @@ def build(out: pathlib.Path, configs, jobs: int) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m numba_hopper.prebuild", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m numba_hopper.tools.prebuild", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=pathlib.Path, default=_kernel_cache.PREBUILT_DIR,
                    help="directory to (re)create (default: the package's %(default)s)")
     p.add_argument("--jobs", type=int, default=os.cpu_count(), help="worker processes (default: %(default)s)")

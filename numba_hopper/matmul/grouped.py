@@ -24,17 +24,17 @@ from __future__ import annotations
 
 from numbers import Real
 
-from . import debug as _debug
-from ._arrays import ITEMSIZE, DeviceView, byte_span, device_view, is_row_major, tma_addressable, transpose
-from ._checks import (FP8_DTYPES, check_dtype, check_out, check_out_dtype, check_strides, default_out_dtype,
+from ..runtime import debug as _debug
+from ..runtime.arrays import ITEMSIZE, DeviceView, byte_span, device_view, is_row_major, tma_addressable, transpose
+from .checks import (FP8_DTYPES, check_dtype, check_out, check_out_dtype, check_strides, default_out_dtype,
                       overlap_pairs)
-from ._operands import describe
-from ._plan import A, A_BLOCK_SCALES, B, B_BLOCK_SCALES, C, GROUP_ROWS, OUT, ROW_SCALE, Plan, grouped_plan
-from .errors import DeviceMismatchError, DtypeError, LayoutError, ShapeError
-from .kernels.epilogue import ACTIVATIONS
-from .kernels.gemm_config import KBLOCK_SCALE
-from . import matmul as _matmul
-from .matmul import _first_run, _run
+from ..runtime.operands import describe
+from .plan import A, A_BLOCK_SCALES, B, B_BLOCK_SCALES, C, GROUP_ROWS, OUT, ROW_SCALE, Plan, grouped_plan
+from ..errors import DeviceMismatchError, DtypeError, LayoutError, ShapeError
+from ..kernels.epilogue import ACTIVATIONS
+from ..kernels.gemm_config import KBLOCK_SCALE
+from . import api as _matmul
+from .api import _first_run, _run
 
 assert ROW_SCALE == C + 1 and GROUP_ROWS == B_BLOCK_SCALES + 3 == A_BLOCK_SCALES + 4
 _NO_ARRAYS = (0,) * (A_BLOCK_SCALES - ROW_SCALE - 1)  # the epilogue's arrays between the row and block scales

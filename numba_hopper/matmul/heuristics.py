@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ._arrays import leading_dim, tma_addressable, transpose
-from .kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOCK_SCALE, GemmConfig
-from .launch import device_limits
+from ..runtime.arrays import leading_dim, tma_addressable, transpose
+from ..kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOCK_SCALE, GemmConfig
+from ..runtime.launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
            "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "choose_config", "grouped_config", "split_count", "max_stages"]
@@ -430,7 +430,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     that fits, and a 1x2 cluster of 128x256 tiles where :func:`cluster_pays`, or of narrower
     tiles in GPC order where :func:`gpc_clusters_pay`; else, for a plain 16-bit product,
     ping-pong tiles where :func:`pingpong_width` takes them. ``limits``: the device's
-    :class:`~numba_hopper.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
+    :class:`~numba_hopper.runtime.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
     """
     # fp8 operands are K-major (the caller checked): a (1, K) or (K, 1) view would pass both tests.
     fp8 = va.dtype in FP8_DTYPES

@@ -13,12 +13,12 @@ from numbers import Real
 
 from numba import cuda
 
-from ._arrays import DeviceView, device_view, transpose
-from ._checks import EPILOGUE_DTYPES, FP8_DTYPES, check_dtype, check_strides, rows_of
-from ._operands import describe
-from .errors import DeviceMismatchError, DtypeError, ShapeError
-from .kernels.epilogue import ACTIVATIONS, EpilogueConfig
-from .kernels.gemm_config import KBLOCK_SCALE
+from ..runtime.arrays import DeviceView, device_view, transpose
+from .checks import EPILOGUE_DTYPES, FP8_DTYPES, check_dtype, check_strides, rows_of
+from ..runtime.operands import describe
+from ..errors import DeviceMismatchError, DtypeError, ShapeError
+from ..kernels.epilogue import ACTIVATIONS, EpilogueConfig
+from ..kernels.gemm_config import KBLOCK_SCALE
 
 __all__ = ["NAMES", "fusion_args", "fusion_key_and_values", "Fusion", "check_fusion", "numba_array", "user_arg",
            "is_array"]

@@ -17,8 +17,8 @@ import threading
 import numpy as np
 from numba import cuda
 
-from .kernels.placement import record_sm
-from .launch import device_limits, prepare_launch
+from ..kernels.placement import record_sm
+from ..runtime.launch import device_limits, prepare_launch
 
 __all__ = ["TPCS", "PROBE_CLUSTERS", "gpc_major_ranks", "probe_clusters", "tpc_order"]
 

@@ -23,21 +23,21 @@ from typing import NamedTuple
 import numpy as np
 from cuda.bindings import driver
 
-from ._arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
-from ._extra_launches import aligned_layout, prepare_copy, prepare_reduce
-from ._fusion import Fusion, is_array, numba_array, user_arg
-from ._heuristics import (choose_config, grouped_config, max_stages, narrow_config, split_count, stream_k_schedule,
+from ..runtime.arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
+from .extra_launches import aligned_layout, prepare_copy, prepare_reduce
+from .fusion import Fusion, is_array, numba_array, user_arg
+from .heuristics import (choose_config, grouped_config, max_stages, narrow_config, split_count, stream_k_schedule,
                           swappable)
-from ._placement import tpc_order
-from ._workspace import ALIGN, CLAIMS_BYTES, alloc_async, capturing, free_async, stream_scratch, zero_async
-from .debug import DebugRecord
-from .errors import LayoutError
-from .kernels.epilogue import EpilogueArgs, c_box_cols
-from .kernels.gemm_config import EPI_ROWS, FP8_DTYPES, GemmParams
-from .kernels.gemm_sm90 import make_gemm_kernel
-from .kernels.scheduler import GROUP_WALK_END
-from .launch import device_limits, max_active_clusters, prepare_launch
-from .tensormap import TensorMapArg, encode_template
+from .placement import tpc_order
+from ..runtime.workspace import ALIGN, CLAIMS_BYTES, alloc_async, capturing, free_async, stream_scratch, zero_async
+from ..runtime.debug import DebugRecord
+from ..errors import LayoutError
+from ..kernels.epilogue import EpilogueArgs, c_box_cols
+from ..kernels.gemm_config import EPI_ROWS, FP8_DTYPES, GemmParams
+from ..kernels.gemm_sm90 import make_gemm_kernel
+from ..kernels.scheduler import GROUP_WALK_END
+from ..runtime.launch import device_limits, max_active_clusters, prepare_launch
+from ..runtime.tensormap import TensorMapArg, encode_template
 
 __all__ = ["Plan", "gemm_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config", "gemm_cache_key",
            "SCRATCH", "A", "B", "OUT", "ALPHA", "BETA", "C", "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "A_BLOCK_SCALES",
@@ -317,7 +317,7 @@ def _batched(v, count, stride):
 class Plan:
     """The steps of a call, prepared on its first run; ``plan(stream, values)`` runs them on
     the ``CUstream`` handle ``stream``. A step is ``(callable, binds)``, called as
-    ``callable(stream, values, binds)`` (a :class:`~numba_hopper.launch.PreparedLaunch`, or a
+    ``callable(stream, values, binds)`` (a :class:`~numba_hopper.runtime.launch.PreparedLaunch`, or a
     memset with no binds).
     """
 
@@ -518,7 +518,7 @@ def bmm_plan(ma, mb, mo, batch, strides, config):
 
 def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, config, debug, alpha=False,
                  block_scales=None):
-    """The plan of a grouped GEMM (``numba_hopper.grouped``): ``groups`` products over the
+    """The plan of a grouped GEMM (``numba_hopper.matmul.grouped``): ``groups`` products over the
     2-D views of item 0 of each operand and their batch strides ``(a, b, out)`` in elements.
 
     Contiguous: ``ma`` and ``mo`` are the whole (rows, K) and (rows, N) matrices (strides 0:
@@ -529,7 +529,7 @@ def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, confi
     or None. The launch takes the persistent grid: min(SMs, the host's bound on the tiles),
     whatever the sizes are.
     """
-    from .kernels.epilogue import EpilogueConfig
+    from ..kernels.epilogue import EpilogueConfig
 
     ecfg = None
     if row_scale is not None or activation is not None or alpha or block_scales is not None:

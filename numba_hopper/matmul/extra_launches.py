@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from ._arrays import DeviceView
-from .kernels.elementwise import copy_2d, reduce_kernel
-from .launch import prepare_launch
+from ..runtime.arrays import DeviceView
+from ..kernels.elementwise import copy_2d, reduce_kernel
+from ..runtime.launch import prepare_launch
 
 __all__ = ["as_numba", "aligned_layout", "prepare_copy", "prepare_reduce"]
 
