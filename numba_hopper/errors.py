@@ -15,6 +15,7 @@ __all__ = [
     "OverlapError",
     "DeviceMismatchError",
     "UnsupportedDeviceError",
+    "DeviceOutOfMemoryError",
     "PipelineHangError",
 ]
 
@@ -47,14 +48,26 @@ class UnsupportedDeviceError(NumbaHopperError, RuntimeError):
     """No Hopper (compute capability 9.x) GPU to run on."""
 
 
+class DeviceOutOfMemoryError(NumbaHopperError, MemoryError):
+    """The device had no memory left for what a call allocates itself (its scratch). Nothing
+    was launched: the call can be made again once memory is free. ``nbytes``: the bytes
+    asked for; ``device``: the device's ordinal."""
+
+    def __init__(self, message, nbytes, device):
+        super().__init__(message)
+        self.nbytes, self.device = nbytes, device
+
+
 class PipelineHangError(NumbaHopperError, RuntimeError):
     """A debug-mode kernel's mbarrier wait timed out (see ``numba_hopper.runtime.debug``).
 
     Attributes, from the kernel's debug record: ``role`` ("producer" waited on an empty
     slot, "consumer" on a full one), ``slot``, ``phase`` (the parity waited for),
     ``barrier`` (its shared-memory address), ``tile``, ``k_block``, ``block`` and ``thread``
-    (who gave up first), and ``cuda_error``. The kernel trapped, so this process's CUDA
-    context is unusable afterwards.
+    (who gave up first), and ``cuda_error``. The kernel trapped, which leaves this process's
+    CUDA context unusable: every later CUDA call in the process fails (numba_hopper's, PyTorch's
+    and any other library's), so the process has to be restarted. To look into a hang and
+    carry on, run the debug call in a process of its own.
     """
 
     def __init__(self, record: dict, cuda_error, timeout_s: float):
@@ -66,6 +79,8 @@ class PipelineHangError(NumbaHopperError, RuntimeError):
             f"pipeline hang: the {record['role']} waited {timeout_s:g} s on "
             f"{'empty' if record['role'] == 'producer' else 'full'}[slot {record['slot']}] for "
             f"parity {record['phase']} (barrier at shared 0x{record['barrier']:x}, tile {record['tile']}, "
-            f"k-block {record['k_block']}, block {record['block']}, thread {record['thread']}); the kernel "
-            f"trapped ({cuda_error}) and this process's CUDA context is unusable"
+            f"k-block {record['k_block']}, block {record['block']}, thread {record['thread']}). The kernel "
+            f"trapped ({cuda_error}), which leaves this process's CUDA context unusable: every later CUDA call in "
+            "this process fails (numba_hopper's, PyTorch's and any other library's). Restart the process; to debug "
+            "a hang and carry on, run the debug call in a process of its own"
         )

@@ -4,12 +4,15 @@
 sites: ``short`` inits the empty barriers for 2 consumer arrivals but releases once (the
 producer's second pass over slot 0 times out), ``tx`` arms a full barrier for 16 bytes that
 never come (the consumer's first wait times out), ``ok`` is healthy. It prints ``HANG role
-slot phase k_block`` or ``OK``. A trap kills the CUDA context, hence a process of its own.
+slot phase k_block`` and the exception's message, or ``OK``; then ``CONTEXT usable`` if CUDA
+calls still work in the process (a copy to the device and back, a context synchronization),
+else ``CONTEXT unusable`` and why. A trap kills the CUDA context, hence a process of its own.
 """
 
 import sys
 
 import numpy as np
+from cuda.bindings import driver
 from numba import cuda
 
 from numba_hopper import intrinsics as nh
@@ -45,6 +48,17 @@ def one_thread_pipeline(record, arrivals, tx_bytes, k_blocks):
             st = pipeline_advance(st, STAGES)
 
 
+def context_state():
+    """``CONTEXT usable``, or ``CONTEXT unusable`` and the first failure of a few CUDA calls."""
+    try:
+        if not (cuda.to_device(np.arange(4)).copy_to_host() == np.arange(4)).all():
+            return "CONTEXT unusable: a round trip through the device changed the data"
+    except Exception as exc:
+        return f"CONTEXT unusable: {exc!r}"
+    (err,) = driver.cuCtxSynchronize()
+    return "CONTEXT usable" if err == driver.CUresult.CUDA_SUCCESS else f"CONTEXT unusable: {err}"
+
+
 if __name__ == "__main__":
     record = DebugRecord()
     one_thread_pipeline[1, 32](record.address, *MODES[sys.argv[1]], 8)
@@ -54,3 +68,4 @@ if __name__ == "__main__":
     except PipelineHangError as e:
         print("HANG", e.role, e.slot, e.phase, e.k_block)
         print(e)
+    print(context_state())

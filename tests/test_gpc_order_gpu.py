@@ -9,7 +9,6 @@ from numba import cuda
 
 from numba_hopper import GemmConfig, bmm, gemm
 from numba_hopper.matmul.placement import TPCS, tpc_order
-from numba_hopper.runtime.workspace import CLAIMS_BYTES
 from numba_hopper.runtime.launch import device_limits, launch
 
 pytestmark = pytest.mark.gpu
@@ -79,18 +78,9 @@ def test_the_default_runs_long_single_waves_in_gpc_order(torch):
     assert _rel_err(torch, out, a, b) < 1e-2
 
 
-def _claims(stream_handle):
-    from numba_hopper.runtime import workspace as _workspace
-
-    buf = _workspace._buffers[(cuda.get_current_device().id, stream_handle)]
-    words = np.empty(CLAIMS_BYTES // 4, np.uint32)
-    driver.cuMemcpyDtoH(words.ctypes.data, buf.ptr, words.nbytes)
-    return words
-
-
-def test_claims_are_left_clear_and_results_repeat(torch):
-    """Many calls of two plans on one stream, then on a second: bitwise-equal results each time
-    (every tile written once, by the same kernel), and the claims back at zero."""
+def test_results_repeat_across_calls_and_streams(torch):
+    """Many calls of two plans on one stream, then on a second, each call's claims zeroed in its
+    fresh scratch: bitwise-equal results each time (every tile written once, by the same kernel)."""
     a, b = _operands(torch, 512, 3584, 2048, seed=5)
     x, y = _operands(torch, 300, 1000, 776, "RR", seed=6)
     first = None
@@ -103,7 +93,6 @@ def test_claims_are_left_clear_and_results_repeat(torch):
                 first = out if first is None else first
                 assert torch.equal(out, first)
         stream.synchronize()
-        assert not _claims(stream.cuda_stream).any()
     assert _rel_err(torch, first, a, b) < 1e-2
     assert _rel_err(torch, small[1].float(), x, y) < 1e-2
 
@@ -149,4 +138,3 @@ def test_clusters_that_run_one_after_another_claim_distinct_slots(torch):
         gemm(a, b, out=out, config=GPC_1X2)
     torch.cuda.synchronize()
     assert _rel_err(torch, out, a, b) < 1e-2
-    assert not _claims(mine.cuda_stream).any()

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-import numba_hopper.matmul.api as g
+import numba_hopper.matmul.plan_cache as plan_cache
 from numba_hopper.runtime import tensormap
 from numba_hopper import gemm
 
@@ -39,6 +39,23 @@ def test_broken_pipeline_raises_instead_of_hanging(mode, expected):
     proc = subprocess.run([sys.executable, str(HERE / "_broken_pipeline.py"), mode], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.stdout.startswith(expected), (proc.stdout, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("mode", ["tx", "ok"])
+def test_after_a_hang_the_process_is_as_the_exception_says(mode):
+    """The trap leaves the CUDA context unusable: the exception says so and what to do, and in
+    that process CUDA calls do fail afterwards (a healthy run's context stays usable)."""
+    proc = subprocess.run([sys.executable, str(HERE / "_broken_pipeline.py"), mode], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    lines = proc.stdout.splitlines()
+    if mode == "ok":
+        assert lines == ["OK", "CONTEXT usable"], (proc.stdout, proc.stderr[-2000:])
+        return
+    assert lines[0].startswith("HANG") and len(lines) == 3, (proc.stdout, proc.stderr[-2000:])
+    message = lines[1]
+    assert "CUDA context unusable" in message and "Restart the process" in message, message
+    assert "process of its own" in message, message  # how to debug a hang and carry on
+    assert lines[2].startswith("CONTEXT unusable"), lines[2]
 
 
 def test_debug_gemm_is_correct(torch, monkeypatch):
@@ -157,7 +174,7 @@ def test_two_threads_two_streams_many_shapes_memory_stable(torch):
     finally:
         for inbox in inboxes:
             inbox.put(None)
-    assert len(g._plans) <= g.PLAN_CACHE_SIZE
+    assert len(plan_cache.plans) <= plan_cache.PLAN_CACHE_SIZE
     info = tensormap.cache_info()
     assert info["size"] <= info["maxsize"]
     # Plans and descriptors are bounded; what is left is allocator slack.

@@ -28,7 +28,15 @@ from . import ops
 __all__ = ["mm", "addmm", "bmm", "baddbmm", "matmul"]
 
 
+def _check_tensors(name, *args):
+    """torch's TypeError for a non-tensor argument."""
+    for x in args:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected Tensor arguments, got {type(x).__name__}")
+
+
 def _check_dims(name, want, *tensors):
+    _check_tensors(name, *tensors)
     for t in tensors:
         if t.dim() != want:
             raise RuntimeError(f"{name}: expected {want}-D tensors, got shape {tuple(t.shape)}")
@@ -42,13 +50,14 @@ def mm(a, b):
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     """``torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)``: ``beta * input + alpha * mat1 @ mat2``."""
+    _check_tensors("addmm", input)
     _check_dims("addmm", 2, mat1, mat2)
     m, n = mat1.shape[0], mat2.shape[1]
-    if beta == 0:
+    full = input.expand(m, n)  # (raises as torch does when input does not broadcast)
+    if beta == 0 or full.numel() == 0:  # (an empty output: nothing to add, nothing launched)
         return ops.gemm(mat1, mat2, alpha=float(alpha))
     if mat1.shape[1] == 0:
         return _scaled_broadcast(input, beta, (m, n), mat1.dtype)
-    full = input.expand(m, n)
     if full.stride(0) == 0 or m == 1:  # every row the same: one value per column
         bias, bias_dim, c = (beta * full[0].float()).contiguous(), 1, None
     elif full.stride(1) == 0 or n == 1:  # every column the same: one value per row
@@ -66,6 +75,7 @@ def bmm(a, b):
 
 def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     """``torch.baddbmm(input, batch1, batch2, beta=beta, alpha=alpha)``."""
+    _check_tensors("baddbmm", input)
     _check_dims("baddbmm", 3, batch1, batch2)
     product = ops.bmm(batch1, batch2, out_dtype=torch.float32)
     if beta == 0:
@@ -75,6 +85,7 @@ def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
 
 def matmul(a, b):
     """``torch.matmul(a, b)`` (``a @ b``), with its 1-D and batch-broadcast rules."""
+    _check_tensors("matmul", a, b)
     if a.dim() == 0 or b.dim() == 0:
         raise RuntimeError("matmul: both arguments need at least 1 dimension")
     if a.dim() <= 2 and b.dim() <= 2:

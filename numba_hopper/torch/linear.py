@@ -10,13 +10,14 @@ Traced (``torch.compile``, ``torch.export``), a linear is the custom operators o
 differentiate). Eagerly with a gradient, it is one ``torch.autograd.Function`` whose forward
 and backward call :func:`numba_hopper.gemm` directly: no reshape, transpose or operator layer
 of its own in the autograd graph (which took a quarter of a linear's host time, forward and
-backward: benchmarks/NOTES.md, session 21).
+backward: ``python benchmarks/bench_overhead.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..errors import ShapeError
 from ..matmul import api as _matmul
 from . import ops
 
@@ -27,6 +28,14 @@ def linear(x, weight, bias=None, activation=None):
     """``act(torch.nn.functional.linear(x, weight, bias))`` with ``activation`` None, "relu",
     "gelu", "gelu_tanh", "silu" or "sigmoid"; ``x`` (..., in), ``weight`` (out, in), bf16/fp16."""
     tensors = (x, weight, bias)
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor))):
+        raise TypeError(f"linear: expected Tensor arguments, got {', '.join(type(t).__name__ for t in tensors)}")
+    if weight.dim() != 2:
+        if weight.dim() == 1:  # F.linear's 1-D weight: one output feature, squeezed
+            b = None if bias is None else bias.reshape(1)
+            return linear(x, weight.unsqueeze(0), b, activation).squeeze(-1)
+        raise ShapeError(f"linear: weight must be (out, in) or (in,); got shape {tuple(weight.shape)}")
     needs_grad = ops.needs_grad(tensors)
     if x.dim() > 1 and not needs_grad and not ops.tracing(tensors):
         # Eager inference: numba_hopper.gemm reads x's leading dimensions as rows, so no

@@ -42,7 +42,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily  # private: as 
 from torch.utils._python_dispatch import _get_current_dispatch_mode  # private: PyTorch has no public one
 
 from ..matmul import api as _matmul
-from ..errors import ShapeError
+from ..errors import DtypeError, ShapeError
 from . import _lowering
 
 __all__ = ["gemm", "gemm_aux", "gated_mm", "bmm", "tracing", "needs_grad", "DTYPE_NAMES", "ACTIVATION_BACKWARD"]
@@ -71,6 +71,9 @@ def _gemm_aux_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, act
 
 def _bmm_impl(a, b, out_dtype=None):
     _check_3d(a, b)
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype or (out_dtype or a.dtype) not in DTYPE_NAMES:
+        raise DtypeError(f"numba_hopper::bmm takes bf16 or fp16 a and b of one dtype and a bf16, fp16 or fp32 "
+                         f"output; got {a.dtype}, {b.dtype} -> {out_dtype or a.dtype}")
     a, b = _addressable(a), _addressable(b)
     batch, m, n = max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]
     dtype = out_dtype or a.dtype
@@ -297,6 +300,7 @@ def tracing(tensors):
 
 
 def needs_grad(tensors):
+    """True when grad mode is on and any of ``tensors`` (None allowed) requires a gradient."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
