@@ -4,17 +4,21 @@ The headline is the call users make: ``gemm(a, b)`` against ``torch.matmul(a, b)
 operands (the input sets rotate) and a new output every call. The second column is the
 steady state with ``out=``: ``gemm(a, b, out=c)`` against ``torch.matmul(a, b, out=c)``.
 
-Method (benchmarks/NOTES.md): for each shape, enough input sets to exceed twice the L2 are
-rotated so no call reads a cached operand; CUDA events time ``reps`` calls in a row; the
+Method (docs/performance.md, "How a ratio is taken"): for each shape, enough input sets to
+exceed twice the L2 are rotated so no call reads a cached operand; CUDA events time ``reps`` calls in a row; the
 contenders alternate in rounds (reversed every other round) so clock sag under the H100's
 power limit hits all alike; times are medians over rounds, and a ratio is the median of
 the rounds' ratios (``paired_ratio``: the clock's swing between rounds cancels). Every
 shape is checked against float64 before it is timed, on both call forms.
 
-    python benchmarks/bench_gemm.py                 # the full suite
-    python benchmarks/bench_gemm.py --quick         # 4096^3 and 8192^3 only
-    python benchmarks/bench_gemm.py --shapes 4096x4096x4096 --json out.json
+    python benchmarks/bench_gemm.py                 # the full suite: benchmarks/results/gemm-<gpu>.json
+    python benchmarks/bench_gemm.py --quick         # 4096^3 and 8192^3 only (gemm-quick-<gpu>.json)
+    python benchmarks/bench_gemm.py --shapes 4096x4096x4096 --out out.json
     python benchmarks/bench_gemm.py --quick --configs default 2x1 1x2 2x2   # cluster variants
+
+Each run writes ``benchmarks/results/<name>-<gpu>.json`` (``--out`` to write elsewhere), the
+name saying what ran (``gemm``, ``gemm-small``, ``gemm-device``, ``gemm-quick-configs``, ...),
+so a rerun replaces the baseline it measures again.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ SUITE = [
     ("4096^3 CR", 4096, 4096, 4096, "bf16", "CR"),
     ("4096^3 CC", 4096, 4096, 4096, "bf16", "CC"),
 ]
-# Issue 7: small, skinny and batched products, partial last waves (--suite small).
+# Small, skinny and batched products, partial last waves (--suite small).
 SMALL_SUITE = [
     ("128x8192x8192", 128, 8192, 8192, "bf16", "RR"),
     ("64x4096x4096", 64, 4096, 4096, "bf16", "RR"),
@@ -126,12 +130,22 @@ def paired_ratio(times, reference, name):
     one round. Under the H100's power limit a shape's per-round times swing 20-30% as the clock
     moves, and the two timings of a round, tens of ms apart, share the clock: their ratio
     cancels the swing, where the ratio of each side's median keeps part of it (5-round ratios
-    of medians spread 0.91-0.96 on a shape whose paired ratios read 1.00-1.03; NOTES, session 34)."""
+    of medians spread 0.91-0.96 at 512x4096x14336, whose paired ratios read 1.00-1.03)."""
     return statistics.median(r / n for r, n in zip(times[reference], times[name]))
 
 
 def _config(name, layout="RR"):
-    """``default`` (the library's choice) or a kernel spelled as dash-separated parts:
+    """The ``GemmConfig`` of :func:`_call_options` (None: ``default``), for calls that take no
+    ``split_k``."""
+    options = _call_options(name, layout)
+    if "split_k" in options:
+        raise ValueError(f"{name!r} splits K (gemm's split_k): this benchmark runs no split")
+    return options["config"]
+
+
+def _call_options(name, layout="RR"):
+    """``gemm``'s keywords ``config`` and, where ``name`` has an ``s`` part, ``split_k``, for
+    ``default`` (the library's choice) or a kernel spelled as dash-separated parts:
     a cluster shape ``MxN`` (``2x1``), ``m<block_m>`` (``m64``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``),
     ``p<pipeline stages>`` (``p3``), ``g<tile-rows per raster group>`` (``g16``), ``sk`` (stream-K),
     ``swap`` (the product computed swapped, a column-major output tile: ``m64-n8-swap``), ``gpc`` (clusters in
@@ -141,7 +155,7 @@ def _config(name, layout="RR"):
     column-major), whose majors the config is checked with.
     """
     if name == "default":
-        return None
+        return {"config": None}
     kw = {"a_major": "K" if layout[0] == "R" else "M", "b_major": "N" if layout[1] == "R" else "K"}
     parts = {"m": "block_m", "n": "block_n", "s": "split_k", "p": "stages", "g": "group_m", "a": "acc_chains",
              "e": "epi_buffers"}
@@ -160,9 +174,10 @@ def _config(name, layout="RR"):
             kw[parts[part[0]]] = int(part[1:])
         else:
             raise ValueError(f"bad config part {part!r} in {name!r}")
+    split_k = kw.pop("split_k", None)
     if "stages" not in kw:
-        kw["stages"] = max_stages("bf16", "f32" if kw.get("split_k", 1) > 1 else "bf16", **kw)
-    return GemmConfig(**kw)
+        kw["stages"] = max_stages("bf16", "f32" if (split_k or 1) > 1 else "bf16", **kw)
+    return {"config": GemmConfig(**kw), **({"split_k": split_k} if split_k else {})}
 
 
 def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), batch=1, device_time=False):
@@ -178,9 +193,9 @@ def bench_shape(M, N, K, dtype, layout, rounds, l2_bytes, configs=("default",), 
     cublas = torch.bmm if batch > 1 else torch.matmul
     fns = {"cublas": lambda a, b, c: cublas(a, b), "cublas out=": lambda a, b, c: cublas(a, b, out=c)}
     for name in configs:
-        cfg = _config(name, layout)
-        fns[name] = lambda a, b, c, cfg=cfg: ours(a, b, config=cfg)
-        fns[f"{name} out="] = lambda a, b, c, cfg=cfg: ours(a, b, out=c, config=cfg)
+        options = _call_options(name, layout)  # (bmm takes no split_k)
+        fns[name] = lambda a, b, c, options=options: ours(a, b, **options)
+        fns[f"{name} out="] = lambda a, b, c, options=options: ours(a, b, out=c, **options)
 
     a, b, c = sets[0]
     ref = a.double() @ b.double()
@@ -222,14 +237,20 @@ def current_commit():
     return out.stdout.strip() or "unknown"
 
 
+def results_name(kind, *variant):
+    """``kind`` and the parts of ``variant`` that are set, dash-joined: what a results file is
+    named after (``results_name("gemm", "small", None, "device")`` is ``"gemm-small-device"``)."""
+    return "-".join([kind, *(part for part in variant if part)])
+
+
 def save_results(kind, fields, path=None):
-    """Write ``{gpu, date, commit, **fields}`` as JSON to ``path`` (default
-    ``benchmarks/results/<kind>-<gpu>-<date>-<commit>.json``); return the path."""
+    """Write ``{gpu, date, commit, **fields}`` as JSON to ``path`` (default: the baseline
+    ``benchmarks/results/<kind>-<gpu>.json``, which a rerun of the same benchmark replaces);
+    return the path."""
     device = torch.cuda.get_device_name()  # "NVIDIA H100 80GB HBM3": "h100" in the file name
     result = {"gpu": device, "date": datetime.date.today().isoformat(), "commit": current_commit(), **fields}
     gpu = (device.split()[1:2] or [device])[0].lower()
-    filename = f"{kind}-{gpu}-{result['date']}-{result['commit']}.json"
-    out = pathlib.Path(path or ROOT / "benchmarks" / "results" / filename)
+    out = pathlib.Path(path or ROOT / "benchmarks" / "results" / f"{kind}-{gpu}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return out
@@ -255,14 +276,15 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="4096^3 and 8192^3 only")
     p.add_argument("--suite", choices=["large", "small"], default="large",
-                   help="large: issue 5/6 suite; small: skinny, partial-wave and batched shapes")
+                   help="large: squares, partial waves, layouts; small: skinny, partial-wave and batched shapes")
     p.add_argument("--shapes", nargs="*", help="MxNxK[:layout] shapes (bf16, layout RR by default), not the suite")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--configs", nargs="*", default=["default"],
                    help="our variants to time: 'default' and/or kernels like 2x1, 1x2, n192, n128-s2")
     p.add_argument("--device-time", action="store_true",
                    help="time the GPU alone (the host enqueues ahead during a sleep kernel)")
-    p.add_argument("--json", help="results file (default benchmarks/results/gemm-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--out", "--json", dest="out", metavar="PATH",
+                   help="results file (default: benchmarks/results/<name>-<gpu>.json, the name saying what ran)")
     args = p.parse_args(argv)
 
     suite = [_parse_shape(s) for s in args.shapes] if args.shapes else (SMALL_SUITE if args.suite == "small" else SUITE)
@@ -280,9 +302,11 @@ def main(argv=None):
                             "layout": layout, "config": config, **r})
             print(f"{label:40s} ours {r['ours_tflops']:7.1f}  cuBLAS {r['cublas_tflops']:7.1f} TFLOP/s"
                   f"  ratio {r['ratio']:.3f}  (out=: {r['out_ratio']:.3f})", flush=True)
-    out = save_results("gemm", {"timing": "device" if args.device_time else "wall (host call rate included)",
-                                "calls": "ratio: gemm(a, b) vs torch.matmul(a, b), fresh operands and outputs; "
-                                         "out_ratio: both with out= (steady state)", "records": records}, args.json)
+    kind = results_name("gemm", args.suite == "small" and "small", args.quick and "quick", args.shapes and "shapes",
+                        args.configs != ["default"] and "configs", args.device_time and "device")
+    out = save_results(kind, {"timing": "device" if args.device_time else "wall (host call rate included)",
+                              "calls": "ratio: gemm(a, b) vs torch.matmul(a, b), fresh operands and outputs; "
+                                       "out_ratio: both with out= (steady state)", "records": records}, args.out)
 
     print("\n| shape | ours TFLOP/s | cuBLAS TFLOP/s | ratio (fresh) | ratio (out=) |\n|---|---|---|---|---|")
     for r in records:

@@ -19,8 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import numba_hopper  # noqa: E402
-from numba_hopper.matmul import api as matmul  # noqa: E402
-from numba_hopper.runtime import workspace as _workspace  # noqa: E402
+from numba_hopper.matmul import plan_cache  # noqa: E402
 
 
 def main():
@@ -31,15 +30,14 @@ def main():
               torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)) for _ in range(64)]
     a, b = pairs[0]
     c = numba_hopper.gemm(a, b)
-    plan = next(iter(matmul._plans.values())).plan
+    plan = next(iter(plan_cache.plans.values())).plan
     stream = torch.cuda.current_stream().cuda_stream
     values = [0, a.data_ptr(), b.data_ptr(), c.data_ptr()]
-    scratch = _workspace.stream_scratch(a.get_device(), stream, plan.scratch_bytes)  # what plan() passes
     launch, binds = plan._steps[0]
     parts = (("numba_hopper.gemm(a, b)", lambda i: numba_hopper.gemm(*pairs[i % 64])),
              ("torch.matmul(a, b)", lambda i: torch.matmul(*pairs[i % 64])),
              ("  plan(stream, values)", lambda i: plan(stream, values, False)),
-             ("  its GEMM launch", lambda i: launch(stream, [scratch, *values[1:]], binds)),
+             ("  its GEMM launch", lambda i: launch(stream, values, binds)),  # (a plan without scratch)
              ("  torch.empty", lambda i: torch.empty((256, 256), dtype=torch.bfloat16, device=a.device)))
     for name, fn in parts:
         fn(0)

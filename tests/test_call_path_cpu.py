@@ -5,6 +5,7 @@ from _fakes import FakeCAI
 
 import numba_hopper
 from numba_hopper.matmul.fusion import fusion_args, fusion_key_and_values
+from numba_hopper.matmul.plan import OUT, USER, VALUE_INDEX
 from numba_hopper.runtime.operands import describe
 
 BASE = 0x7F0000000000
@@ -41,8 +42,10 @@ def _fused(**kw):
 def test_epilogue_key_keeps_flags_and_layouts_and_values_keep_addresses_and_scalars():
     bias = FakeCAI((8,), "<f4", ptr=BASE)
     key, values = _fused(bias=bias, alpha=2.0, activation="relu")
-    # c, row_scale, col_scale, bias, aux, block scales, scale_out, amax_out, up
-    assert values == (2.0, 0.0, 0, 0, 0, BASE, 0, 0, 0, 0, 0, 0)
+    # one value per operand of the table, in its order: the numbers, and 0 for each absent array
+    expected = [0] * (USER - OUT - 1)
+    expected[VALUE_INDEX["alpha"] - OUT - 1], expected[VALUE_INDEX["bias"] - OUT - 1] = 2.0, BASE
+    assert values == tuple(expected)
     assert _fused(bias=FakeCAI((8,), "<f4", ptr=BASE + 256), alpha=3.0, activation="relu")[0] == key
     assert _fused(bias=bias, alpha=1.0, activation="relu")[0] != key  # alpha == 1 compiles no multiply
     assert _fused(bias=bias, alpha=2.0, activation="gelu")[0] != key
@@ -51,4 +54,36 @@ def test_epilogue_key_keeps_flags_and_layouts_and_values_keep_addresses_and_scal
 @pytest.mark.parametrize("beta,counted", [(0.0, False), (1.0, True)])
 def test_c_counts_only_when_read(beta, counted):
     key, values = _fused(c=FakeCAI((4, 8), "<f2", ptr=BASE), beta=beta)
-    assert (values[2] == BASE) is counted
+    assert (values[VALUE_INDEX["c"] - OUT - 1] == BASE) is counted
+
+
+def test_each_operand_of_the_table_lands_at_its_value():
+    """Every operand row with a call value: given alone, its address (or number) is the only
+    value that changes, at the plan's index for it, and its layout enters the key."""
+    from numba_hopper.kernels.operands import OPERANDS
+
+    plain_key, plain_values = _fused()
+    for op in OPERANDS:
+        if op.form == "args":
+            continue
+        given = 3.0 if op.form == "number" else FakeCAI((4, 8), "<f4", ptr=BASE + 4096)
+        kw = {op.keyword: given, **({"beta": 1.0} if op.name == "c" else {})}
+        if op.keyword in ("scale_a", "scale_b"):  # (the block-wise pair, as fold_scales gives it)
+            kw = {"block_scales": (given, None) if op.keyword == "scale_a" else (None, given)}
+        key, values = _fused(**kw)
+        changed = {i for i, (x, y) in enumerate(zip(values, plain_values)) if x != y}
+        at = VALUE_INDEX[op.name] - OUT - 1
+        assert at in changed and values[at] == (3.0 if op.form == "number" else BASE + 4096), op
+        assert changed <= {at, VALUE_INDEX["beta"] - OUT - 1}, (op, changed)
+        assert key != plain_key, op
+
+
+def test_the_kernel_arguments_are_the_tables_epilogue_rows():
+    from numba_hopper.kernels.epilogue_config import EpilogueArgs, EpilogueConfig
+    from numba_hopper.kernels.operands import OPERANDS
+
+    rows = tuple(op.name for op in OPERANDS if op.kernel == "epilogue")
+    assert EpilogueArgs._fields == rows
+    every = EpilogueConfig(alpha=True, row_scale=True, col_scale=True, c_dtype="f32", bias="row", aux_dtype="f32",
+                           user=_fused, out_scale="array", amax=True)
+    assert every.arg_names == rows

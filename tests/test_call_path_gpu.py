@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import numba_hopper
-import numba_hopper.matmul.api as matmul
+import numba_hopper.matmul.plan_cache as plan_cache
 from numba_hopper.matmul import plan as _plan
 
 pytestmark = pytest.mark.gpu
@@ -40,14 +40,14 @@ def test_top_level_call_on_fresh_operands_reuses_one_plan(torch, monkeypatch):
     x = torch.randn(shape[0], shape[1], device="cuda", dtype=torch.bfloat16)
     w = torch.randn(shape[1], shape[2], device="cuda", dtype=torch.bfloat16)
     numba_hopper.gemm(x, w)  # the layout's plan
-    before, plans = len(encodes), len(matmul._plans)
+    before, plans = len(encodes), len(plan_cache.plans)
     for _ in range(20):
         a = torch.randn(*shape[:2], device="cuda", dtype=torch.bfloat16)
         b = torch.randn(*shape[1:], device="cuda", dtype=torch.bfloat16)
         out = numba_hopper.gemm(a, b)
         assert _err(torch, out, a.double() @ b.double()) < 1e-2
     assert len(encodes) == before, "a new address encoded a descriptor"
-    assert len(matmul._plans) == plans
+    assert len(plan_cache.plans) == plans
 
 
 def test_a_new_tensor_at_a_freed_address(torch):

@@ -12,7 +12,7 @@ import pytest
 
 import numba_hopper
 from numba_hopper import GemmConfig
-from numba_hopper.matmul import plan as _plan
+from numba_hopper.matmul import plan
 
 pytestmark = pytest.mark.gpu
 
@@ -53,9 +53,9 @@ def _check(x0, w1, w2, p, q, x, y, z):
 
 def _launched_as_dependents(monkeypatch, mode, *operands):
     asked = []
-    real = _plan.prepare_launch
-    monkeypatch.setattr(_plan, "prepare_launch", lambda *a, **kw: asked.append(kw["dependent"]) or real(*a, **kw))
-    monkeypatch.setattr(_plan, "DEPENDENT_LAUNCH", mode)
+    real = plan.prepare_launch
+    monkeypatch.setattr(plan, "prepare_launch", lambda *a, **kw: asked.append(kw["dependent"]) or real(*a, **kw))
+    monkeypatch.setattr(plan, "DEPENDENT_LAUNCH", mode)
     numba_hopper.matmul.clear_plans()
     numba_hopper.gemm(*operands)
     return asked
@@ -72,7 +72,7 @@ def test_which_plans_launch_as_programmatic_dependents(torch, monkeypatch, mode,
 @pytest.fixture(autouse=True)
 def every_gemm_dependent(monkeypatch):
     """The chains below need every GEMM launched as a dependent, whatever NUMBA_HOPPER_PDL says."""
-    monkeypatch.setattr(_plan, "DEPENDENT_LAUNCH", "all")
+    monkeypatch.setattr(plan, "DEPENDENT_LAUNCH", "all")
     numba_hopper.matmul.clear_plans()
     yield
     numba_hopper.matmul.clear_plans()

@@ -72,8 +72,16 @@ def test_fused_kernels_with_clusters_do_not_spill():
 
 
 def test_split_k_refuses_an_epilogue():
+    from numba_hopper.matmul import plan as _plan
+    from numba_hopper.matmul.fusion import Fusion
+    from numba_hopper.runtime.arrays import device_view
+
+    va, vb, vo = device_view(_m(128, 64)), device_view(_m(64, 256)), device_view(_m(128, 256))
     with pytest.raises(ValueError, match="split_k > 1 cannot run a fused epilogue"):
-        GemmConfig(split_k=2, epilogue=EpilogueConfig(activation="relu"))
+        _plan.gemm_plan(va, vb, vo, Fusion(activation="relu"), None, False, split_k=2)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="split_k must be None or an int >= 1"):
+            gemm(A, B, split_k=bad)
 
 
 def test_plain_kernel_has_no_epilogue_code():
@@ -147,7 +155,7 @@ def test_square_output_needs_bias_dim():
 
 
 def test_valid_options_reach_the_gpu_check(monkeypatch):
-    import numba_hopper.matmul.api as g
+    import numba_hopper.matmul.plan_cache as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
@@ -158,7 +166,7 @@ def test_valid_options_reach_the_gpu_check(monkeypatch):
 
 
 def _reach_gpu_check(monkeypatch, **kw):
-    import numba_hopper.matmul.api as g
+    import numba_hopper.matmul.plan_cache as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
@@ -202,11 +210,11 @@ def test_user_epilogue_kernels_skip_the_disk_cache(monkeypatch):
     monkeypatch.setattr(_plan, "prepare_launch", prepare_launch)
     va, vb, vo = device_view(_m(128, 64)), device_view(_m(64, 256)), device_view(_m(128, 256))
     for ecfg in (EpilogueConfig(activation="relu"), EpilogueConfig(user=_scaled)):
-        fusion = Fusion(1.0, 0.0, None, None, 1, ecfg.activation, None, ecfg.user, (), None, None)
+        fusion = Fusion(activation=ecfg.activation, user=ecfg.user)
         operands = (_plan.Operand(v, _plan.Src(i)) for v, i in ((va, _plan.A), (vb, _plan.B), (vo, _plan.OUT)))
         launch = _plan._Gemm(GemmConfig(epilogue=ecfg), *operands, _plan._Batch(), _plan._Scratch(), fusion=fusion)
         with pytest.raises(Prepared):
-            launch.prepare((0, va.ptr, vb.ptr, vo.ptr, 1.0, 0.0))
+            launch.prepare((0, va.ptr, vb.ptr, vo.ptr, *[0] * (_plan.USER - _plan.OUT - 1)))
     assert keys[0] == ("gemm_sm90", GemmConfig(epilogue=EpilogueConfig(activation="relu")))
     assert keys[1] is None
 

@@ -10,6 +10,7 @@ from numba.cuda import types
 from _fakes import FakeCAI
 from test_gemm_cpu import _k_block_loop
 import numba_hopper.matmul.api as g
+import numba_hopper.matmul.plan_cache as plan_cache
 from numba_hopper import gemm
 from numba_hopper.matmul.heuristics import max_stages
 from numba_hopper.errors import DtypeError, LayoutError, ShapeError
@@ -20,10 +21,11 @@ from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
 from numba_hopper.tools.sass import inspect_kernel
 
 
-def _fp8(in_dtype="e4m3", out_dtype="bf16", block_m=128, block_n=256, epilogue=None):
-    stages = max_stages(in_dtype, out_dtype, block_n, a_major="K", b_major="K", block_m=block_m, epilogue=epilogue)
+def _fp8(in_dtype="e4m3", out_dtype="bf16", block_m=128, block_n=256, epilogue=None, block_scaled=False):
+    stages = max_stages(in_dtype, out_dtype, block_n, a_major="K", b_major="K", block_m=block_m, epilogue=epilogue,
+                        block_scaled=block_scaled)
     return GemmConfig(in_dtype, out_dtype, "K", "K", block_m=block_m, block_n=block_n, stages=stages,
-                      epilogue=epilogue)
+                      epilogue=epilogue, block_scaled=block_scaled)
 
 
 @pytest.mark.parametrize("cfg", [_fp8(), _fp8("e5m2", "f32", block_m=64, block_n=128),
@@ -92,7 +94,7 @@ def _call(a, b, **kw):
 
 
 def _reaches_gpu_check(monkeypatch, a, b, **kw):
-    monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
+    monkeypatch.setattr(plan_cache, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
         _call(a, b, **kw)
 
@@ -117,7 +119,7 @@ def test_fp8_layouts_are_refused_before_launch(a, b, msg):
 def test_mixed_fp8_dtypes_reach_the_gpu_check(monkeypatch):
     from numba_hopper.runtime.arrays import device_view
 
-    monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
+    monkeypatch.setattr(plan_cache, "hopper_device_reason", lambda: "no GPU here")
     for ta, tb in (("e4m3", "e5m2"), ("e5m2", "e4m3")):
         with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
             gemm(device_view(_a(), dtype=ta), device_view(_b(), dtype=tb))
@@ -249,12 +251,12 @@ def test_block_wise_tile_choice():
         assert block_scaled_tile(M, N, K, 132, wide=False)[1] <= 128
         assert block_scaled_tile(M, N, K, 132, units=8, wide=False, paired=False)[1] <= 128
     with pytest.raises(ValueError, match="need fp8"):
-        GemmConfig("bf16", "bf16", "K", "K", block_n=128, epilogue=EpilogueConfig(block_scales=True))
+        GemmConfig("bf16", "bf16", "K", "K", block_n=128, block_scaled=True)
 
 
 @pytest.mark.parametrize("out_dtype,epilogue,tile", [
-    ("bf16", EpilogueConfig(block_scales=True), (128, 128, 1, 6)), ("f32", EpilogueConfig(block_scales=True), (128, 128, 1, 6)),
-    ("bf16", EpilogueConfig(block_scales=True, col_scale=True), (128, 128, 2, 5))])  # (unpaired)
+    ("bf16", EpilogueConfig(), (128, 128, 1, 6)), ("f32", EpilogueConfig(), (128, 128, 1, 6)),
+    ("bf16", EpilogueConfig(col_scale=True), (128, 128, 2, 5))])  # (unpaired)
 def test_block_wise_paired_tiles_take_a_sixth_slot(out_dtype, epilogue, tile):
     """A paired 128 x 128 tile (4096x4096x7168) gives up an output buffer per consumer for a
     sixth ring slot, three pairs of k-blocks; an unpaired one keeps both."""
@@ -264,7 +266,7 @@ def test_block_wise_paired_tiles_take_a_sixth_slot(out_dtype, epilogue, tile):
 
 
 def _choose(M, N, K, out_dtype, epilogue):
-    """``choose_config``'s kernel of an e4m3 TN product on an H100's 132 SMs."""
+    """``choose_config``'s kernel of a block-scaled e4m3 TN product on an H100's 132 SMs."""
     from numba_hopper.runtime.arrays import DeviceView
     from numba_hopper.matmul.heuristics import choose_config
     from numba_hopper.runtime.launch import DeviceLimits
@@ -273,13 +275,13 @@ def _choose(M, N, K, out_dtype, epilogue):
         return DeviceView(0x7F0000000000, (rows, cols), strides or (cols, 1), dtype, 1, 0, "torch")
 
     return choose_config(view(M, K, "e4m3"), view(K, N, "e4m3", (1, K)), view(M, N, out_dtype), None, False, epilogue,
-                         limits=DeviceLimits(0, (9, 0), 132))
+                         limits=DeviceLimits(0, (9, 0), 132), block_scaled=True)
 
 
 @pytest.mark.parametrize("out_dtype,epilogue,block_m", [
-    ("bf16", EpilogueConfig(block_scales=True), 192), ("f32", EpilogueConfig(block_scales=True, alpha=True), 192),
-    ("e4m3", EpilogueConfig(block_scales=True, out_scale="number", amax=True), 128),  # an fp8 output's amax
-    ("bf16", EpilogueConfig(block_scales=True, row_scale=True), 128)])
+    ("bf16", EpilogueConfig(), 192), ("f32", EpilogueConfig(alpha=True), 192),
+    ("e4m3", EpilogueConfig(out_scale="number", amax=True), 128),  # an fp8 output's amax
+    ("bf16", EpilogueConfig(row_scale=True), 128)])
 def test_block_wise_192_row_tiles_only_for_plain_products(out_dtype, epilogue, block_m):
     """8192^3 takes three consumers' 192 x 128 tiles where the epilogue leaves them the registers."""
     cfg = _choose(8192, 8192, 8192, out_dtype, epilogue)
@@ -289,24 +291,23 @@ def test_block_wise_192_row_tiles_only_for_plain_products(out_dtype, epilogue, b
 def test_block_wise_wide_tiles():
     """192-wide block-scaled tiles run with 64 or 128 rows, 256-wide ones (two halves a k-block)
     with 128, ungrouped; both without column vectors, whose staged terms would spill."""
-    blocks = EpilogueConfig(block_scales=True)
+    fp8 = ("e4m3", "bf16", "K", "K")
     for block_m in (128, 64):
-        assert GemmConfig("e4m3", "bf16", "K", "K", block_m=block_m, block_n=192, epilogue=blocks).block_scaled
-    assert GemmConfig("e4m3", "bf16", "K", "K", block_n=256, stages=4, epilogue=blocks).block_scaled
-    GemmConfig("e4m3", "bf16", "K", "K", block_n=192, epilogue=EpilogueConfig(row_scale=True, activation="gelu_tanh",
-                                                                              block_scales=True))
+        assert GemmConfig(*fp8, block_m=block_m, block_n=192, block_scaled=True).block_scaled
+    assert GemmConfig(*fp8, block_n=256, stages=4, block_scaled=True).block_scaled
+    GemmConfig(*fp8, block_n=192, epilogue=EpilogueConfig(row_scale=True, activation="gelu_tanh"), block_scaled=True)
     with pytest.raises(ValueError, match="block_n = 160 runs without a fused epilogue"):
-        GemmConfig("e4m3", "bf16", "K", "K", block_n=160, epilogue=blocks)
+        GemmConfig(*fp8, block_n=160, block_scaled=True)
     for kw in (dict(block_m=64), dict(grouped="contiguous")):
         with pytest.raises(ValueError, match="256-wide tiles run with block_m = 128, ungrouped"):
-            GemmConfig("e4m3", "bf16", "K", "K", block_n=256, epilogue=blocks, **kw)
+            GemmConfig(*fp8, block_n=256, block_scaled=True, **kw)
     # three consumers (192 rows) take turns too, on tiles up to 128 wide
-    assert GemmConfig("e4m3", "bf16", "K", "K", block_m=192, block_n=128, stages=4, epilogue=blocks).block_scaled
+    assert GemmConfig(*fp8, block_m=192, block_n=128, stages=4, block_scaled=True).block_scaled
     with pytest.raises(ValueError, match="block-wise scales over 128 columns"):
-        GemmConfig("e4m3", "bf16", "K", "K", block_m=192, block_n=192, epilogue=blocks)
+        GemmConfig(*fp8, block_m=192, block_n=192, block_scaled=True)
     for width, columns in itertools.product((192, 256), (dict(col_scale=True), dict(bias="col"))):
         with pytest.raises(ValueError, match="tiles over 128 wide run without column vectors"):
-            GemmConfig("e4m3", "bf16", "K", "K", block_n=width, epilogue=EpilogueConfig(block_scales=True, **columns))
+            GemmConfig(*fp8, block_n=width, epilogue=EpilogueConfig(**columns), block_scaled=True)
 
 
 @pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (128, 192), (64, 192), (128, 256),
@@ -322,9 +323,8 @@ def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
     The k-block loop moves no wgmma descriptor into a uniform register (R2UR): the warpgroup
     index is broadcast. B's scales load (from global memory) after the loop's first wgmmas are
     issued, not between the last promotion and the next issue."""
-    cfg = _fp8(block_m=block_m, block_n=block_n, epilogue=EpilogueConfig(block_scales=True))
-    m2 = types.Array(types.float32, 2, "A")
-    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (m2,)))  # B's scales; A's by TMA
+    cfg = _fp8(block_m=block_m, block_n=block_n, block_scaled=True)
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, ()))  # B's scales in params; A's by TMA
     mma_n = 128 if block_n == 256 else block_n  # a 256-wide tile: two 128-column halves
     copies = 3 if cfg.promotes_in_pairs else 1
     assert cfg.promotes_in_pairs == (block_n <= 128 and block_m <= 128)
@@ -347,17 +347,17 @@ def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
 def test_block_wise_tiles_promote_in_pairs_only_in_plain_products(block_m, block_n):
     """Paired k-blocks with an fp8 output compile without spills; a fused epilogue whose terms
     would spill beside the second accumulator (all of them: 156 bytes) keeps one."""
-    plain = EpilogueConfig(block_scales=True, alpha=True)
-    cfg = GemmConfig("e4m3", "e4m3", "K", "K", block_m=block_m, block_n=block_n, epilogue=plain,
+    plain = EpilogueConfig(alpha=True)
+    cfg = GemmConfig("e4m3", "e4m3", "K", "K", block_m=block_m, block_n=block_n, epilogue=plain, block_scaled=True,
                      stages=max_stages("e4m3", "e4m3", block_n, a_major="K", b_major="K", block_m=block_m,
-                                       epilogue=plain))
-    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.float32, types.Array(types.float32, 2, "A"))))
+                                       epilogue=plain, block_scaled=True))
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.float32,)))
     assert cfg.promotes_in_pairs and r.count("QGMMA") == 12, r.summary()
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
-    fused = EpilogueConfig(block_scales=True, c_dtype="bf16", row_scale=True, bias="col", bias_dtype="bf16",
+    fused = EpilogueConfig(c_dtype="bf16", row_scale=True, bias="col", bias_dtype="bf16",
                            activation="gelu_tanh", out_scale="array", amax=True)
     assert not dataclasses.replace(cfg, epilogue=fused).promotes_in_pairs
-    assert not dataclasses.replace(cfg, epilogue=EpilogueConfig(block_scales=True, bias="col")).promotes_in_pairs
+    assert not dataclasses.replace(cfg, epilogue=EpilogueConfig(bias="col")).promotes_in_pairs
 
 
 def test_bmm_refuses_fp8():
@@ -372,7 +372,10 @@ def _ptr(x):
 def test_scaled_calls_bind_each_calls_scales(monkeypatch):
     """Calls whose only epilogue keywords are the scales take a fast path after their layout's
     first call: each call's numbers and arrays land where the first call's plan reads them."""
-    from numba_hopper.matmul.plan import A_BLOCK_SCALES, ALPHA, B_BLOCK_SCALES, COL_SCALE, ROW_SCALE
+    from numba_hopper.matmul.plan import VALUE_INDEX
+
+    A_BLOCK_SCALES, ALPHA, B_BLOCK_SCALES, COL_SCALE, ROW_SCALE = (
+        VALUE_INDEX[name] for name in ("a_block_scales", "alpha", "b_block_scales", "col_scale", "row_scale"))
 
     seen, firsts = [], []
 
@@ -382,8 +385,8 @@ def test_scaled_calls_bind_each_calls_scales(monkeypatch):
 
     def first(key, a, b, out, f, fvalues, *rest):
         firsts.append(key)
-        entry = g._Entry(Plan(), (), None, a)
-        g._remember(key, entry)
+        entry = plan_cache.Entry(Plan(), (), None, a)
+        plan_cache.remember(key, entry)
         entry.plan(0, [0, 0, 0, 0, *fvalues])
         return out
 

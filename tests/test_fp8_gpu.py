@@ -168,7 +168,7 @@ def test_fp8_split_k(torch, M):
     """K slices of k-blocks of 128 fp8 elements (a plain product: split-K runs no epilogue)."""
     N, K = 4096, 14336 + 16  # a partial last k-block
     a, b = _operands(torch, M, N, K)
-    got = gemm(a, b, out_dtype="f32", config=GemmConfig(block_m=64, block_n=128, split_k=3))
+    got = gemm(a, b, out_dtype="f32", config=GemmConfig(block_m=64, block_n=128), split_k=3)
     _check(torch, got, _reference(torch, a, b, None, None), "f32", K)
 
 
@@ -176,6 +176,7 @@ def _plan_steps(monkeypatch):
     """The step kinds of each plan gemm builds from here on (in a fresh plan cache)."""
     import numba_hopper.matmul.api as g
     from numba_hopper.matmul import plan as _plan
+    from numba_hopper.matmul import plan_cache
 
     steps = []
 
@@ -185,7 +186,7 @@ def _plan_steps(monkeypatch):
         return plan
 
     monkeypatch.setattr(g, "gemm_plan", spy)
-    monkeypatch.setattr(g, "_plans", {})
+    plan_cache.clear_plans()
     return steps
 
 
@@ -202,9 +203,9 @@ def test_fp8_split_k_scales_in_its_reduce(torch, monkeypatch, M, scaling, out_dt
     sa, sb = _scales(torch, scaling, M, N)
     ref = _reference(torch, a, b, sa, sb)
     out = torch.full((M, N), float("nan"), dtype=getattr(torch, TORCH_OUT[out_dtype]), device="cuda")
-    split = GemmConfig(block_m=64, block_n=64, split_k=2)
-    assert gemm(a, b, out, scale_a=sa, scale_b=sb, config=split) is out
-    fresh = gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype, config=split)
+    split = dict(config=GemmConfig(block_m=64, block_n=64), split_k=2)
+    assert gemm(a, b, out, scale_a=sa, scale_b=sb, **split) is out
+    fresh = gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype, **split)
     assert len(steps) == 2 and all(s == ["_Gemm", "_Reduce"] for s in steps), steps
     for got, what in ((out, "out="), (fresh, "fresh")):
         _check(torch, got, ref, out_dtype, K, f"{M} {scaling} -> {out_dtype}, {what}")
@@ -221,7 +222,7 @@ def test_16_bit_split_k_scales_in_its_reduce(torch, monkeypatch):
     a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
     b = torch.randn(K, N, device="cuda").to(torch.bfloat16)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    gemm(a, b, out, alpha=0.5, config=GemmConfig(block_m=64, block_n=128, split_k=4))
+    gemm(a, b, out, alpha=0.5, config=GemmConfig(block_m=64, block_n=128), split_k=4)
     assert steps == [["_Gemm", "_Reduce"]]
     _check(torch, out, 0.5 * (a.double() @ b.double()), "bf16", 0, "bf16 alpha=0.5")  # K=0: rounding only
 

@@ -9,6 +9,7 @@ from numba.cuda import types
 
 from _fakes import FakeCAI
 import numba_hopper.matmul.api as g
+import numba_hopper.matmul.plan_cache as plan_cache
 from numba_hopper import gemm, grouped_gemm
 from numba_hopper.matmul import heuristics as _heuristics
 from numba_hopper.matmul import plan as _plan
@@ -106,13 +107,13 @@ def _call(**kw):
     dict(amax_out=_one(), out_dtype="f32"),
 ], ids=["plain", "scale-and-amax", "out=", "column-major", "amax-of-f32"])
 def test_fp8_outputs_reach_the_gpu_check(monkeypatch, kw):
-    monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
+    monkeypatch.setattr(plan_cache, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
         _call(**kw)
 
 
 def test_16_bit_inputs_take_fp8_outputs(monkeypatch):
-    monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
+    monkeypatch.setattr(plan_cache, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
         gemm(_a("<u2"), _b("<u2"), dtype="bf16", out_dtype="e4m3", scale_out=2.0)
 
@@ -159,11 +160,12 @@ def test_a_calls_output_scale_and_amax_land_at_their_values(monkeypatch):
     amax = _one()
     _call(out_dtype="e4m3", scale_a=2.0, scale_out=0.25, amax_out=amax)
     key, values = seen[-1]
-    assert values[_plan.OUT_SCALE] == 0.25 and values[_plan.AMAX] == amax.__cuda_array_interface__["data"][0]
-    assert values[_plan.ALPHA] == 2.0
+    at = _plan.VALUE_INDEX
+    assert values[at["out_scale"]] == 0.25 and values[at["amax"]] == amax.__cuda_array_interface__["data"][0]
+    assert values[at["alpha"]] == 2.0
     scale = _one()
     _call(out_dtype="e4m3", scale_out=scale)
-    assert seen[-1][1][_plan.OUT_SCALE] == scale.__cuda_array_interface__["data"][0]
+    assert seen[-1][1][at["out_scale"]] == scale.__cuda_array_interface__["data"][0]
     assert seen[-1][0] != key and len(seen[-1][1]) == _plan.USER
 
 
@@ -186,7 +188,7 @@ def _views(M, N, K, out="e4m3"):
 
 def _amax_fusion():
     amax = DeviceView(BASE + 4096, (1,), (1,), "f32", 4, 0, "numba")
-    return Fusion(1.0, 0.0, None, None, 1, None, None, None, (), None, None, out_scale=0.5, amax=amax)
+    return Fusion({"out_scale": 0.5, "amax": amax})
 
 
 def test_amax_is_zeroed_before_the_kernel(h100, monkeypatch):
@@ -194,11 +196,14 @@ def test_amax_is_zeroed_before_the_kernel(h100, monkeypatch):
     steps = _plan.gemm_plan(*_views(256, 512, 1024), _amax_fusion(), None, False).specs
     memset, gemm_step = steps
     assert isinstance(memset, _plan._Memset) and isinstance(gemm_step, _plan._Gemm)
-    assert (memset.src, memset.width, memset.rows) == (_plan.Src(_plan.AMAX), 4, 1)
+    at = _plan.VALUE_INDEX
+    assert (memset.src, memset.width, memset.rows) == (_plan.Src(at["amax"]), 4, 1)
     assert gemm_step.cfg.epilogue == EpilogueConfig(out_scale="number", amax=True)
-    args, srcs = gemm_step._epilogue_args([0] * _plan.OUT_SCALE + [0.5, BASE + 4096])
+    values = [0] * _plan.USER
+    values[at["out_scale"]], values[at["amax"]] = 0.5, BASE + 4096
+    args, srcs = gemm_step._epilogue_args(values)
     assert args.out_scale == np.float32(0.5) and args.amax == (BASE + 4096, "<u4")  # the float's bits
-    assert srcs[args._fields.index("out_scale")] == _plan.Src(_plan.OUT_SCALE)
+    assert srcs[args._fields.index("out_scale")] == _plan.Src(at["out_scale"])
 
 
 def test_fp8_outputs_do_not_split_k(h100):
@@ -208,4 +213,6 @@ def test_fp8_outputs_do_not_split_k(h100):
     views = _views(1, 4096, 32768)
     assert not any(isinstance(s, _plan._Reduce) for s in _plan.gemm_plan(*views, None, None, False).specs)
     with pytest.raises(ValueError, match="cannot write an fp8 output"):
-        _plan.gemm_plan(*views, None, GemmConfig(block_m=64, block_n=128, split_k=2), False)
+        _plan.gemm_plan(*views, None, GemmConfig(block_m=64, block_n=128), False, split_k=2)
+    with pytest.raises(ValueError, match="cannot write an fp8 output"):
+        _plan.gemm_plan(*views, None, None, False, split_k=2)

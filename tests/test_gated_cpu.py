@@ -20,13 +20,14 @@ from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
 from numba_hopper.runtime.launch import DeviceLimits
 from numba_hopper.tools.sass import inspect_kernel
 
-SILU = EpilogueConfig(activation="silu", gated=True)
+SILU = EpilogueConfig(activation="silu")
 
 
 @pytest.mark.parametrize("block_m,block_n,out_dtype", [(128, 256, "bf16"), (64, 128, "f32")])
 def test_gated_sass_gates_half_the_accumulators(block_m, block_n, out_dtype):
-    stages = max_stages("bf16", out_dtype, block_n, epilogue=SILU, b_major="K", block_m=block_m)
-    cfg = GemmConfig("bf16", out_dtype, "K", "K", block_m=block_m, block_n=block_n, stages=stages, epilogue=SILU)
+    stages = max_stages("bf16", out_dtype, block_n, epilogue=SILU, gated=True, b_major="K", block_m=block_m)
+    cfg = GemmConfig("bf16", out_dtype, "K", "K", block_m=block_m, block_n=block_n, stages=stages, epilogue=SILU,
+                     gated=True)
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, ()))
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     assert r.count("HGMMA") >= 4
@@ -36,21 +37,25 @@ def test_gated_sass_gates_half_the_accumulators(block_m, block_n, out_dtype):
 
 
 def test_gated_config_halves_the_b_box_and_the_output_tile():
-    cfg = GemmConfig(b_major="K", block_n=256, epilogue=SILU)
+    cfg = GemmConfig(b_major="K", block_n=256, epilogue=SILU, gated=True)
     assert cfg.gated and cfg.out_block_n == 128 and cfg.b_box == (1, 128, 64) and cfg.tensormaps == 4
     assert cfg.epi_cols == 64 and cfg.b_tile_bytes == 256 * 128
+    # without an activation: the gated product itself, through the fused store that multiplies
+    plain = GemmConfig(b_major="K", block_n=256, gated=True)
+    assert plain.epilogue == EpilogueConfig() and plain == GemmConfig(b_major="K", block_n=256, gated=True,
+                                                                    epilogue=EpilogueConfig())
 
 
 @pytest.mark.parametrize("kw", [dict(block_n=192), dict(b_major="N"), dict(cluster_n=2), dict(in_dtype="e4m3"),
                                 dict(grouped="contiguous")])
 def test_gated_config_refuses_what_it_does_not_run(kw):
     with pytest.raises(ValueError, match="gated"):
-        GemmConfig(**{"b_major": "K", "block_n": 256, "epilogue": SILU, **kw})
+        GemmConfig(**{"b_major": "K", "block_n": 256, "epilogue": SILU, "gated": True, **kw})
 
 
 def test_gated_epilogue_fuses_an_activation_only():
     with pytest.raises(ValueError, match="activation only; got bias"):
-        EpilogueConfig(activation="silu", gated=True, bias="col")
+        GemmConfig(b_major="K", block_n=256, gated=True, epilogue=EpilogueConfig(activation="silu", bias="col"))
 
 
 def test_gated_plan_passes_both_weights_and_twice_the_columns(monkeypatch):
@@ -73,10 +78,11 @@ def test_gated_plan_passes_both_weights_and_twice_the_columns(monkeypatch):
     M, N, K = 4096, 5632, 2048
     va, vo = device_view(_m(M, K)), device_view(_m(M, N))
     vb, vu = device_view(_w(N, K)), device_view(_w(N, K))
-    fusion = Fusion(1.0, 0.0, None, None, 1, "silu", None, None, (), None, None, up=vu)
+    fusion = Fusion({"up": vu}, activation="silu")
     plan = _plan.gemm_plan(va, vb, vo, fusion, None, False)
     values = [0] * (_plan.USER + 1)
-    values[_plan.A], values[_plan.B], values[_plan.OUT], values[_plan.UP] = va.ptr, vb.ptr, vo.ptr, vu.ptr
+    values[_plan.A], values[_plan.B], values[_plan.OUT] = va.ptr, vb.ptr, vo.ptr
+    values[_plan.VALUE_INDEX["up"]] = vu.ptr
     with pytest.raises(Prepared):
         plan(0, values)
     cfg, params = launched["cfg"], launched["params"]
@@ -134,7 +140,7 @@ def test_gated_fp8_is_refused():
 
 
 def test_valid_gated_call_reaches_the_gpu_check(monkeypatch):
-    import numba_hopper.matmul.api as g
+    import numba_hopper.matmul.plan_cache as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):

@@ -27,8 +27,10 @@ def test_split_k(torch, M, N, K, splits, out_dtype, tol):
     # K not a multiple of the slice (4007 = 63 k-blocks over 3 slices; 16 slices of 700)
     a, b = _rand(torch, M, K), _rand(torch, K, N)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=getattr(torch, out_dtype))
-    cfg = GemmConfig(split_k=splits) if splits else None
-    gemm(a, b, out=out, config=cfg)
+    if splits:  # the default tile, in the given K slices
+        gemm(a, b, out=out, config=GemmConfig(), split_k=splits)
+    else:
+        gemm(a, b, out=out)
     assert torch.isfinite(out).all()
     assert _err(out, a.double() @ b.double()) < tol
 
@@ -38,7 +40,7 @@ def test_split_k_is_deterministic_and_column_major_out(torch):
     outs = []
     for _ in range(2):
         out = torch.full((200, 96), float("nan"), device="cuda").t()  # column-major (96, 200)
-        gemm(a, b, out=out, config=GemmConfig(split_k=4))
+        gemm(a, b, out=out, config=GemmConfig(), split_k=4)
         outs.append(out.clone())
     assert torch.equal(outs[0], outs[1])
     assert _err(outs[0], a.double() @ b.double()) < 1e-4

@@ -271,7 +271,7 @@ def test_gemm_rejects_host_arrays():
 
 
 def test_gemm_without_hopper_gpu_says_so(monkeypatch):
-    import numba_hopper.matmul.api as g
+    import numba_hopper.matmul.plan_cache as g
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "device 0 is compute capability 8.0, not Hopper (9.x)")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU.*8.0"):

@@ -9,6 +9,7 @@ import pytest
 from _fakes import FakeCAI
 
 import numba_hopper.matmul.api as g
+import numba_hopper.matmul.plan_cache as plan_cache
 from numba_hopper.errors import (
     DeviceMismatchError,
     DtypeError,
@@ -164,7 +165,7 @@ def test_out_on_another_device(monkeypatch):
 
 
 def test_non_hopper_gpu(monkeypatch):
-    monkeypatch.setattr(g, "hopper_device_reason", lambda: "device 0 is compute capability 8.0, not Hopper (9.x)")
+    monkeypatch.setattr(plan_cache, "hopper_device_reason", lambda: "device 0 is compute capability 8.0, not Hopper (9.x)")
     with pytest.raises(UnsupportedDeviceError, match="needs a Hopper GPU.*8.0"):
         gemm(*_ab())
 
@@ -181,10 +182,11 @@ def _no_launch(monkeypatch):
         launched.append("plan")
         return Plan()
 
-    monkeypatch.setattr(g, "hopper_device_reason", lambda: None)
+    monkeypatch.setattr(plan_cache, "hopper_device_reason", lambda: None)
     monkeypatch.setattr(g, "gemm_plan", plan)
     monkeypatch.setattr(g, "zero_fill_plan", lambda v, *a: launched.append(("zero_fill", v.shape)) or Plan())
-    monkeypatch.setattr(g, "_plans", {})  # these plans launch nothing: keep them out of the real cache
+    # these plans launch nothing: keep them out of the real cache
+    monkeypatch.setattr(plan_cache, "remember", lambda key, entry: None)
     return launched
 
 
@@ -205,6 +207,6 @@ def test_k0_only_zero_fills(monkeypatch):
 
 def test_validation_comes_before_the_device_check(monkeypatch):
     # A bad argument is reported as such even on a machine that could not run the GEMM.
-    monkeypatch.setattr(g, "hopper_device_reason", lambda: "no CUDA driver or GPU found")
+    monkeypatch.setattr(plan_cache, "hopper_device_reason", lambda: "no CUDA driver or GPU found")
     with pytest.raises(ShapeError):
         gemm(_m(4, 8), _m(9, 4))

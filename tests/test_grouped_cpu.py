@@ -9,7 +9,7 @@ import pytest
 from numba.cuda import types
 
 import numba_hopper
-import numba_hopper.matmul.api as g
+import numba_hopper.matmul.plan_cache as g
 from _fakes import FakeCAI
 from numba_hopper import grouped_gemm
 from numba_hopper.matmul.heuristics import grouped_config, max_stages
@@ -163,8 +163,8 @@ def test_grouped_sass_has_hopper_instructions_and_no_spills(cfg):
     (dict(grouped="contiguous", block_n=128, stream_k=True), "without a cluster"),
     (dict(grouped="masked", epilogue=EpilogueConfig(bias="col")), "fuse only"),
     (dict(grouped="masked", in_dtype="e4m3", a_major="K", b_major="N"), "K-major"),
-    (dict(grouped="contiguous", in_dtype="e4m3", a_major="K", b_major="K", block_n=256,
-          epilogue=EpilogueConfig(block_scales=True)), "256-wide tiles run with block_m = 128, ungrouped"),
+    (dict(grouped="contiguous", in_dtype="e4m3", a_major="K", b_major="K", block_n=256, block_scaled=True),
+     "256-wide tiles run with block_m = 128, ungrouped"),
 ])
 def test_grouped_config_rejects_what_it_cannot_run(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -331,15 +331,16 @@ def fake_device(monkeypatch):
         return _FakeLaunch(args, calls)
 
     monkeypatch.setattr(g, "hopper_device_reason", lambda: None)
-    monkeypatch.setattr(g, "_plans", {})
+    g.clear_plans()  # (these plans launch nothing: they leave the cache empty, as the fixture ends)
     for mod in (_plan, _heuristics):
         monkeypatch.setattr(mod, "device_limits", lambda device: LIMITS)
     monkeypatch.setattr(_plan, "make_gemm_kernel", lambda cfg: None)
     monkeypatch.setattr(_plan, "encode_template", lambda *a, **kw: type("T", (), {"words": (0,) * 16}))
     monkeypatch.setattr(_plan, "prepare_launch", prepare_launch)
-    monkeypatch.setattr(_plan, "capturing", lambda stream: False)
-    monkeypatch.setattr(_plan, "stream_scratch", lambda device, stream, nbytes: 0x500000000000)
-    return calls, prepared
+    monkeypatch.setattr(_plan, "alloc_scratch", lambda device, stream, nbytes, zero_claims: 0x500000000000)
+    monkeypatch.setattr(_plan, "free_scratch", lambda scratch, stream: None)
+    yield calls, prepared
+    g.clear_plans()
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -375,28 +376,26 @@ def test_a_new_layout_is_a_new_plan(fake_device):
 
 # --- fp8 groups: block-wise scales ---------------------------------------------------------
 
-BLOCKS = EpilogueConfig(block_scales=True)
-M3 = types.Array(types.float32, 3, "A")
-
-
-def _fp8_grouped(mode, block_m=128, block_n=128, epilogue=BLOCKS):
-    stages = max_stages("e4m3", "bf16", block_n, a_major="K", b_major="K", block_m=block_m, epilogue=epilogue)
+def _fp8_grouped(mode, block_m=128, block_n=128, epilogue=None, block_scaled=True):
+    stages = max_stages("e4m3", "bf16", block_n, a_major="K", b_major="K", block_m=block_m, epilogue=epilogue,
+                        block_scaled=block_scaled)
     return GemmConfig("e4m3", "bf16", "K", "K", block_m=block_m, block_n=block_n, stages=stages, epilogue=epilogue,
-                      grouped=mode)
+                      grouped=mode, block_scaled=block_scaled)
 
 
-# (config, the epilogue's argument types): B's scales (G, K/128, N/128) in both modes (A's
-# come by TMA); with alpha + row scale + silu beside them. The opt-in 192-wide tiles (two of
-# B's scale blocks per tile) fit without spills only because the consumers' warpgroup index
-# is known to be warp-uniform (gemm_sm90, the consumer): without that, 124 + 220 B.
-FUSED_BLOCKS = EpilogueConfig(alpha=True, row_scale=True, activation="silu", block_scales=True)
+# (config, the epilogue's argument types): B's scales (G, K/128, N/128) in both modes (the
+# kernel's params; A's come by TMA); with alpha + row scale + silu beside them. The opt-in
+# 192-wide tiles (two of B's scale blocks per tile) fit without spills only because the
+# consumers' warpgroup index is known to be warp-uniform (gemm_sm90, the consumer): without
+# that, 124 + 220 B.
+FUSED = EpilogueConfig(alpha=True, row_scale=True, activation="silu")
 FP8_KERNELS = [
-    (_fp8_grouped("contiguous"), (M3,)),
-    (_fp8_grouped("masked"), (M3,)),
-    (_fp8_grouped("masked", 64, 128), (M3,)),
-    (_fp8_grouped("contiguous", 128, 64, FUSED_BLOCKS), (types.float32, *VEC, M3)),
-    (_fp8_grouped("contiguous", 128, 192), (M3,)),
-    (_fp8_grouped("contiguous", 128, 192, FUSED_BLOCKS), (types.float32, *VEC, M3)),
+    (_fp8_grouped("contiguous"), ()),
+    (_fp8_grouped("masked"), ()),
+    (_fp8_grouped("masked", 64, 128), ()),
+    (_fp8_grouped("contiguous", 128, 64, FUSED), (types.float32, *VEC)),
+    (_fp8_grouped("contiguous", 128, 192), ()),
+    (_fp8_grouped("contiguous", 128, 192, FUSED), (types.float32, *VEC)),
 ]
 
 
@@ -417,7 +416,7 @@ def test_fp8_block_scaled_grouped_sass(cfg, ep_types):
 
 def test_fp8_per_tensor_grouped_sass():
     """Without block scales: fp8 wgmma accumulating across k-blocks, alpha in the epilogue."""
-    cfg = _fp8_grouped("masked", 128, 256, EpilogueConfig(alpha=True))
+    cfg = _fp8_grouped("masked", 128, 256, EpilogueConfig(alpha=True), block_scaled=False)
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.float32,)))
     assert r.sass.count("QGMMA.64x256x32.F32.E4M3.E4M3 ") == 4 and r.count("HGMMA") == 0, r.summary()
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
@@ -438,7 +437,7 @@ def _fp8_view(shape, strides):
 def test_fp8_block_scaled_grouped_tiles_are_at_most_128_wide(mode, rows, groups, N, tile):
     K = 7168
     cfg = grouped_config(_fp8_view((rows, K), (K, 1)), _fp8_view((K, N), (1, K)), _view((rows, N)), mode, groups,
-                         None, False, BLOCKS, limits=LIMITS)
+                         None, False, limits=LIMITS, block_scaled=True)
     assert (cfg.block_m, cfg.block_n) == tile and cfg.block_scaled and cfg.grouped == mode
     assert (cfg.in_dtype, cfg.a_major, cfg.b_major) == ("e4m3", "K", "K") and cfg.shared_bytes <= 227 * 1024
 
@@ -543,7 +542,8 @@ def test_out_may_not_overlap_the_scales(monkeypatch):
 def test_fp8_block_scales_reach_the_kernel_each_call(fake_device, monkeypatch, masked):
     """One plan; each call's scales (and operands) bound into the launch; a block-scaled fp8
     kernel of the grouped mode, at most 128 wide, which reads A's scales through its last
-    tensor map (torch's strides: no copy) and B's among its epilogue arguments."""
+    tensor map (torch's strides: no copy) and B's from its params (the mainloop's, not among
+    the epilogue's arguments)."""
     from numba_hopper.matmul import plan as _plan
 
     calls, prepared = fake_device
@@ -564,7 +564,7 @@ def test_fp8_block_scales_reach_the_kernel_each_call(fake_device, monkeypatch, m
     assert (cfg.in_dtype, cfg.out_dtype, cfg.b_major) == ("e4m3", "bf16", "K") and not cfg.epilogue.alpha
     params, ep = prepared[0][1], prepared[0][2]
     assert len(params.maps) == cfg.tensormaps == 4 and params.maps[-1].value == first
-    assert ep.b_block_scales.shape == (G, 2, 1)
+    assert params.b_scales.shape == (G, 2, 1) and "b_block_scales" not in ep._fields
 
 
 def test_fp8_per_tensor_numbers_fold_into_alpha(fake_device, monkeypatch):

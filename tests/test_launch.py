@@ -305,12 +305,14 @@ def test_scaled_split_k_reduce_binds_each_calls_scales(no_driver):
 
     partials = _plan.Operand(_view((2, 5, 8), (40, 8, 1), "f32", 4, ptr=0), _plan.Src(_plan.SCRATCH, 256))
     out = _plan.Operand(_view((5, 7), (8, 1), "bf16", 2), _plan.Src(_plan.OUT))
-    rows = _plan.Operand(_view((5,), (0,), "f32", 4), _plan.Src(_plan.ROW_SCALE))
-    values = [1 << 32, 0, 0, 1 << 31, 0.5, 0.0, 0, 1 << 30, 0, 0, 0]
-    launch, binds = _plan._Reduce(partials, out, _plan.Src(_plan.ALPHA), rows).prepare(values)
+    ALPHA, ROW_SCALE = _plan.VALUE_INDEX["alpha"], _plan.VALUE_INDEX["row_scale"]
+    rows = _plan.Operand(_view((5,), (0,), "f32", 4), _plan.Src(ROW_SCALE))
+    values = [0] * _plan.USER
+    values[_plan.SCRATCH], values[_plan.OUT], values[ALPHA], values[ROW_SCALE] = 1 << 32, 1 << 31, 0.5, 1 << 30
+    launch, binds = _plan._Reduce(partials, out, _plan.Src(ALPHA), rows).prepare(values)
     launch(0, values, binds)
-    assert sorted((index, offset) for _, index, offset in binds) == [
-        (_plan.SCRATCH, 256), (_plan.OUT, 0), (_plan.ALPHA, 0), (_plan.ROW_SCALE, 0)]
+    assert sorted((index, offset) for _, index, offset in binds) == sorted([
+        (_plan.SCRATCH, 256), (_plan.OUT, 0), (ALPHA, 0), (ROW_SCALE, 0)])
     assert no_driver == [((1, 1, 1), (32, 8, 1))]
 
 

@@ -35,7 +35,12 @@ def _vector(n, stride=1):
 
 
 def _fusion(alpha=1.0, row_scale=None, col_scale=None, bias=None, activation=None):
-    return Fusion(alpha, 0.0, None, bias, 1, activation, None, None, (), row_scale, col_scale)
+    given = {"alpha": alpha if alpha != 1.0 else None, "row_scale": row_scale, "col_scale": col_scale, "bias": bias}
+    return Fusion({name: x for name, x in given.items() if x is not None}, activation=activation)
+
+
+def _src(name):
+    return _plan.Src(_plan.VALUE_INDEX[name])
 
 
 def _steps(plan):
@@ -45,7 +50,7 @@ def _steps(plan):
 
 
 M, N, K = 128, 2112, 7168  # DeepSeek-V3's: 66 tiles of 64x64 leave half of the H100's 132 SMs idle
-SPLIT = GemmConfig(block_m=64, block_n=64, split_k=2)  # asked for: fp8 does not split on its own yet
+SPLIT = GemmConfig(block_m=64, block_n=64)  # with split_k=2, asked for: fp8 does not split on its own yet
 
 
 @pytest.mark.parametrize("scales", ["per-tensor number", "per-tensor arrays", "row-wise"])
@@ -53,12 +58,12 @@ def test_fp8_scaled_split_k_scales_in_the_reduce(scales):
     row, col = {"per-tensor number": (None, None), "per-tensor arrays": (_vector(M, 0), _vector(N, 0)),
                 "row-wise": (_vector(M), _vector(N))}[scales]
     fusion = _fusion(alpha=0.5, row_scale=row, col_scale=col)
-    gemm, reduce = _steps(_plan.gemm_plan(*_views(M, N, K), fusion, SPLIT, False))
+    gemm, reduce = _steps(_plan.gemm_plan(*_views(M, N, K), fusion, SPLIT, False, split_k=2))
     assert gemm.batch.count == 2 and gemm.grid == 132  # two K slices fill the SMs
     assert gemm.cfg.epilogue is None and gemm.cfg.out_dtype == "f32"  # the slices run the plain kernel
-    assert reduce.alpha == _plan.Src(_plan.ALPHA)
+    assert reduce.alpha == _src("alpha")
     assert (reduce.row_scale and reduce.row_scale.src, reduce.col_scale and reduce.col_scale.src) == (
-        row and _plan.Src(_plan.ROW_SCALE), col and _plan.Src(_plan.COL_SCALE))
+        row and _src("row_scale"), col and _src("col_scale"))
 
 
 def test_column_major_out_swaps_the_reduce_scales():
@@ -66,10 +71,10 @@ def test_column_major_out_swaps_the_reduce_scales():
     fusion = _fusion(row_scale=_vector(N), col_scale=_vector(M))
     a, b, _ = _views(N, M, K)
     out = DeviceView(BASE, (N, M), (1, N), "bf16", 2, 0, "numba")
-    _, reduce = _steps(_plan.gemm_plan(a, b, out, fusion, SPLIT, False))
+    _, reduce = _steps(_plan.gemm_plan(a, b, out, fusion, SPLIT, False, split_k=2))
     assert reduce.alpha is None  # alpha == 1: no factor
-    assert reduce.row_scale.src == _plan.Src(_plan.COL_SCALE) and reduce.row_scale.view.shape == (M,)
-    assert reduce.col_scale.src == _plan.Src(_plan.ROW_SCALE) and reduce.col_scale.view.shape == (N,)
+    assert reduce.row_scale.src == _src("col_scale") and reduce.row_scale.view.shape == (M,)
+    assert reduce.col_scale.src == _src("row_scale") and reduce.col_scale.view.shape == (N,)
     assert reduce.out.view.shape == (M, N)
 
 
@@ -88,7 +93,12 @@ def test_scaled_calls_split_only_when_asked():
     assert reduce is None and gemm.batch.count == 1  # unchanged: the fused kernel
     plain, _ = _steps(_plan.gemm_plan(*views, None, None, False))
     assert plain.batch.count > 1  # the 16-bit plain split, as before
-    forced = GemmConfig(block_m=64, block_n=128, split_k=2)
-    gemm, reduce = _steps(_plan.gemm_plan(*views, _fusion(alpha=2.0), forced, False))
-    assert gemm.batch.count == 2 and gemm.cfg.epilogue is None and reduce.alpha == _plan.Src(_plan.ALPHA)
+    forced = GemmConfig(block_m=64, block_n=128)
+    gemm, reduce = _steps(_plan.gemm_plan(*views, _fusion(alpha=2.0), forced, False, split_k=2))
+    assert gemm.batch.count == 2 and gemm.cfg.epilogue is None and reduce.alpha == _src("alpha")
+    assert (gemm.cfg.block_m, gemm.cfg.block_n) == (64, 128)  # the config's tile, in two K slices
+    gemm, reduce = _steps(_plan.gemm_plan(*views, _fusion(alpha=2.0), None, False, split_k=2))
+    assert gemm.batch.count == 2 and reduce.alpha == _src("alpha")  # the heuristic's tile, split as asked
+    gemm, reduce = _steps(_plan.gemm_plan(*views, None, None, False, split_k=1))
+    assert reduce is None and gemm.batch.count == 1  # never split
 

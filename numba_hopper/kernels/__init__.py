@@ -1,9 +1,13 @@
 """The GEMM's device code, built from :mod:`numba_hopper.intrinsics` and :mod:`numba_hopper.kit`.
 
-``gemm_config`` (the kernel's interface), ``mainloop``, ``scheduler`` and ``epilogue`` (its
-components), ``gemm_sm90`` (the kernel, which only orchestrates them), ``elementwise`` (the
-small kernels a call may add) and ``placement`` (the SM-placement probe's kernel). The host call
-path lives in :mod:`numba_hopper.matmul`.
+``gemm_config`` (the kernel's interface: ``GemmConfig``, the shared-memory layout, ``GemmParams``),
+``epilogue_config`` (the fused epilogue's: ``EpilogueConfig``, ``EpilogueArgs``) and ``operands``
+(the table of a call's operands beside A, B and D: ``EpilogueArgs`` and the host's call values,
+plan keys and checks derive from it); ``mainloop``,
+``scheduler`` and ``epilogue`` (its components, each a folder or module of builders, one per
+variant); ``gemm_sm90`` (the kernel, which only orchestrates them); ``elementwise`` (the small
+kernels a call may add) and ``placement`` (the SM-placement probe's kernel). The host call path
+lives in :mod:`numba_hopper.matmul`.
 """
 
 from .gemm_sm90 import gemm_argument_types, make_gemm_kernel

@@ -47,7 +47,7 @@ def reduce_kernel(out_dtype, alpha=False, row_scale=False, col_scale=False):
 
     With any of ``alpha``, ``row_scale``, ``col_scale`` (compile-time flags):
     ``reduce(ws, n, out, alpha, rows, cols)``, ``out[r, c] = sum * alpha * rows[r] * cols[c]``
-    with only the flagged factors, in the fused epilogue's order (``kernels/epilogue.py``);
+    with only the flagged factors, in the fused epilogue's order (``numba_hopper.kernels.epilogue``);
     ``rows``/``cols`` may have any stride (0: one per-tensor value).
     """
     if out_dtype == "f32":

@@ -2,19 +2,21 @@
 its run-time parameters.
 
 - :class:`GemmConfig`: what a kernel is compiled for. The problem (dtypes, operand majors),
-  the tiling (tile, ring depth, cluster, raster group), the features compiled in (stream-K,
-  a fused epilogue, debug waits), and ``split_k``, the one host strategy: it is not a kernel
-  parameter (``make_gemm_kernel`` drops it).
+  the tiling (tile, ring depth, cluster, raster group) and the features compiled in: the
+  mainloop's (fp8 block-wise scales, a gated second B), the scheduler's (stream-K, grouping)
+  and the fused epilogue (:class:`~.epilogue_config.EpilogueConfig`).
 - :class:`SharedLayout`: where each buffer sits in the kernel's dynamic shared memory.
 - :class:`GemmParams`: the kernel's run-time arguments, one named record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..kit.pipeline import pipeline_barrier_bytes
+from .epilogue_config import EpilogueConfig
 
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "WG_ROWS", "KBLOCK_BYTES",
            "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES",
@@ -57,7 +59,6 @@ class GemmConfig:
     of that code. ``epilogue``: None for a plain ``C = A @ B`` (the kernel has no epilogue
     code at all), or the fused epilogue to compile in. ``stream_k``: compile in the
     stream-K fix-up (tiles whose K loop several CTAs share, see ``kernels/scheduler.py``).
-    ``split_k``: the host's K slices, summed by a second kernel (not a kernel parameter).
     ``in_dtype`` "e4m3"/"e5m2" (fp8): k = 32 wgmma, which reads K-major operands only (no
     transpose bits), so both majors must be "K"; ``b_dtype``: B's fp8 type where it differs
     from A's (None: ``in_dtype``; e4m3 x e5m2 products, as in FP8 training's backward pass).
@@ -83,10 +84,17 @@ class GemmConfig:
     halves' wgmmas, so that one's epilogue runs under the other's mainloop (CUTLASS's
     ``KernelTmaWarpSpecializedPingpong``); plain 16-bit products only, with no cluster, and
     at most ``PINGPONG_MAX_BLOCK_N`` wide (a consumer holds the whole tile's accumulators).
-    A gated epilogue (``epilogue.gated``: ``act(A @ B) * (A @ B_up)``) takes a second B: each tile's
-    B slot holds ``block_n / 2`` rows of B and as many of B_up, so one wgmma tile computes both
-    products side by side and the epilogue writes the ``block_n / 2`` gated columns
-    (``out_block_n``); 16-bit inputs, a K-major B, ``block_n`` in ``GATED_NS``, no cluster or grouping.
+    ``block_scaled``: fp8 block-wise scales (one per 128 K of each row of A, one per 128 x 128
+    block of B): the mainloop scales each k-block's product into an f32 sum
+    (``kernels/mainloop/promoted.py``); fp8 inputs, ``block_n`` in ``BLOCK_SCALED_NS``, no cluster.
+    ``gated``: ``act(A @ B) * (A @ B_up)``, the GLU of SwiGLU and GeGLU MLPs, with a second B:
+    each tile's B slot holds ``block_n / 2`` rows of B and as many of B_up, so one wgmma tile
+    computes both products side by side and the epilogue writes the ``block_n / 2`` gated
+    columns (``out_block_n``), ``act`` being the epilogue's activation (none: the identity);
+    16-bit inputs, a K-major B, ``block_n`` in ``GATED_NS``, no cluster or grouping, and no other
+    epilogue term. Both compile the fused epilogue's store (the gating multiply is part of it;
+    the block-scaled tiles' register budgets were fitted with it), so their ``epilogue`` is
+    never None: ``EpilogueConfig()`` where none is given.
     """
 
     in_dtype: str = "bf16"
@@ -100,7 +108,6 @@ class GemmConfig:
     cluster_m: int = 1
     cluster_n: int = 1
     debug: bool = False
-    split_k: int = 1
     stream_k: bool = False
     epilogue: EpilogueConfig | None = None
     grouped: str | None = None
@@ -110,8 +117,12 @@ class GemmConfig:
     epi_buffers: int = 2
     cluster_order: str = "launch"
     pingpong: bool = False
+    block_scaled: bool = False
+    gated: bool = False
 
     def __post_init__(self):
+        if (self.block_scaled or self.gated) and self.epilogue is None:
+            object.__setattr__(self, "epilogue", EpilogueConfig())  # (the class doc says why)
         if self.in_dtype not in INPUT_BYTES:
             raise ValueError(f"in_dtype must be one of {tuple(INPUT_BYTES)}, got {self.in_dtype!r}")
         if self.b_dtype is not None and (self.b_dtype not in FP8_DTYPES or self.in_dtype not in FP8_DTYPES):
@@ -133,12 +144,12 @@ class GemmConfig:
             raise ValueError(f"block_n in {NARROW_NS} goes with out_major = 'M' and only with it; got block_n = "
                              f"{self.block_n}, out_major = {self.out_major!r}")
         if self.out_major == "M" and (self.block_m != 64 or self.b_major != "K" or self.epilogue is not None
-                                      or self.split_k > 1 or self.stream_k or self.cluster_size > 1
+                                      or self.stream_k or self.cluster_size > 1
                                       or self.grouped is not None or ELEMENT_BYTES[self.out_dtype] != 2):
             # One consumer writes its 64 x 8/16 tile transposed (16-bit elements, 128-byte rows of
             # the output); B's box is block_n K-major rows.
             raise ValueError("out_major = 'M' runs plain 16-bit products with block_m = 64 and a K-major B, "
-                             "without a cluster, split_k, stream_k or grouping")
+                             "without a cluster, stream_k or grouping")
         if self.block_n == 32 and self.block_m != 64:
             raise ValueError("block_n = 32 needs block_m = 64 (the narrow tile of skinny products)")
         if self.block_n % 64 and (self.epilogue is not None or self.cluster_m > 1):
@@ -175,18 +186,14 @@ class GemmConfig:
             raise ValueError(f"epi_buffers must be 1 or 2, got {self.epi_buffers}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
-        if self.split_k < 1:
-            raise ValueError(f"split_k must be >= 1, got {self.split_k}")
-        if self.split_k > 1 and self.epilogue is not None:  # slices write partial sums, not outputs
-            raise ValueError("split_k > 1 cannot run a fused epilogue")
         if self.cluster_m not in (1, 2) or self.cluster_n not in (1, 2):
             raise ValueError(f"cluster_m and cluster_n must be 1 or 2, got {self.cluster_m}x{self.cluster_n}")
         if self.cluster_order not in CLUSTER_ORDERS:
             raise ValueError(f"cluster_order must be one of {CLUSTER_ORDERS}, got {self.cluster_order!r}")
         if self.cluster_order == "gpc" and self.cluster_size != 2:  # (a cluster's TPC names its GPC-major slot)
             raise ValueError(f"cluster_order = 'gpc' runs 2-CTA clusters, got {self.cluster_m}x{self.cluster_n}")
-        if self.stream_k and (self.cluster_size > 1 or self.split_k > 1 or self.epilogue is not None):
-            raise ValueError("stream_k runs without a cluster, split_k or a fused epilogue")
+        if self.stream_k and (self.cluster_size > 1 or self.epilogue is not None):
+            raise ValueError("stream_k runs without a cluster or a fused epilogue")
         if self.block_scaled and (self.in_dtype not in FP8_DTYPES or self.block_n not in BLOCK_SCALED_NS):
             raise ValueError(f"block-wise scales need fp8 inputs and block_n in {BLOCK_SCALED_NS}; got "
                              f"{self.in_dtype}, block_n = {self.block_n}")
@@ -204,7 +211,7 @@ class GemmConfig:
             # for more epilogue terms (an fp8 output's amax spills 12 + 20 B).
             raise ValueError("block-wise scales on 192-row tiles run with no other epilogue term than alpha and a "
                              "16- or 32-bit output")
-        if self.block_scaled and self.cluster_size > 1:  # (slower where tried: benchmarks/NOTES.md, sessions 23, 28)
+        if self.block_scaled and self.cluster_size > 1:  # (measured slower where tried)
             raise ValueError("block-wise scales run without a cluster")
         if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:
             # 128 accumulators per thread leave no registers for a partial's loads: ptxas
@@ -215,18 +222,27 @@ class GemmConfig:
                               or self.grouped is not None or self.out_major != "N" or self.acc_chains != 1):
             raise ValueError(f"pingpong runs plain 16-bit products on 128-row tiles at most {PINGPONG_MAX_BLOCK_N} "
                              "wide, without a cluster, stream_k or grouping")
-        if self.gated and (self.block_n not in GATED_NS or self.b_major != "K" or self.in_dtype in FP8_DTYPES
-                           or self.out_major != "N" or self.cluster_size > 1 or self.grouped is not None):
-            raise ValueError(f"a gated epilogue runs 16-bit products with a K-major B on tiles {GATED_NS} wide, "
-                             "without a cluster or grouping")
+        if self.gated:
+            self._check_gated()
         if self.grouped is not None:
             self._check_grouped()
+
+    def _check_gated(self):
+        if (self.block_n not in GATED_NS or self.b_major != "K" or self.in_dtype in FP8_DTYPES
+                or self.out_major != "N" or self.cluster_size > 1 or self.grouped is not None):
+            raise ValueError(f"a gated kernel runs 16-bit products with a K-major B on tiles {GATED_NS} wide, "
+                             "without a cluster or grouping")
+        # (its store multiplies each gate by its up value, after the activation alone)
+        others = [f.name for f in dataclasses.fields(self.epilogue) if f.name != "activation"
+                  and getattr(self.epilogue, f.name) != f.default]
+        if others:
+            raise ValueError(f"a gated kernel's epilogue fuses an activation only; got {', '.join(others)}")
 
     def _check_grouped(self):
         if self.grouped not in GROUPED_MODES:
             raise ValueError(f"grouped must be None or one of {GROUPED_MODES}, got {self.grouped!r}")
-        if self.cluster_size > 1 or self.stream_k or self.split_k > 1:
-            raise ValueError("grouped kernels run without a cluster, stream_k or split_k")
+        if self.cluster_size > 1 or self.stream_k:
+            raise ValueError("grouped kernels run without a cluster or stream_k")
         e = self.epilogue
         if e is not None and (e.col_scale or e.c_dtype or e.bias or e.aux_dtype or e.user is not None
                               or e.transposed):
@@ -258,9 +274,9 @@ class GemmConfig:
         consumer holds ``mma_depth + 1`` slots and the producer loads into the rest. 2 on
         64-row tiles with a ring of 8 or more slots (64 x 64 and 64 x 128 tiles:
         64x10240x8192 +2%; on 5-stage 64 x 256 tiles it cost 6%), else 1. The narrow decode
-        tiles (an accumulator per wgmma) keep 1: deeper measured no faster there
-        (benchmarks/NOTES.md, session 20). Block-wise scaled products wait for every k-block, or
-        every pair (``mainloop.mma_promoted``, ``promotes_in_pairs``)."""
+        tiles (an accumulator per wgmma) keep 1: deeper measured no faster there. Block-wise
+        scaled products wait for every k-block, or every pair (``mainloop/promoted.py``,
+        ``promotes_in_pairs``)."""
         return 2 if self.block_m == 64 and self.stages >= 8 and self.acc_chains == 1 else 1
 
     @property
@@ -280,16 +296,6 @@ class GemmConfig:
         return self.epilogue is not None and self.epilogue.c_dtype is not None
 
     @property
-    def block_scaled(self):
-        """Whether the mainloop scales each k-block's product (fp8 block-wise scales)."""
-        return self.epilogue is not None and self.epilogue.block_scales
-
-    @property
-    def gated(self):
-        """Whether the kernel computes ``act(A @ B) * (A @ B_up)`` (a gated epilogue)."""
-        return self.epilogue is not None and self.epilogue.gated
-
-    @property
     def out_block_n(self):
         """Output columns of a tile: ``block_n``, or half of it gated."""
         return self.block_n // 2 if self.gated else self.block_n
@@ -298,7 +304,7 @@ class GemmConfig:
     def promotes_in_pairs(self):
         """Whether a block-scaled consumer issues its k-blocks two at a time into two
         accumulators and promotes the first while the second's wgmmas run
-        (``mainloop.mma_promoted_pairs``): tiles of at most 128 x 128, whose consumers have
+        (``mainloop/promoted.py``): tiles of at most 128 x 128, whose consumers have
         registers for a second accumulator (64 + 64 + 64 a thread), in a plain product (no
         epilogue term but alpha). A fused epilogue's terms (f32 output with all of them: 76
         bytes; fp8 output, amax, bias and gelu: 8) or a grouped kernel's bookkeeping (64 x 128:
@@ -478,9 +484,14 @@ class GemmParams(NamedTuple):
     crosses its group's end stores its rows without TMA). Read only by grouped kernels.
 
     GPC-ordered kernels (``cfg.cluster_order = "gpc"``): ``tpc_order`` is the device address
-    of the GPC-major rank of each TPC (u32, indexed by ``%smid // 2``: ``_placement``), and
-    ``cluster_claims`` that of a u32 count of the clusters that claimed, then a u32 claim per
-    tile slot, all zero before the launch and left zero after it (``_workspace``).
+    of the GPC-major rank of each TPC (u32, indexed by ``%smid // 2``:
+    ``numba_hopper.matmul.placement``), and ``cluster_claims`` that of a u32 count of the
+    clusters that claimed, then a u32 claim per tile slot, all zero before the launch and left
+    zero after it (``numba_hopper.runtime.workspace``).
+
+    Block-scaled kernels (``cfg.block_scaled``): ``b_scales`` is B's block-wise scales, a float32
+    device array of (ceil(K / 128), ceil(N / 128)), or (G, ceil(K / 128), ceil(N / 128)) grouped
+    (0, unread, in other kernels); A's come through their tensor map.
     """
 
     maps: tuple
@@ -498,6 +509,7 @@ class GemmParams(NamedTuple):
     out_address: int = 0
     tpc_order: int = 0
     cluster_claims: int = 0
+    b_scales: object = 0
 
 
 class Consumer(NamedTuple):

@@ -4,10 +4,11 @@ One CTA per SM: a producer warpgroup and one consumer warpgroup per 64 rows of t
 384 or 512 threads for 64-, 128- or 192-row tiles). The kernel only orchestrates its
 components, each in its own module:
 
-- the ring (:mod:`.pipeline`): ``stages`` slots of one A and one B k-block, handed from the
-  producer to the consumers by mbarriers;
+- the ring (:mod:`numba_hopper.kit.pipeline`): ``stages`` slots of one A and one B k-block,
+  handed from the producer to the consumers by mbarriers;
 - the mainloop (:mod:`.mainloop`): the producer's TMA loads into the ring (multicast in a
-  cluster), the consumers' wgmmas on it;
+  cluster), the consumers' wgmmas on it (block-wise scaled fp8 products promote each
+  k-block into f32 sums there);
 - the tile scheduler (:mod:`.scheduler`): which tiles and k-block ranges a persistent CTA
   takes, and stream-K's fix-up of tiles whose K loop several CTAs share;
 - the epilogue (:mod:`.epilogue`): accumulators through the fused math, stmatrix and TMA
@@ -35,7 +36,6 @@ Guide, "Thread Block Clusters".
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections import namedtuple
 
@@ -44,7 +44,8 @@ from numba import cuda
 from numba.cuda import types
 
 from .. import intrinsics as nh
-from .epilogue import EpilogueArgs, epilogue_argument_type, make_epilogue
+from .epilogue import make_epilogue
+from .epilogue_config import EpilogueArgs, epilogue_argument_type
 from .gemm_config import KBLOCK_SCALE, Consumer, GemmConfig, GemmParams
 from .mainloop import make_mainloop
 from ..kit.pipeline import make_tma_pipeline, pipeline_start
@@ -73,16 +74,19 @@ PRODUCER_REGS_FUSED_GROUPED = 32
 
 
 def make_gemm_kernel(cfg: GemmConfig):
-    """The ``@cuda.jit`` kernel ``gemm_kernel(params, ep)`` for ``cfg`` (compiled once per
-    kernel-relevant config: ``split_k`` is the host's)."""
-    return _build_gemm_kernel(dataclasses.replace(cfg, split_k=1))
+    """The ``@cuda.jit`` kernel ``gemm_kernel(params, ep)`` for ``cfg`` (built once per config)."""
+    return _build_gemm_kernel(cfg)
 
 
 def gemm_argument_types(cfg: GemmConfig, epilogue_types=None) -> tuple:
     """The numba types of ``make_gemm_kernel(cfg)``'s arguments ``(params, epilogue)`` as
     ``gemm`` passes them. ``epilogue_types``: the types of the fused epilogue's arguments in
-    ``cfg.epilogue.arg_names`` order (None: a plain kernel, whose second argument is ``()``)."""
+    ``cfg.epilogue.arg_names`` order (None: a plain kernel, whose second argument is ``()``).
+    A block-scaled kernel's ``params.b_scales`` is a float32 array of any layout (2-D, or 3-D
+    grouped)."""
     not_int64 = {"maps": types.UniTuple(TENSORMAP_ARG, cfg.tensormaps)}
+    if cfg.block_scaled:
+        not_int64["b_scales"] = types.Array(types.float32, 3 if cfg.grouped else 2, "A")
     params = types.NamedTuple(tuple(not_int64.get(f, types.int64) for f in GemmParams._fields), GemmParams)
     if epilogue_types is None:
         return params, types.Tuple(())
@@ -107,22 +111,15 @@ def register_budget(cfg: GemmConfig):
 
 @functools.lru_cache(maxsize=None)
 def _build_gemm_kernel(cfg: GemmConfig):
-    BN, CONSUMERS, THREADS, CLUSTER, MAPS = cfg.block_n, cfg.consumers, cfg.threads, cfg.cluster_size, cfg.tensormaps
-    HAS_C, SCALED, PINGPONG, GATED = cfg.has_c, cfg.block_scaled, cfg.pingpong, cfg.gated
-    GROUPED = cfg.grouped is not None
-    # The 192-wide block-scaled grouped kernels' consumers spill (120 + 204 B) when the tensor maps
-    # are prefetched: ptxas then keeps the maps' addresses live from the kernel's start. They load
-    # without the prefetch.
-    AT_REGISTER_LIMIT = GROUPED and SCALED and BN > KBLOCK_SCALE
+    THREADS, CLUSTER = cfg.threads, cfg.cluster_size
+    PINGPONG = cfg.pingpong
     # A decode kernel (the narrow tiles of a swapped product) runs for a few microseconds, about
     # one of them waiting for its first k-blocks from DRAM. A consumer thread, idle until they
     # arrive, prefetches them into L2 before griddepcontrol.wait: the prefetch moves no data
-    # into the CTA, and the previous kernel's writes go to that same L2. Wider tiles ran
-    # slower with it (1024^3 and 2048^3 by 5-16%: benchmarks/NOTES.md, session 24).
+    # into the CTA, and the previous kernel's writes go to that same L2. Wider tiles measured
+    # slower with it (1024^3 and 2048^3 by 5-16%).
     PREFETCH_FIRST_TILE = cfg.out_major == "M"
-    PRODUCER_REGS, CONSUMER_REGS = register_budget(cfg)
     BARRIERS = cfg.layout.barriers
-    C_MAP = 3 if HAS_C else 0
     SLOT = cfg.layout.cluster_slot
     # A CTA's slot is overwritten by multicasts from the CTAs of its tile row (A) and tile
     # column (B), so all of their consumer warps must release it.
@@ -132,34 +129,10 @@ def _build_gemm_kernel(cfg: GemmConfig):
     mainloop = make_mainloop(cfg, pipe)
     scheduler = make_tile_scheduler(cfg)
     epilogue = make_epilogue(cfg)
-
-    @cuda.jit(device=True, forceinline=True)
-    def tensormaps(p):
-        """Where the launch put the tensor maps of A, B, D, C, A's scales and B_up (the last three
-        only if the kernel has them; else another map stands in, unused). Each role takes
-        them after ``setmaxnreg``: values live across it must fit the producer's few
-        registers (fused kernels with a cluster spilled 40 B otherwise)."""
-        last = nh.tensormap_param_address(p.maps[MAPS - 1])  # A's scales or B_up (never both)
-        return TensorMaps(nh.tensormap_param_address(p.maps[0]), nh.tensormap_param_address(p.maps[1]),
-                          nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]), last, last)
-
-    @cuda.jit(device=True, forceinline=True)
-    def prefetch_tensormaps(p):
-        """Start fetching the maps into the descriptor cache while the barriers are set up and
-        (as a programmatic dependent) the previous kernel finishes: the first loads and stores
-        then find them there instead of each waiting for its map from memory."""
-        if AT_REGISTER_LIMIT:
-            return
-        maps = tensormaps(p)
-        nh.prefetch_tensormap(maps.a)
-        nh.prefetch_tensormap(maps.b)
-        nh.prefetch_tensormap(maps.d)
-        if HAS_C:
-            nh.prefetch_tensormap(maps.c)
-        if SCALED:
-            nh.prefetch_tensormap(maps.a_scales)
-        if GATED:
-            nh.prefetch_tensormap(maps.b_up)
+    tensormaps, prefetch_tensormaps = _tensormap_access(cfg)
+    shared_schedule, role_schedule = _schedules(cfg, scheduler)
+    producer = _producer(cfg, mainloop, scheduler, tensormaps, role_schedule)
+    consumer, pingpong_consumer = _consumers(cfg, pipe, mainloop, scheduler, epilogue, tensormaps, role_schedule)
 
     @cuda.jit(device=True, forceinline=True)
     def prefetch_first_tile(p, cta):
@@ -167,105 +140,6 @@ def _build_gemm_kernel(cfg: GemmConfig):
         item = scheduler.first(work)
         if item.tile < work.num_tiles:
             mainloop.prefetch(tensormaps(p), p, item, scheduler.origin(work, item, cta.rm, cta.rn))
-
-    @cuda.jit(device=True, forceinline=True)
-    def shared_schedule(p, slot):
-        """The CTA's schedule, computed before the roles split; a grouped kernel's (eight
-        64-bit values) is computed by each role after ``setmaxnreg`` instead, as the producer
-        could not keep it in its registers (``role_schedule``; grouped kernels run no clusters)."""
-        if GROUPED:
-            return 0
-        return scheduler.work(p, slot)
-
-    @cuda.jit(device=True, forceinline=True)
-    def role_schedule(p, shared):
-        if GROUPED:
-            return scheduler.work(p, cuda.blockIdx.x)
-        return shared
-
-    @cuda.jit(device=True, forceinline=True)
-    def producer(p, smem, tid, cta, work):
-        if CONSUMERS > 1:
-            nh.setmaxnreg_dec(PRODUCER_REGS)
-        if tid < 32 and nh.elect_sync():
-            tmaps, work = tensormaps(p), role_schedule(p, work)
-            st = pipeline_start()
-            item = scheduler.first(work)
-            while item.tile < work.num_tiles:
-                tile = scheduler.origin(work, item, cta.rm, cta.rn)
-                st = mainloop.load(smem, smem + BARRIERS, st, tmaps, p, item, tile, cta)
-                item = scheduler.next(work, item)
-            # The CTA's last load is issued: the next kernel of the stream may start its set-up
-            # (its CTAs take the SMs that free up, then wait in griddepcontrol.wait). Released at
-            # the kernel's start instead, long products at M = 64-128 ran 5-19% slower
-            # (benchmarks/NOTES.md, session 19).
-            nh.griddepcontrol_launch_dependents()
-
-    @cuda.jit(device=True, forceinline=True)
-    def consumer_of(tid):
-        """This thread's :class:`Consumer`, after ``setmaxnreg``."""
-        if CONSUMERS > 1:
-            nh.setmaxnreg_inc(CONSUMER_REGS)
-        # Unless ptxas sees that the warpgroup index is warp-uniform, as it does for lane 0's
-        # thread index broadcast by shfl.sync (PTX ISA, "shfl.sync"), it computes A's wgmma
-        # descriptors (which depend on it) in vector registers and moves them to uniform ones
-        # (R2UR) before every wgmma: 16 more instructions per k-block of every consumer warp.
-        # Grouped kernels, which branch on a warpgroup's rows, also lose the k-block loop's
-        # uniform registers (WARPSYNC before each k-block): 1-16% slower, and 192-wide
-        # block-scaled ones spilled (benchmarks/NOTES.md, sessions 23, 26 and 27).
-        wg = cuda.shfl_sync(0xFFFFFFFF, tid, 0) // 128
-        t = tid - 128 * wg
-        # (a 32-bit lane: the k-block loop's release test stays a 32-bit compare)
-        return Consumer(wg - 1, t, np.int32(t % 32), 16 * (t // 32) + (t % 32) // 4, t == 0)
-
-    @cuda.jit(device=True, forceinline=True)
-    def consumer(p, ep, smem, tid, cta, work):
-        c = consumer_of(tid)
-        tmaps, work = tensormaps(p), role_schedule(p, work)
-        acc = nh.wgmma_accumulator(BN, "f32")
-        st = pipeline_start()
-        stored = epilogue.start()
-        mainloop.begin(c)
-        item = scheduler.first(work)
-        while item.tile < work.num_tiles:
-            tile = scheduler.origin(work, item, cta.rm, cta.rn)
-            terms = epilogue.begin_tile(smem, c, tile, stored, tmaps.c, p, ep)
-            acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile, ep)
-            frag = nh.tuple_as_array(acc)
-            if scheduler.fixup(frag, work, item, p.workspace, c):
-                stored = epilogue.store_tile(frag, smem, c, tile, c.cw, stored, tmaps.d, tmaps.c, p, ep, terms)
-            item = scheduler.next(work, item)
-        epilogue.drain(c, stored, ep)
-
-    @cuda.jit(device=True, forceinline=True)
-    def passed_over(st, item, work):
-        """(Ping-pong) the ring state and work item past ``item``, which the other consumer takes."""
-        if item.tile < work.num_tiles:
-            st = pipe.skip(st, item.k_end - item.k_begin)
-            item = scheduler.next(work, item)
-        return st, item
-
-    @cuda.jit(device=True, forceinline=True)
-    def pingpong_consumer(p, ep, smem, tid, cta, work):
-        """(``cfg.pingpong``) consumer ``c.cw`` takes every other work item of the CTA's, first
-        its ``c.cw``-th, computes the whole tile in its turn and stores it while the other
-        consumer computes the next."""
-        c = consumer_of(tid)
-        tmaps = tensormaps(p)
-        acc = (nh.wgmma_accumulator(BN, "f32"), nh.wgmma_accumulator(BN, "f32"))
-        st = pipeline_start()
-        stored = epilogue.start()
-        mainloop.begin(c)
-        item = scheduler.first(work)
-        if c.cw == 1:
-            st, item = passed_over(st, item, work)
-        while item.tile < work.num_tiles:
-            tile = scheduler.origin(work, item, cta.rm, cta.rn)
-            acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile, ep)
-            stored = epilogue.store_tile(nh.tuple_as_array(acc[0]), smem, c, tile, 0, stored, tmaps.d, tmaps.c, p, ep, ())
-            stored = epilogue.store_tile(nh.tuple_as_array(acc[1]), smem, c, tile, 1, stored, tmaps.d, tmaps.c, p, ep, ())
-            st, item = passed_over(st, scheduler.next(work, item), work)
-        epilogue.drain(c, stored, ep)
 
     @cuda.jit(launch_bounds=(THREADS, 1))
     def gemm_kernel(p, ep):
@@ -302,3 +176,167 @@ def _build_gemm_kernel(cfg: GemmConfig):
             nh.cluster_sync()
 
     return gemm_kernel
+
+
+def _tensormap_access(cfg: GemmConfig):
+    """``(tensormaps(p) -> TensorMaps, prefetch_tensormaps(p))``: the kernel's tensor maps among
+    its parameters, and their prefetch into the descriptor cache."""
+    MAPS, HAS_C, SCALED, GATED = cfg.tensormaps, cfg.has_c, cfg.block_scaled, cfg.gated
+    C_MAP = 3 if HAS_C else 0
+    # The 192-wide block-scaled grouped kernels' consumers spill (120 + 204 B) when the tensor maps
+    # are prefetched: ptxas then keeps the maps' addresses live from the kernel's start. They load
+    # without the prefetch.
+    AT_REGISTER_LIMIT = cfg.grouped is not None and SCALED and cfg.block_n > KBLOCK_SCALE
+
+    @cuda.jit(device=True, forceinline=True)
+    def tensormaps(p):
+        """Where the launch put the tensor maps of A, B, D, C, A's scales and B_up (the last three
+        only if the kernel has them; else another map stands in, unused). Each role takes
+        them after ``setmaxnreg``: values live across it must fit the producer's few
+        registers (fused kernels with a cluster spilled 40 B otherwise)."""
+        last = nh.tensormap_param_address(p.maps[MAPS - 1])  # A's scales or B_up (never both)
+        return TensorMaps(nh.tensormap_param_address(p.maps[0]), nh.tensormap_param_address(p.maps[1]),
+                          nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]), last, last)
+
+    @cuda.jit(device=True, forceinline=True)
+    def prefetch_tensormaps(p):
+        """Start fetching the maps into the descriptor cache while the barriers are set up and
+        (as a programmatic dependent) the previous kernel finishes: the first loads and stores
+        then find them there instead of each waiting for its map from memory."""
+        if AT_REGISTER_LIMIT:
+            return
+        maps = tensormaps(p)
+        nh.prefetch_tensormap(maps.a)
+        nh.prefetch_tensormap(maps.b)
+        nh.prefetch_tensormap(maps.d)
+        if HAS_C:
+            nh.prefetch_tensormap(maps.c)
+        if SCALED:
+            nh.prefetch_tensormap(maps.a_scales)
+        if GATED:
+            nh.prefetch_tensormap(maps.b_up)
+
+    return tensormaps, prefetch_tensormaps
+
+
+def _schedules(cfg: GemmConfig, scheduler):
+    """``(shared_schedule(p, slot), role_schedule(p, shared))``: where the CTA's schedule is
+    computed. Before the roles split; a grouped kernel's (eight 64-bit values) by each role
+    after ``setmaxnreg`` instead, as the producer could not keep it in its registers (grouped
+    kernels run no clusters)."""
+    GROUPED = cfg.grouped is not None
+
+    @cuda.jit(device=True, forceinline=True)
+    def shared_schedule(p, slot):
+        if GROUPED:
+            return 0
+        return scheduler.work(p, slot)
+
+    @cuda.jit(device=True, forceinline=True)
+    def role_schedule(p, shared):
+        if GROUPED:
+            return scheduler.work(p, cuda.blockIdx.x)
+        return shared
+
+    return shared_schedule, role_schedule
+
+
+def _producer(cfg: GemmConfig, mainloop, scheduler, tensormaps, role_schedule):
+    """``producer(p, smem, tid, cta, work)``: warpgroup 0, whose elected thread loads the
+    k-blocks of the CTA's work items."""
+    CONSUMERS, BARRIERS = cfg.consumers, cfg.layout.barriers
+    PRODUCER_REGS, _ = register_budget(cfg)
+
+    @cuda.jit(device=True, forceinline=True)
+    def producer(p, smem, tid, cta, work):
+        if CONSUMERS > 1:
+            nh.setmaxnreg_dec(PRODUCER_REGS)
+        if tid < 32 and nh.elect_sync():
+            tmaps, work = tensormaps(p), role_schedule(p, work)
+            st = pipeline_start()
+            item = scheduler.first(work)
+            while item.tile < work.num_tiles:
+                tile = scheduler.origin(work, item, cta.rm, cta.rn)
+                st = mainloop.load(smem, smem + BARRIERS, st, tmaps, p, item, tile, cta)
+                item = scheduler.next(work, item)
+            # The CTA's last load is issued: the next kernel of the stream may start its set-up
+            # (its CTAs take the SMs that free up, then wait in griddepcontrol.wait). Released at
+            # the kernel's start instead, long products at M = 64-128 measured 5-19% slower.
+            nh.griddepcontrol_launch_dependents()
+
+    return producer
+
+
+def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps, role_schedule):
+    """``(consumer, pingpong_consumer)``, each ``(p, ep, smem, tid, cta, work)``: the consumer
+    warpgroups' roles, cooperative (each its 64 rows of every tile) or ping-pong."""
+    BN, CONSUMERS, BARRIERS = cfg.block_n, cfg.consumers, cfg.layout.barriers
+    _, CONSUMER_REGS = register_budget(cfg)
+
+    @cuda.jit(device=True, forceinline=True)
+    def consumer_of(tid):
+        """This thread's :class:`Consumer`, after ``setmaxnreg``."""
+        if CONSUMERS > 1:
+            nh.setmaxnreg_inc(CONSUMER_REGS)
+        # Unless ptxas sees that the warpgroup index is warp-uniform, as it does for lane 0's
+        # thread index broadcast by shfl.sync (PTX ISA, "shfl.sync"), it computes A's wgmma
+        # descriptors (which depend on it) in vector registers and moves them to uniform ones
+        # (R2UR) before every wgmma: 16 more instructions per k-block of every consumer warp.
+        # Grouped kernels, which branch on a warpgroup's rows, also lose the k-block loop's
+        # uniform registers (WARPSYNC before each k-block): measured 1-16% slower, and 192-wide
+        # block-scaled ones spilled.
+        wg = cuda.shfl_sync(0xFFFFFFFF, tid, 0) // 128
+        t = tid - 128 * wg
+        # (a 32-bit lane: the k-block loop's release test stays a 32-bit compare)
+        return Consumer(wg - 1, t, np.int32(t % 32), 16 * (t // 32) + (t % 32) // 4, t == 0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def consumer(p, ep, smem, tid, cta, work):
+        c = consumer_of(tid)
+        tmaps, work = tensormaps(p), role_schedule(p, work)
+        acc = nh.wgmma_accumulator(BN, "f32")
+        st = pipeline_start()
+        stored = epilogue.start()
+        mainloop.begin(c)
+        item = scheduler.first(work)
+        while item.tile < work.num_tiles:
+            tile = scheduler.origin(work, item, cta.rm, cta.rn)
+            terms = epilogue.begin_tile(smem, c, tile, stored, tmaps.c, p, ep)
+            acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile)
+            frag = nh.tuple_as_array(acc)
+            if scheduler.fixup(frag, work, item, p.workspace, c):
+                stored = epilogue.store_tile(frag, smem, c, tile, c.cw, stored, tmaps.d, tmaps.c, p, ep, terms)
+            item = scheduler.next(work, item)
+        epilogue.drain(c, stored, ep)
+
+    @cuda.jit(device=True, forceinline=True)
+    def passed_over(st, item, work):
+        """(Ping-pong) the ring state and work item past ``item``, which the other consumer takes."""
+        if item.tile < work.num_tiles:
+            st = pipe.skip(st, item.k_end - item.k_begin)
+            item = scheduler.next(work, item)
+        return st, item
+
+    @cuda.jit(device=True, forceinline=True)
+    def pingpong_consumer(p, ep, smem, tid, cta, work):
+        """(``cfg.pingpong``) consumer ``c.cw`` takes every other work item of the CTA's, first
+        its ``c.cw``-th, computes the whole tile in its turn and stores it while the other
+        consumer computes the next."""
+        c = consumer_of(tid)
+        tmaps = tensormaps(p)
+        acc = (nh.wgmma_accumulator(BN, "f32"), nh.wgmma_accumulator(BN, "f32"))
+        st = pipeline_start()
+        stored = epilogue.start()
+        mainloop.begin(c)
+        item = scheduler.first(work)
+        if c.cw == 1:
+            st, item = passed_over(st, item, work)
+        while item.tile < work.num_tiles:
+            tile = scheduler.origin(work, item, cta.rm, cta.rn)
+            acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile)
+            stored = epilogue.store_tile(nh.tuple_as_array(acc[0]), smem, c, tile, 0, stored, tmaps.d, tmaps.c, p, ep, ())
+            stored = epilogue.store_tile(nh.tuple_as_array(acc[1]), smem, c, tile, 1, stored, tmaps.d, tmaps.c, p, ep, ())
+            st, item = passed_over(st, scheduler.next(work, item), work)
+        epilogue.drain(c, stored, ep)
+
+    return consumer, pingpong_consumer

@@ -254,12 +254,12 @@ def _cluster_slots(cfg):
     """``(nominate, claim)`` of :class:`TileScheduler` for ``cfg.cluster_order``.
 
     "launch": a cluster's slot is its index in the grid. "gpc": the GPC-major rank of the TPC
-    its CTAs run on (``params.tpc_order``, probed by ``_placement``), so that the clusters of
-    a GPC take consecutive slots, hence neighbouring tiles of the grouped raster, and read the
-    same operand rows at about the same time. The L2 request coalescer merges such reads from
+    its CTAs run on (``params.tpc_order``, probed by ``numba_hopper.matmul.placement``), so
+    that the clusters of a GPC take consecutive slots, hence neighbouring tiles of the grouped
+    raster, and read the same operand rows at about the same time. The L2 request coalescer merges such reads from
     SMs of one GPC; a launch deals consecutive clusters to different GPCs, so in launch order
     our clusters' reads of the operand they do not multicast merged 1%, against 69% in GPC order
-    (512x3584x18944: benchmarks/NOTES.md, session 32).
+    (measured at 512x3584x18944).
 
     Clusters land wherever SMs are free: with another kernel holding some, two clusters can
     run on one TPC one after the other. So each cluster claims a slot: the first free one from
@@ -272,7 +272,7 @@ def _cluster_slots(cfg):
 
     The rank is read, and the claim's lines prefetched into L2, before the wait (``nominate``):
     after it only the compare-and-swap and a cluster barrier delay the first loads (each read
-    from DRAM cost about a microsecond: 4 us a launch at 512x3584x18944, session 33). The
+    from DRAM cost about a microsecond: 4 us a launch at 512x3584x18944). The
     claimer is thread 32, which the producer's role leaves idle, so that its count never
     delays the producer's first loads.
     """

@@ -13,5 +13,6 @@
 from ..kernels.gemm_config import GemmConfig
 from .api import bmm, gemm
 from .grouped import grouped_gemm
+from .plan_cache import clear_plans
 
-__all__ = ["gemm", "bmm", "grouped_gemm", "GemmConfig"]
+__all__ = ["gemm", "bmm", "grouped_gemm", "GemmConfig", "clear_plans"]

@@ -22,43 +22,44 @@ The result is of the caller's kind: ``out`` if given, else a new array like ``a`
 
 Fused epilogues (``alpha``, ``beta``/``c``, ``bias``, ``activation``, ``aux_out``,
 ``epilogue``, ``row_scale``/``col_scale``) compile into the kernel's epilogue
-(kernels/epilogue.py): a call without them runs the plain kernel, unchanged.
+(``numba_hopper.kernels.epilogue``): a call without them runs the plain kernel, unchanged.
 
 The call path. The first call with a new layout (shapes, strides, dtypes, 16-byte alignment,
-device, epilogue options, ``config``) checks everything and builds a plan (``_plan``:
-kernel choice, tensor-map templates, prepared launches); later calls with that layout look
-the plan up by those attributes alone and pass the new addresses: no descriptor encode, no
-upload, no device allocation but the output's (through the caller's framework), no
-synchronization. A call returns as soon as its launches are queued.
+device, epilogue options, ``config``, ``split_k``) checks everything and builds a plan
+(:mod:`.plan`: kernel choice, tensor-map templates, prepared launches); later calls with that
+layout look the plan up by those attributes alone (:mod:`.plan_cache`) and pass the new
+addresses: no descriptor encode, no upload, no device allocation but the output's (through
+the caller's framework), no synchronization. A call returns as soon as its launches are queued.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
-
-import numpy as np
 
 from ..runtime import debug as _debug
-from ..runtime.arrays import ITEMSIZE, DeviceView, byte_span, device_view, is_col_major, tma_addressable
-from .checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, check_out_dtype, check_overlaps,
-                      default_out_dtype, overlap_pairs, rows_of)
-from ..runtime.device import hopper_device_reason
-from .fusion import check_fusion, fusion_args, fusion_key_and_values
-from ..runtime.operands import current_torch_stream, describe, empty_like
-from .plan import A, AMAX, AUX, B, C, OUT, UP, Plan, bmm_plan, gemm_plan, zero_fill_plan
+from ..runtime.arrays import byte_span, device_view, is_col_major, tma_addressable
+from .checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, check_out_dtype, default_out_dtype,
+                     overlap_pairs, rows_of)
+from .fusion import VALUE_OPERANDS, check_fusion, fusion_args, fusion_key_and_values
+from ..runtime.operands import describe
+from .plan import A, B, OUT, VALUE_INDEX, Plan, bmm_plan, gemm_plan, zero_fill_plan
+from .plan_cache import PLAN_CACHE_SIZE, clear_plans, first_run, plans, remember, run
 from .scales import NUMBER, fold_scales, scale_binder, scale_signature
-from ..errors import DtypeError, LayoutError, ShapeError, UnsupportedDeviceError
+from ..errors import DtypeError, LayoutError, ShapeError
 from ..kernels.gemm_config import GemmConfig
-from ..runtime.launch import as_stream_handle
 
 __all__ = ["gemm", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
+
+# The arrays a fused call reads or writes beside a, b and out, for the overlap checks:
+# (name, its operand's name, VALUE_INDEX).
+_READ = tuple((op.keyword, op.name, VALUE_INDEX[op.name]) for op in VALUE_OPERANDS if op.access == "read")
+_WRITTEN = tuple((op.keyword, op.name, VALUE_INDEX[op.name]) for op in VALUE_OPERANDS if op.access == "written")
 
 
 def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None,
          out_dtype=None, aux_out=None, epilogue=None, epilogue_args=(), row_scale=None, col_scale=None,
          scale_a=None, scale_b=None, scale_out=None, amax_out=None, up=None, dtype=None, stream=None, config=None,
-         debug=None):
+         split_k=None, debug=None):
     """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N), or with a fused
     epilogue ``act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``.
 
@@ -72,8 +73,11 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     ones ("e4m3" or "e5m2"), for arrays without those dtypes.
     ``stream``: a numba, CuPy or PyTorch stream or a raw ``CUstream`` handle; default the
     current PyTorch stream for PyTorch inputs, else the default stream.
-    ``config``: a :class:`GemmConfig` to override the kernel choice (layouts and dtypes in
-    it are ignored; they come from the arrays).
+    ``config``: a :class:`GemmConfig` to override the kernel choice (layouts, dtypes and the
+    fused features in it are ignored; they come from the arrays and keywords).
+    ``split_k``: the number of K slices (an int >= 1), each computed by the GEMM kernel into
+    fp32 partial sums that a second kernel adds in a fixed order; None (default): the
+    heuristic's choice, which splits plain 16-bit products whose tiles leave most SMs idle.
 
     Fused epilogue, computed in float32 on the accumulator before the output is rounded
     (each part costs only when given):
@@ -148,13 +152,13 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       disk cache.
 
     Split-K's K slices produce partial sums, not outputs, so the only fused epilogue it runs
-    is a scale-only one (``alpha``, ``row_scale``, ``col_scale``, ``scale_a``/``scale_b``),
-    which its reduce kernel applies; such calls split only when asked
-    (``config=GemmConfig(..., split_k=n)``).
+    is a scale-only one (``alpha``, ``row_scale``, ``col_scale``, per-tensor or row-wise
+    ``scale_a``/``scale_b``), which its reduce kernel applies; such calls split only when asked
+    (``split_k=n``).
     Results are deterministic (bitwise the same on every call) on every path: split-K sums
     its slices in a fixed order in a second kernel, and stream-K (``config=GemmConfig(...,
-    stream_k=True)``, never chosen automatically: it lost on every shape measured, see
-    benchmarks/NOTES.md) adds each tile's partial sums in CTA order.
+    stream_k=True)``, never chosen automatically: it measured slower on every shape of
+    ``benchmarks/bench_gemm.py``'s sweep) adds each tile's partial sums in CTA order.
 
     ``debug``: run the debug build (bounded pipeline waits) and synchronize; a hang raises
     :class:`~numba_hopper.errors.PipelineHangError` (default: ``numba_hopper.runtime.debug.DEFAULT``,
@@ -168,6 +172,8 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     ``UnsupportedDeviceError`` (a RuntimeError) when there is no Hopper GPU. Empty outputs
     launch nothing; ``K == 0`` zero-fills ``out``.
     """
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1):
+        raise ValueError(f"split_k must be None or an int >= 1, got {split_k!r}")  # (before the key: True == 1)
     sig_a, pa = describe(a)
     sig_b, pb = describe(b)
     sig_o, po = describe(out) if out is not None else (None, 0)
@@ -181,10 +187,11 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
         # fp8's usual call: the scales alone, looked up by their layouts (fold_scales checks them once).
         (kind_a, value_a), (kind_b, value_b) = scale_signature(scale_a), scale_signature(scale_b)
         scale = (value_a if kind_a in (None, NUMBER) else 1.0) * (value_b if kind_b in (None, NUMBER) else 1.0)
-        scaled_key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, "scales", kind_a, kind_b, scale != 1.0)
-        entry = _plans.get(scaled_key)
+        scaled_key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, split_k, "scales", kind_a, kind_b,
+                      scale != 1.0)
+        entry = plans.get(scaled_key)
         if entry is not None:
-            return _run(entry, out, pa, pb, po, entry.bind(scale, value_a, value_b), stream)
+            return run(entry, out, pa, pb, po, entry.bind(scale, value_a, value_b), stream)
     block_scales = None
     if scale_a is not None or scale_b is not None:
         alpha, row_scale, col_scale, block_scales = fold_scales(a, b, scale_a, scale_b, alpha, row_scale, col_scale)
@@ -196,16 +203,16 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
         f = fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale,
                         col_scale, block_scales, scale_out, amax_out, up)
         fkey, fvalues = fusion_key_and_values(f)
-    key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, fkey)
-    entry = None if debug else _plans.get(key)
+    key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, split_k, fkey)
+    entry = None if debug else plans.get(key)
     if entry is None:
-        result = _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, debug)
-        entry = None if debug else _plans.get(key)
+        result = _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, split_k, debug)
+        entry = None if debug else plans.get(key)
     else:
-        result = _run(entry, out, pa, pb, po, fvalues, stream)
+        result = run(entry, out, pa, pb, po, fvalues, stream)
     if scaled_key is not None and entry is not None and None not in (sig_a, sig_b):
         entry.bind = scale_binder(scale_a, scale_b, block_scales)
-        _remember(scaled_key, entry)
+        remember(scaled_key, entry)
     return result
 
 
@@ -222,50 +229,13 @@ def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None)
     sig_b, pb = describe(b)
     sig_o, po = describe(out) if out is not None else (None, 0)
     key = ("bmm", sig_a, sig_b, sig_o, out_dtype, dtype, config)
-    entry = _plans.get(key)
+    entry = plans.get(key)
     if entry is None:
         return _first_bmm(key, a, b, out, out_dtype, dtype, stream, config)
-    return _run(entry, out, pa, pb, po, (), stream)
+    return run(entry, out, pa, pb, po, (), stream)
 
 
-def _run(entry, out, pa, pb, po, fvalues, stream):
-    """A call whose layout has a plan: make its output, check its addresses, queue its launches.
-
-    The call's values (``_plan``'s indices): a list, whose first entry the plan fills with its
-    scratch address.
-    """
-    if out is None:
-        out, po = entry.make_out()
-    values = [0, pa, pb, po, *fvalues]
-    if entry.overlaps:
-        check_overlaps(entry.overlaps, values)
-    if stream is None:
-        entry.plan(entry.current_stream(), values, entry.current_capturing())
-    else:
-        entry.plan(as_stream_handle(stream), values)
-    return out
-
-
-class _Entry:
-    """A cached plan with what its calls need beside it: the pairs of arrays to check for
-    overlap, how to make the output (``make_out() -> (array, address)``; None when the caller
-    passes ``out``), the default stream (``current_stream() -> CUstream``), whether it is
-    capturing a graph (``current_capturing() -> bool``, or None: ask the driver) and, for
-    calls whose only epilogue keywords are fp8 scales, how their values bind
-    (``_scales.scale_binder``)."""
-
-    __slots__ = ("plan", "overlaps", "make_out", "current_stream", "current_capturing", "bind")
-
-    def __init__(self, plan, overlaps, make_out, a):
-        self.plan, self.overlaps, self.make_out = plan, overlaps, make_out
-        self.bind = None
-        if hasattr(a, "data_ptr"):
-            self.current_stream, self.current_capturing = current_torch_stream(a.get_device())
-        else:
-            self.current_stream, self.current_capturing = (lambda: 0), (lambda: None)
-
-
-def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, debug):
+def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, split_k, debug):
     """A call with a new layout: check everything, build its plan, run it, keep it."""
     va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
     a_shape, rows = va.shape, va.shape[:-1]  # the output's leading dimensions: a (..., K) is read as (rows, K)
@@ -280,18 +250,17 @@ def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, de
     # ``dtype`` reads uint16 epilogue arrays as bf16/f16; an fp8 one names the operands only.
     fusion = f and check_fusion(f, M, N, K, va.device, None if fp8 else dtype,
                                 vo.dtype if vo else out_dtype or default_out_dtype(va.dtype), rows)
-    if fusion and fusion.a_block_scales is not None:
+    operands = fusion.operands if fusion else {}
+    if fusion and fusion.block_scaled:
         if not fp8:
             raise DtypeError(f"block-wise scales are for fp8 operands; a and b are {va.dtype}")
         if vo and is_col_major(vo):  # the kernel would compute out.T, whose A is b (128 x 128 blocks)
             raise LayoutError("block-wise scales need a row-major out; got a column-major one")
-    if fusion and fusion.up is not None:
-        _check_gated(va, vb, fusion.up, vo)
-    c, aux, amax = fusion and fusion.c, fusion and fusion.aux, fusion and fusion.amax
-    up = fusion and fusion.up
-    read = [("a", A, va), ("b", B, vb)] + ([("c", C, c)] if c else []) + ([("up", UP, up)] if up else [])
-    written = ([("out", OUT, vo)] if vo else []) + ([("aux_out", AUX, aux)] if aux else []) + \
-        ([("amax_out", AMAX, amax)] if amax else [])
+    if fusion and fusion.gated:
+        _check_gated(va, vb, operands["up"], vo)
+    read = [("a", A, va), ("b", B, vb)] + [(kw, i, operands[n]) for kw, n, i in _READ if n in operands]
+    written = ([("out", OUT, vo)] if vo else []) + [(kw, i, operands[n]) for kw, n, i in _WRITTEN if n in operands]
+    c = operands.get("c")
     in_place = {("out", "c")} if vo and c and _same_layout(vo, c) else ()
 
     def plan_for(vo):
@@ -302,10 +271,10 @@ def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, de
             if fusion:
                 raise ValueError("K == 0 with a fused epilogue is not supported")
             return zero_fill_plan(vo)
-        return gemm_plan(va, vb, vo, fusion, config, debug)
+        return gemm_plan(va, vb, vo, fusion, config, debug, split_k)
 
-    return _first_run(key, plan_for, a, out, vo, (*rows, N), out_dtype, va, (va.ptr, vb.ptr), fvalues,
-                      stream, overlap_pairs(_spans(written), _spans(read), in_place), cache=not debug)
+    return first_run(key, plan_for, a, out, vo, (*rows, N), out_dtype, va, (va.ptr, vb.ptr), fvalues,
+                     stream, overlap_pairs(_spans(written), _spans(read), in_place), cache=not debug)
 
 
 def _check_gated(va, vb, vu, vo):
@@ -346,8 +315,8 @@ def _first_bmm(key, a, b, out, out_dtype, dtype, stream, config):
         return bmm_plan(ma, mb, mo, batch, (sa, sb, so), config)
 
     written = [("out", OUT, vo)] if vo else []
-    return _first_run(key, plan_for, a, out, vo, (batch, M, N), out_dtype, va, (va.ptr, vb.ptr), (), stream,
-                      overlap_pairs(_spans(written), _spans([("a", A, va), ("b", B, vb)])), cache=True)
+    return first_run(key, plan_for, a, out, vo, (batch, M, N), out_dtype, va, (va.ptr, vb.ptr), (), stream,
+                     overlap_pairs(_spans(written), _spans([("a", A, va), ("b", B, vb)])), cache=True)
 
 
 def _checked_out(out, shape, va, out_dtype):
@@ -362,53 +331,6 @@ def _checked_out(out, shape, va, out_dtype):
 
 def _spans(arrays):
     return tuple((name, index, byte_span(v)) for name, index, v in arrays)
-
-
-def _first_run(key, plan_for, a, out, vo, shape, out_dtype, va, addresses, fvalues, stream, overlaps, cache):
-    """The rest of a first call: overlaps, the device, the plan; run it (making the output
-    if the call did not pass one) and keep it."""
-    check_overlaps(overlaps, (0, *addresses, vo.ptr if vo else 0, *fvalues))
-    reason = hopper_device_reason()
-    if reason is not None:
-        raise UnsupportedDeviceError(f"numba_hopper needs a Hopper GPU (compute capability 9.x): {reason}")
-    make_out = None
-    if out is None:  # the output the calls will make: row-major, of a's kind, on a's device
-        dtype = out_dtype or default_out_dtype(va.dtype)
-        make_out = _output_maker(a, va, shape, dtype)
-        strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
-        vo = DeviceView(0, shape, strides, dtype, ITEMSIZE[dtype], va.device, va.framework)
-    entry = _Entry(plan_for(vo), overlaps, make_out, a)
-    out = _run(entry, out, *addresses, vo.ptr if out is not None else 0, fvalues, stream)
-    if cache:
-        _remember(key, entry)
-    return out
-
-
-def _output_maker(a, va, shape, dtype):
-    """``make() -> (out, address)``: a new output of ``a``'s kind, on ``a``'s device."""
-    if va.framework == "torch":
-        import torch
-
-        tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "e4m3": torch.float8_e4m3fn,
-               "e5m2": torch.float8_e5m2}[dtype]
-        # empty_like of a broadcast one-element tensor: a contiguous array of the shape (it
-        # overlaps itself, so no strides are kept), in half the host time of
-        # torch.empty(shape, dtype=, device=), which parses its arguments.
-        like = torch.empty(1, dtype=tdt, device=a.device).expand(shape)
-        if not torch.empty_like(like).is_contiguous():
-            raise RuntimeError("torch.empty_like of a broadcast tensor is not contiguous in this PyTorch")
-
-        def make():
-            t = torch.empty_like(like)
-            return t, t.data_ptr()
-
-        return make
-
-    def make():
-        o = empty_like(a, shape, dtype, va.framework)
-        return o, describe(o)[1]
-
-    return make
 
 
 def _same_layout(v, w):
@@ -432,23 +354,3 @@ def _batch_split(v):
         return 1, 0, v
     count, stride = v.shape[0], v.strides[0] if v.shape[0] > 1 else 0
     return count, stride, dataclasses.replace(v, shape=v.shape[1:], strides=v.strides[1:])
-
-
-# --- the plan cache: layouts -> plans ------------------------------------------------------
-
-PLAN_CACHE_SIZE = 256
-_plans: dict = {}
-_plans_lock = threading.Lock()
-
-
-def _remember(key, entry):
-    with _plans_lock:  # two threads evicting the same oldest plan would KeyError
-        _plans[key] = entry
-        while len(_plans) > PLAN_CACHE_SIZE:
-            _plans.pop(next(iter(_plans)))
-
-
-def clear_plans():
-    """Forget every cached plan (the next call of each layout builds its plan again)."""
-    with _plans_lock:
-        _plans.clear()

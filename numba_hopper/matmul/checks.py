@@ -23,17 +23,20 @@ def default_out_dtype(in_dtype):
 
 
 def check_out_dtype(what, dt):
+    """Raise DtypeError unless ``dt`` is an output dtype (uint8 names the fp8 ``out_dtype``s)."""
     if dt == "u8":
         raise DtypeError(f"{what} is uint8: for an fp8 output pass out_dtype='e4m3' or 'e5m2'")
     check_dtype(what, dt, OUTPUT_DTYPES)
 
 
 def check_dtype(what, dt, allowed):
+    """Raise DtypeError, naming ``what``, unless ``dt`` is in ``allowed``."""
     if dt not in allowed:
         raise DtypeError(f"{what} must be one of {allowed}; got {dt!r}")
 
 
 def check_strides(name, v: DeviceView):
+    """Raise LayoutError if ``v`` has a negative stride."""
     # Negative strides (flipped views) are refused rather than copied: a silent copy would
     # hide a likely mistake.
     if any(s < 0 for s in v.strides):
@@ -86,6 +89,8 @@ def check_fp8_operands(va: DeviceView, vb: DeviceView):
 
 
 def check_out(vo: DeviceView, shape, device, out_dtype):
+    """Raise unless ``out`` can take the product: its shape, dtype (and ``out_dtype``), device,
+    strides, and no broadcast (zero-stride) dimension."""
     if tuple(vo.shape) != shape:
         raise ShapeError(f"out has shape {tuple(vo.shape)}, expected {shape}")
     check_out_dtype("out.dtype", vo.dtype)

@@ -3,7 +3,11 @@
 ``out = act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``, with
 ``aux_out`` the value before the activation, ``epilogue`` a user device function after it,
 ``amax_out`` the largest ``|out|`` and ``scale_out`` a last factor (fp8 outputs)
-(``kernels/epilogue.py`` compiles each feature in only when it is asked for).
+(``kernels/epilogue`` compiles each feature in only when it is asked for). The fp8 block-wise
+scales and a gated product's ``up`` come with these keywords, though the mainloop reads them.
+
+Each operand's keyword, shape, dtypes and place in a call's values are its row of
+:data:`~numba_hopper.kernels.operands.OPERANDS`; this module reads the rows, once at import.
 """
 
 from __future__ import annotations
@@ -14,46 +18,65 @@ from numbers import Real
 from numba import cuda
 
 from ..runtime.arrays import DeviceView, device_view, transpose
-from .checks import EPILOGUE_DTYPES, FP8_DTYPES, check_dtype, check_strides, rows_of
+from .checks import FP8_DTYPES, check_dtype, check_strides, rows_of
 from ..runtime.operands import describe
 from ..errors import DeviceMismatchError, DtypeError, ShapeError
-from ..kernels.epilogue import ACTIVATIONS, EpilogueConfig
+from ..kernels.epilogue_config import ACTIVATIONS, EpilogueConfig
 from ..kernels.gemm_config import KBLOCK_SCALE
+from ..kernels.operands import OPERAND, OPERANDS
 
-__all__ = ["NAMES", "fusion_args", "fusion_key_and_values", "Fusion", "check_fusion", "numba_array", "user_arg",
-           "is_array"]
+__all__ = ["NAMES", "VALUE_OPERANDS", "fusion_args", "fusion_key_and_values", "Fusion", "check_fusion", "numba_array",
+           "user_arg", "is_array"]
 
-NAMES = ("alpha", "beta", "c", "bias", "bias_dim", "activation", "aux_out", "epilogue", "epilogue_args",
-         "row_scale", "col_scale", "a_block_scales", "b_block_scales", "scale_out", "amax_out", "up")
-# The arrays whose addresses a call passes, in the order of the call's values (after alpha,
-# beta); ``scale_out`` given as a number passes the number.
-ARRAYS = ("c", "row_scale", "col_scale", "bias", "aux_out", "a_block_scales", "b_block_scales", "scale_out",
-          "amax_out", "up")
+# The call's fused keywords: the operands' and the compile-time choices'.
+NAMES = (*(op.keyword for op in OPERANDS), "bias_dim", "activation", "epilogue")
+# The operands with a value in a call's values, in their order (the user's arguments come last).
+VALUE_OPERANDS = tuple(op for op in OPERANDS if op.form != "args")
 NUMBER = "number"  # the signature of a scale given as a Python number (its value is a call's)
+# What fusion_key_and_values reads of each: (keyword, a number's default or None, number or array).
+_KEYED = tuple((op.keyword, op.default if op.form == "number" else None, op.form == "number or array")
+               for op in VALUE_OPERANDS)
+# The transposed problem's names (Fusion.transposed).
+_SWAPPED = {"row_scale": "col_scale", "col_scale": "row_scale"}
+# The fused keywords that a gated product (``up``) leaves at their defaults.
+_NOT_GATED = tuple(name for name in NAMES if name not in ("activation", "up", "epilogue_args", "alpha", "beta"))
 
 
 def fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale, col_scale,
                 block_scales=None, scale_out=None, amax_out=None, up=None):
     """The epilogue keywords as a dict (``gemm`` calls this only when one of them is not its
     default: a plain GEMM runs the plain kernel). ``block_scales``: fp8 block-wise ``(scale_a,
-    scale_b)`` (``_scales``), which the kernel reads with the epilogue's arrays."""
-    return dict(zip(NAMES, (alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, tuple(epilogue_args),
-                            row_scale, col_scale, *(block_scales or (None, None)), scale_out, amax_out, up)))
+    scale_b)`` (``scales``), which the mainloop reads."""
+    scale_a, scale_b = block_scales or (None, None)
+    return {"alpha": alpha, "beta": beta, "c": c, "bias": bias, "bias_dim": bias_dim, "activation": activation,
+            "aux_out": aux_out, "epilogue": epilogue, "epilogue_args": tuple(epilogue_args), "row_scale": row_scale,
+            "col_scale": col_scale, "scale_a": scale_a, "scale_b": scale_b, "scale_out": scale_out,
+            "amax_out": amax_out, "up": up}
 
 
 def fusion_key_and_values(f):
     """``(key, values)`` of a fused call: what decides its kernel and plan (array layouts,
-    compile-time flags, user scalars), and what changes from call to call (``alpha``,
-    ``beta`` and the arrays' addresses, user arrays last). ``c`` counts only if ``beta != 0``."""
-    key, values = [f["alpha"] != 1.0, f["beta"] != 0.0, f["bias_dim"], f["activation"], f["epilogue"]], []
-    for name in ARRAYS:
-        x = f[name] if name != "c" or f["beta"] != 0.0 else None
-        if name == "scale_out" and isinstance(x, Real):
-            sig, ptr = NUMBER, float(x)
+    compile-time flags, user scalars), and what changes from call to call (the numbers and
+    the arrays' addresses, in ``VALUE_OPERANDS``' order, then the user's arrays).
+    ``c`` counts only if ``beta != 0``."""
+    if f["beta"] == 0.0 and f["c"] is not None:  # BLAS: C is not read
+        f = {**f, "c": None}
+    key, values = [f["bias_dim"], f["activation"], f["epilogue"]], []
+    for keyword, default, number_or_array in _KEYED:
+        x = f[keyword]
+        if default is not None:  # a number
+            key.append(x != default)
+            values.append(float(x))
+        elif x is None:
+            key.append(None)
+            values.append(0)
+        elif number_or_array and isinstance(x, Real):
+            key.append(NUMBER)
+            values.append(float(x))
         else:
-            sig, ptr = describe(x) if x is not None else (None, 0)
-        key.append(sig)
-        values.append(ptr)
+            sig, ptr = describe(x)
+            key.append(sig)
+            values.append(ptr)
     for x in f["epilogue_args"]:
         if is_array(x):
             sig, ptr = describe(x)
@@ -61,143 +84,129 @@ def fusion_key_and_values(f):
             values.append(ptr)
         else:  # scalars are packed into the kernel's arguments once: part of the key
             key.append((type(x), x))
-    return tuple(key), (float(f["alpha"]), float(f["beta"]), *values)
+    return tuple(key), tuple(values)
 
 
 @dataclasses.dataclass(frozen=True)
 class Fusion:
-    """A checked fused epilogue: views of its arrays, in the user's (M, N) coordinates."""
+    """A checked fused epilogue, in the user's (M, N) coordinates: ``operands``, name -> the
+    checked view (or the number) of each operand of ``OPERANDS`` that compiles something
+    (alpha only where it is not 1, beta and c only where beta is not 0), and the compile-time
+    choices."""
 
-    alpha: float
-    beta: float
-    c: DeviceView | None
-    bias: DeviceView | None
-    bias_dim: int
-    activation: str | None
-    aux: DeviceView | None
-    user: object
-    user_args: tuple
-    row_scale: DeviceView | None
-    col_scale: DeviceView | None
-    a_block_scales: DeviceView | None = None
-    b_block_scales: DeviceView | None = None
-    out_scale: float | DeviceView | None = None
-    amax: DeviceView | None = None
-    up: DeviceView | None = None
+    operands: dict = dataclasses.field(default_factory=dict)
+    bias_dim: int = 1
+    activation: str | None = None
+    user: object = None
+    user_args: tuple = ()
+
+    @property
+    def block_scaled(self) -> bool:
+        """Whether the mainloop scales each k-block (fp8 block-wise ``scale_a``, ``scale_b``)."""
+        return "a_block_scales" in self.operands
+
+    @property
+    def gated(self) -> bool:
+        """Whether the product is gated (``up``)."""
+        return "up" in self.operands
 
     def transposed(self):
         """The same epilogue for the kernel that computes ``out.T``."""
-        return dataclasses.replace(
-            self, c=self.c and transpose(self.c), aux=self.aux and transpose(self.aux), bias_dim=1 - self.bias_dim,
-            row_scale=self.col_scale, col_scale=self.row_scale)
+        operands = {_SWAPPED.get(name, name): transpose(v) if OPERAND[name].shape == ("rows", "N") else v
+                    for name, v in self.operands.items()}
+        return dataclasses.replace(self, operands=operands, bias_dim=1 - self.bias_dim)
 
     def config(self, transposed):
+        """The :class:`EpilogueConfig` that compiles this epilogue in (``transposed``: for the
+        kernel of ``out.T``)."""
+        ops = self.operands
+        c, bias, aux, scale = ops.get("c"), ops.get("bias"), ops.get("aux"), ops.get("out_scale")
         return EpilogueConfig(
-            alpha=self.alpha != 1.0, row_scale=self.row_scale is not None, col_scale=self.col_scale is not None,
-            c_dtype=self.c and self.c.dtype, bias=self.bias and ("row", "col")[self.bias_dim],
-            bias_dtype=self.bias.dtype if self.bias else "f32", activation=self.activation,
-            aux_dtype=self.aux and self.aux.dtype, user=self.user, transposed=transposed,
-            block_scales=self.a_block_scales is not None, amax=self.amax is not None,
-            out_scale=None if self.out_scale is None else "number" if isinstance(self.out_scale, float) else "array",
-            gated=self.up is not None)
+            alpha="alpha" in ops, row_scale="row_scale" in ops, col_scale="col_scale" in ops,
+            c_dtype=c and c.dtype, bias=bias and ("row", "col")[self.bias_dim],
+            bias_dtype=bias.dtype if bias else "f32", activation=self.activation,
+            aux_dtype=aux and aux.dtype, user=self.user, transposed=transposed, amax="amax" in ops,
+            out_scale=None if scale is None else "number" if isinstance(scale, float) else "array")
 
 
 def check_fusion(f, M, N, K, device, dtype, out_dtype, rows=None) -> Fusion:
     """Check the epilogue keywords against an (M, N) output of ``out_dtype`` of a K-long
     product, or a ``(*rows, N)`` one whose leading dimensions merge into the M rows; return a
     :class:`Fusion` (in (M, N))."""
-    def matrix(name, x):
-        return rows_of(name, view(name, x, (*(rows or (M,)), N)))
-
-    def view(name, x, shape, dtypes=EPILOGUE_DTYPES):
-        v = device_view(x)
-        if v.dtype == "u16" and dtype:
-            v = v.with_dtype(dtype)
-        if tuple(v.shape) != shape:
-            raise ShapeError(f"{name} has shape {tuple(v.shape)}, expected {shape}")
-        check_dtype(f"{name}.dtype", v.dtype, dtypes)
-        if v.device != device:
-            raise DeviceMismatchError(f"{name} is on device {v.device}, the inputs on device {device}")
-        check_strides(name, v)
-        return v
-
     if f["activation"] not in (None,) + ACTIVATIONS:
         raise ValueError(f"activation must be None or one of {ACTIVATIONS}; got {f['activation']!r}")
     if f["beta"] != 0.0 and f["c"] is None:
         raise ValueError(f"beta = {f['beta']} needs c")
-    c = f["c"] if f["beta"] != 0.0 else None  # BLAS: C is not read when beta == 0
-    bias, bias_dim = f["bias"], f["bias_dim"]
-    if bias is not None:
-        length = device_view(bias).shape[0] if len(device_view(bias).shape) == 1 else None
-        if bias_dim is None:
-            if M == N:
-                raise ValueError(f"bias of length {length} fits rows and columns of the {M} x {N} output: "
-                                 "pass bias_dim=0 (one value per row) or bias_dim=1 (per column)")
-            bias_dim = {N: 1, M: 0}.get(length)
-        if bias_dim not in (0, 1):
-            raise ValueError(f"bias_dim must be 0 (per row, length M = {M}) or 1 (per column, length N = {N}); "
-                             f"got bias_dim={f['bias_dim']!r} for a bias of shape {device_view(bias).shape}")
-    elif bias_dim is not None:
-        raise ValueError("bias_dim was given without a bias")
+    bias_dim = _bias_dim(f, M, N)
     user = f["epilogue"]
     if user is not None and not hasattr(user, "py_func"):
         raise TypeError(f"epilogue must be a @cuda.jit(device=True) function; got {type(user).__name__}")
     if f["epilogue_args"] and user is None:
         raise ValueError("epilogue_args were given without an epilogue function")
-    return Fusion(
-        alpha=float(f["alpha"]), beta=float(f["beta"]),
-        c=c if c is None else matrix("c", c),
-        bias=bias if bias is None else view("bias", bias, ((M, N)[bias_dim],)),
-        bias_dim=1 if bias_dim is None else bias_dim,
-        activation=f["activation"],
-        aux=f["aux_out"] if f["aux_out"] is None else matrix("aux_out", f["aux_out"]),
-        user=user,
-        user_args=f["epilogue_args"],
-        row_scale=f["row_scale"] if f["row_scale"] is None else view("row_scale", f["row_scale"], (M,), ("f32",)),
-        col_scale=f["col_scale"] if f["col_scale"] is None else view("col_scale", f["col_scale"], (N,), ("f32",)),
-        **_block_scale_views(f, M, N, K, view),
-        **_fp8_output_views(f, out_dtype, view),
-        **_up_view(f, K, N, view),
-    )
+    if f["scale_out"] is not None and out_dtype not in FP8_DTYPES:
+        raise DtypeError(f"scale_out scales an fp8 output (out_dtype 'e4m3' or 'e5m2'); this one is "
+                         f"{out_dtype}: fold the factor into alpha")
+    if f["up"] is not None:
+        others = [name for name in _NOT_GATED if f[name] is not None] + \
+            [name for name in ("alpha", "beta") if f[name] != OPERAND[name].default]
+        if others:
+            raise ValueError(f"up= fuses only an activation; got {', '.join(others)} too")
+    sizes = {"M": M, "N": N, "K": K, "KB": -(-K // KBLOCK_SCALE), "NB": -(-N // KBLOCK_SCALE), "rows": rows or (M,),
+             "bias": ((M, N)[bias_dim or 0],)}
+    operands = {}
+    for op in VALUE_OPERANDS:
+        x = f[op.keyword]
+        if op.form == "number":
+            if x != op.default:
+                operands[op.name] = float(x)
+        elif x is not None and (op.name != "c" or f["beta"] != 0.0):  # BLAS: C is not read when beta == 0
+            operands[op.name] = float(x) if op.form != "array" and isinstance(x, Real) else \
+                _checked_view(op, x, sizes, device, dtype)
+    return Fusion(operands, 1 if bias_dim is None else bias_dim, f["activation"], user, f["epilogue_args"])
 
 
-def _up_view(f, K, N, view):
-    """``up``, checked: a (K, N) B like ``b``, with nothing else fused but the activation."""
-    if f["up"] is None:
-        return {}
-    others = [name for name in NAMES if name not in ("activation", "up", "epilogue_args", "alpha", "beta")
-              and f[name] is not None] + [name for name, plain in (("alpha", 1.0), ("beta", 0.0)) if f[name] != plain]
-    if others:
-        raise ValueError(f"up= fuses only an activation; got {', '.join(others)} too")
-    return {"up": view("up", f["up"], (K, N), ("bf16", "f16"))}
+def _bias_dim(f, M, N):
+    """The dimension ``bias`` runs along (0: one value per row, 1: per column), None without one."""
+    bias, bias_dim = f["bias"], f["bias_dim"]
+    if bias is None:
+        if bias_dim is not None:
+            raise ValueError("bias_dim was given without a bias")
+        return None
+    length = device_view(bias).shape[0] if len(device_view(bias).shape) == 1 else None
+    if bias_dim is None:
+        if M == N:
+            raise ValueError(f"bias of length {length} fits rows and columns of the {M} x {N} output: "
+                             "pass bias_dim=0 (one value per row) or bias_dim=1 (per column)")
+        bias_dim = {N: 1, M: 0}.get(length)
+    if bias_dim not in (0, 1):
+        raise ValueError(f"bias_dim must be 0 (per row, length M = {M}) or 1 (per column, length N = {N}); "
+                         f"got bias_dim={f['bias_dim']!r} for a bias of shape {device_view(bias).shape}")
+    return bias_dim
 
 
-def _block_scale_views(f, M, N, K, view):
-    if f["a_block_scales"] is None:
-        return {}
-    kb, nb = -(-K // KBLOCK_SCALE), -(-N // KBLOCK_SCALE)
-    return {"a_block_scales": view("scale_a", f["a_block_scales"], (M, kb), ("f32",)),
-            "b_block_scales": view("scale_b", f["b_block_scales"], (kb, nb), ("f32",))}
-
-
-def _fp8_output_views(f, out_dtype, view):
-    """``out_scale`` (a number or a one-element view) and ``amax``, checked."""
-    def one_element(name, x):
-        shape = tuple(device_view(x).shape)
+def _checked_view(op, x, sizes, device, dtype):
+    """The array ``x`` of operand ``op``, checked against its row: shape (``sizes`` resolves
+    its symbols), dtype, device and strides. ``dtype`` reads ``uint16`` arrays as bf16/f16."""
+    name = op.keyword
+    v = device_view(x)
+    if v.dtype == "u16" and dtype:
+        v = v.with_dtype(dtype)
+    if op.shape == ("one",):
+        shape = tuple(v.shape)
         if shape not in ((), (1,), (1, 1)):
             raise ShapeError(f"{name} must hold one element (shape (), (1,) or (1, 1)); got shape {shape}")
-        return dataclasses.replace(view(name, x, shape, ("f32",)), shape=(1,), strides=(1,))
-
-    views = {}
-    scale, amax = f["scale_out"], f["amax_out"]
-    if scale is not None:
-        if out_dtype not in FP8_DTYPES:
-            raise DtypeError(f"scale_out scales an fp8 output (out_dtype 'e4m3' or 'e5m2'); this one is "
-                             f"{out_dtype}: fold the factor into alpha")
-        views["out_scale"] = float(scale) if isinstance(scale, Real) else one_element("scale_out", scale)
-    if amax is not None:
-        views["amax"] = one_element("amax_out", amax)
-    return views
+    else:
+        shape = tuple(n for symbol in op.shape for n in (sizes[symbol] if symbol in ("rows", "bias")
+                                                         else (sizes[symbol],)))
+        if tuple(v.shape) != shape:
+            raise ShapeError(f"{name} has shape {tuple(v.shape)}, expected {shape}")
+    check_dtype(f"{name}.dtype", v.dtype, op.dtypes)
+    if v.device != device:
+        raise DeviceMismatchError(f"{name} is on device {v.device}, the inputs on device {device}")
+    check_strides(name, v)
+    if op.shape == ("one",):
+        return dataclasses.replace(v, shape=(1,), strides=(1,))
+    return rows_of(name, v) if op.shape[0] == "rows" else v
 
 
 def numba_array(v: DeviceView, typestr=None):
@@ -218,4 +227,5 @@ def user_arg(x):
 
 
 def is_array(x) -> bool:
+    """Whether ``x`` is a device array (a user epilogue's argument passed by address)."""
     return hasattr(x, "__cuda_array_interface__") or hasattr(x, "data_ptr")

@@ -14,10 +14,10 @@ Two layouts, as PyTorch and DeepGEMM name them:
 
 FP8 groups (e4m3/e5m2) take DeepSeek-V3's block-wise scales: each tile's mainloop reads
 B's scales at its group (and a masked A's at its group and row; a contiguous A's rows are
-global), ``kernels/mainloop.py``.
+global), ``numba_hopper.kernels.mainloop.promoted``.
 
-The call path is ``gemm``'s (``matmul``): a plan per layout, addresses patched into the
-prepared launch, no descriptor encode and no synchronization per call.
+The call path is ``gemm``'s: a plan per layout in the same cache (:mod:`.plan_cache`),
+addresses patched into the prepared launch, no descriptor encode and no synchronization per call.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from ..runtime.arrays import ITEMSIZE, DeviceView, byte_span, device_view, is_ro
 from .checks import (FP8_DTYPES, check_dtype, check_out, check_out_dtype, check_strides, default_out_dtype,
                       overlap_pairs)
 from ..runtime.operands import describe
-from .plan import A, A_BLOCK_SCALES, B, B_BLOCK_SCALES, C, GROUP_ROWS, OUT, ROW_SCALE, Plan, grouped_plan
+from .plan import A, B, GROUP_ROWS, OUT, VALUE_INDEX, Plan, grouped_plan, values_packer
+from .plan_cache import first_run, plans, run
 from ..errors import DeviceMismatchError, DtypeError, LayoutError, ShapeError
-from ..kernels.epilogue import ACTIVATIONS
+from ..kernels.epilogue_config import ACTIVATIONS
 from ..kernels.gemm_config import KBLOCK_SCALE
-from . import api as _matmul
-from .api import _first_run, _run
 
-assert ROW_SCALE == C + 1 and GROUP_ROWS == B_BLOCK_SCALES + 3 == A_BLOCK_SCALES + 4
-_NO_ARRAYS = (0,) * (A_BLOCK_SCALES - ROW_SCALE - 1)  # the epilogue's arrays between the row and block scales
+# A grouped call's values after (scratch, a, b, out): alpha, the row scale and the block
+# scales (the only operands it takes), then the group sizes.
+_values = values_packer(("alpha", "row_scale", "a_block_scales", "b_block_scales"), extra=("group_sizes",))
 
 __all__ = ["grouped_gemm", "check_group_sizes"]
 
@@ -116,17 +116,14 @@ def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None,
     else:
         (sig_sa, fa, psa), (sig_sb, fb, psb) = _scale_arg(scale_a), _scale_arg(scale_b)
         alpha = fa * fb
-    # The call's values after (scratch, a, b, out), at _plan's indices: alpha, beta, the
-    # epilogue's arrays (the row scale and the block scales alone may be there; no output
-    # scale or amax), then the group sizes.
-    values = (alpha, 0.0, 0, pr, *_NO_ARRAYS, psa, psb, 0, 0, ps)
+    values = _values(alpha, pr, psa, psb, ps)
     key = ("grouped", masked, sig_a, sig_b, sig_s, sig_o, sig_r, sig_sa, sig_sb, alpha != 1.0, activation, out_dtype,
            dtype, config)
-    entry = None if debug else _matmul._plans.get(key)  # gemm's plan cache (and its bound)
+    entry = None if debug else plans.get(key)
     if entry is None:
         return _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activation, (scale_a, scale_b),
-                              dtype, stream, config, debug, values)
-    return _run(entry, out, pa, pb, po, values, stream)
+                              dtype, stream, config, debug, values, alpha != 1.0)
+    return run(entry, out, pa, pb, po, values, stream)
 
 
 def _scale_arg(x):
@@ -141,8 +138,9 @@ def _scale_arg(x):
 
 
 def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activation, scales, dtype, stream, config,
-                   debug, values):
-    """A call with a new layout: check everything, build its plan, run it, keep it."""
+                   debug, values, alpha):
+    """A call with a new layout: check everything, build its plan, run it, keep it (``alpha``:
+    whether the call's alpha value multiplies the output)."""
     name = "masked_m" if masked else "offsets"
     va, vb, vs = device_view(a, dtype=dtype), device_view(b, dtype=dtype), device_view(sizes)
     G = _check_sizes(name, vs)
@@ -197,10 +195,9 @@ def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activati
     if out_type in FP8_DTYPES:
         raise DtypeError(f"grouped_gemm writes bf16, f16 or f32 outputs, not {out_type} (gemm writes fp8)")
     out_bytes = ITEMSIZE[out_type]
-    if (N * out_bytes) % 16:  # (the rows of a tile that ends inside it: kernels/epilogue.py)
+    if (N * out_bytes) % 16:  # (the rows of a tile that ends inside it: kernels.epilogue)
         raise LayoutError(f"grouped_gemm stores whole 16-byte chunks of output rows: N * {out_bytes} bytes must be "
                           f"a multiple of 16 (N = {N})")
-    alpha = values[0] != 1.0
 
     def plan_for(vo):
         if 0 in vo.shape or G == 0:
@@ -212,13 +209,15 @@ def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activati
         return grouped_plan("masked" if masked else "contiguous", ma, mb, mo, G, strides, flat, activation, config,
                             debug, alpha=alpha, block_scales=block_scales)
 
-    read = [("a", A, va), ("b", B, vb), (name, GROUP_ROWS, vs)] + ([("row_scale", ROW_SCALE, vr)] if vr else [])
+    read = [("a", A, va), ("b", B, vb), (name, GROUP_ROWS, vs)] + \
+        ([("row_scale", VALUE_INDEX["row_scale"], vr)] if vr else [])
     if block_scales:
-        read += [("scale_a", A_BLOCK_SCALES, block_scales[0]), ("scale_b", B_BLOCK_SCALES, block_scales[1])]
+        read += [("scale_a", VALUE_INDEX["a_block_scales"], block_scales[0]),
+                 ("scale_b", VALUE_INDEX["b_block_scales"], block_scales[1])]
     written = [("out", OUT, vo)] if vo else []
     spans = lambda arrays: tuple((n, i, byte_span(v)) for n, i, v in arrays)  # noqa: E731
-    return _first_run(key, plan_for, a, out, vo, shape, out_dtype, va, (va.ptr, vb.ptr), values, stream,
-                      overlap_pairs(spans(written), spans(read)), cache=not debug)
+    return first_run(key, plan_for, a, out, vo, shape, out_dtype, va, (va.ptr, vb.ptr), values, stream,
+                     overlap_pairs(spans(written), spans(read)), cache=not debug)
 
 
 def _block_scales(scales, va, masked, G, rows, N, K):

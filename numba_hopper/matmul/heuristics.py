@@ -1,7 +1,8 @@
 """The kernel a GEMM gets: tile shape, cluster, pipeline depth, K splits, stream-K schedule.
 
-Every rule here was fitted to timings on the H100 (benchmarks/NOTES.md names them); each
-function is pure host arithmetic, so the CPU tests pin the choices down.
+Every rule here is fitted to device timings on the H100 by the benchmark its table names
+(``benchmarks/``, against cuBLAS); each function is pure host arithmetic, so the CPU tests pin
+the choices down.
 """
 
 from __future__ import annotations
@@ -10,51 +11,29 @@ import dataclasses
 import math
 
 from ..runtime.arrays import leading_dim, tma_addressable, transpose
+from ..kernels.epilogue_config import EpilogueConfig
 from ..kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOCK_SCALE, GemmConfig
 from ..runtime.launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
            "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "choose_config", "grouped_config", "split_count", "max_stages"]
 
-# Relative time per output column of a 128-row tile, fitted to the issue-22 shape sweep
-# (benchmarks/NOTES.md). Up to MANY_WAVES waves (1792x1280x4096: one wave; 4096x3584x18944,
-# 512x14336x4096: 7 waves) a narrower tile pays for reading A from shared memory for fewer
-# columns of MMA. Over many waves 128-wide tiles fall behind (1.2-1.7x per column at
-# 8192x8192x28672, 16384x10240x8192) and 192-wide ones keep up with 256-wide ones (8192^3,
-# 4096x57344x8192), but within half a percent of waves x width 256 wins: 16384x57344x8192
-# (218 waves of 256 against 290 of 192, 0.2% apart) ran 0.87x cuBLAS in 192-wide tiles and 0.99x
-# in 256-wide ones (session 28).
-# 224-, 144- and 112-wide tiles fill a wave where N is a multiple of 7 x 512 or of 9 x 512
-# (3584, 4608, 14336: Qwen, Mixtral), at a cost fitted on those shapes (session 15):
-# 1024x3584x3584 takes 128 tiles of 128x224 (0.95 -> 1.02x cuBLAS), 512x3584x18944 128 of
-# 128x112 (0.89 -> 0.96), 1024x4608x3584 256 of 128x144 (0.92 -> 0.95); 224 at 1.06 rather than
-# 1.07 (session 23) takes it where it ties 128 (1024x14336x4096 0.975 -> 0.999, 4096x3584x3584
-# 1.034 -> 1.063, 4096x3584x18944 1.072 -> 1.096, 512x28672x4096 1.001 -> 1.007; device time). Measured only on
-# plain products with a K-major B (``x @ W.T``), which alone take them (``K_MAJOR_WIDTHS``):
-# an N-major B would load them in whole 64-wide boxes (224 loads 256).
+# Relative time per output column of a 128-row tile, up to and over MANY_WAVES waves (tile_shape):
+# python benchmarks/bench_gemm.py --device-time --configs n112 n128 n144 n160 n192 n224 n256 --shapes 1792x1280x4096 \
+#     1024x3584x3584:RC 1024x4608x3584:RC 512x3584x18944:RC 512x14336x4096:RC 8192x8192x28672:RC 16384x57344x8192:RC
 MANY_WAVES = 16
 TILE_COST = {256: 1.0, 224: 1.06, 192: 1.075, 160: 1.15, 144: 1.2, 128: 1.065, 112: 1.15, 64: 1.52}
 TILE_COST_MANY_WAVES = {**TILE_COST, 224: 1.03, 192: 1.005, 144: 1.3, 128: 1.25, 112: 1.35}
 K_MAJOR_WIDTHS = (224, 144, 112)
-# Ping-pong tiles (``GemmConfig.pingpong``: each consumer computes whole 128-row tiles, its
-# epilogue under the other's mainloop) per column cost what a cooperative 128 x 256 tile does
-# (device time against the defaults, benchmarks/NOTES.md, session 35: 4096^3 RR equal, 4096x2048x2048
-# equal, 4096x5632x2048 +5% over 128 x 128, 4096x4096x1024 +4%, 1024x14336x4096 +3% in 128 x 176 over
-# 128 x 224). 176 wide with a K-major B only (an N-major B loads whole 64-wide boxes: 0.83x
-# cuBLAS at 4096^3); 160 and 192 wide ran slower than either. The overlap pays where the epilogue
-# is a noticeable part of a tile, and only from a CTA's second tile on: in the sweep, over K of
-# 18944-28672 (qwen2.5-7b / llama3-70b down projections: 0.89-1.00x cuBLAS against 0.99-1.09x) and
-# under two tiles a CTA (512x10240x8192: 0.92x against 1.02x) ping-pong tiles lost.
+# Ping-pong tiles' relative time per column (pingpong_width):
+# python benchmarks/bench_gemm.py --device-time --configs default n128-pp n176-pp --shapes 4096x4096x4096 \
+#     4096x5632x2048 4096x4096x1024 1024x14336x4096:RC 512x10240x8192:RC
 PINGPONG_TILE_COST = {176: 1.0, 128: 1.0}
 PINGPONG_MAX_K_BLOCKS = 128
-# Grouped kernels' 128 x 192 tiles run 5-9% behind their 128 x 256 ones, where dense products
-# run both alike (device time, 8 groups of 2048 rows: Mixtral's 14336 x 4096, 687-674 vs 731-708
-# TFLOP/s; 7168 x 2048, 704 vs 739; 4096 x 7168, 641-627 vs 699-696; benchmarks/NOTES.md, session 23).
+# Widths grouped kernels skip (5-9% slower than 256): python benchmarks/bench_grouped.py --configs n192 n256 --device-time
 GROUPED_SLOW_WIDTHS = (192,)
-# M <= SMALL_M reads B once and does little math, so its time is B's bytes over the rate the
-# busy SMs stream them: per SM by tile width (GB/s; from 64-row tiles at 1x3584x18944,
-# 1x4096x14336, 1x8192x28672), together at most the HBM rate cuBLAS reaches on most of the
-# sweep's decode shapes (2.6 TB/s).
+# Streaming rates of B (GB/s) per busy SM by width of 64-row tiles, and at most all together (small_m_tiling):
+# python benchmarks/bench_gemm.py --shapes 1x3584x18944:RC 1x4096x14336:RC --configs m64-n64 m64-n128 m64-n256 --device-time
 SMALL_M = 128
 SM_STREAM_GBPS = {128: 58, 256: 85, 64: 34}  # in order of preference between equal estimates
 HBM_STREAM_GBPS = 2600
@@ -77,8 +56,12 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
     waves x width x tile cost: wave quantization decides. 1792x1280 takes 112 tiles of
     128x160 (one wave on 132 SMs) rather than 70 of 128x256 (one wave of slower tiles);
     8192^3 takes 128x192 (21 waves) over 128x256 (16 waves, fuller). Ties go to the wider
-    tile. A fused epilogue runs only widths 64 divides. ``k_major_widths``: whether
-    ``K_MAJOR_WIDTHS`` may run. ``block_k``: elements per k-block (64, or 128 for fp8, whose
+    tile. Up to ``MANY_WAVES`` waves a narrower tile pays for reading A from shared memory for
+    fewer columns of MMA; over many, 128-wide tiles fall behind and 192-wide ones keep up with
+    256-wide ones (``TILE_COST_MANY_WAVES``). 224-, 144- and 112-wide tiles fill a wave where N
+    is a multiple of 7 x 512 or 9 x 512 (3584, 4608, 14336: Qwen, Mixtral), with a K-major B only
+    (``K_MAJOR_WIDTHS``: an N-major B loads whole 64-wide boxes, 224 loads 256). A fused
+    epilogue runs only widths 64 divides. ``k_major_widths``: whether ``K_MAJOR_WIDTHS`` may run. ``block_k``: elements per k-block (64, or 128 for fp8, whose
     tiles are those of 16-bit inputs: not yet tuned). ``grouped``: a grouped kernel's tile,
     never one of ``GROUPED_SLOW_WIDTHS``.
     """
@@ -99,7 +82,10 @@ def pingpong_width(M, N, k_blocks, units, sms, block_n, k_major_b):
     cooperative tile is 128 x ``block_n``, or None: the fewest waves x width x cost, where that
     is no more than the cooperative tile's :func:`_tile_time`, with at least two tiles a CTA (a
     CTA's second tile hides its first's epilogue), at most ``MANY_WAVES`` waves (unmeasured
-    beyond) and at most ``PINGPONG_MAX_K_BLOCKS`` k-blocks."""
+    beyond) and at most ``PINGPONG_MAX_K_BLOCKS`` k-blocks (the overlap pays where the epilogue
+    is a noticeable part of a tile: over K of 18944-28672 ping-pong tiles measured 0.89-1.00x
+    cuBLAS against 0.99-1.09x). 176 wide with a K-major B only (an N-major B loads whole 64-wide
+    boxes); 160- and 192-wide ping-pong tiles measured slower than either."""
     best, best_time = None, _tile_time(M, N, units, sms, block_n)
     for bn, cost in PINGPONG_TILE_COST.items():
         tiles = units * _ceil(M, 128) * _ceil(N, bn)
@@ -119,16 +105,11 @@ def _tile_time(M, N, units, sms, bn):
     return waves * bn * (TILE_COST_MANY_WAVES if waves > MANY_WAVES else TILE_COST)[bn]
 
 
-# Decode products with at most this many rows (tokens) may run swapped (:func:`narrow_tokens`).
+# Decode products of at most NARROW_M rows (tokens) run swapped (narrow_tokens), with an
+# accumulator per wgmma of a k-block and a ring of NARROW_STAGES:
+# python benchmarks/bench_gemm.py --shapes 8x2048x5632:RC 16x4096x14336:RC --configs default m64-n8-swap-a4-p12 m64-n16-swap-a1 --device-time
 NARROW_M = 16
-# Their 64 x 8 and 64 x 16 wgmmas are short: on one accumulator each waits for the last.
-# Four (one per wgmma of a k-block): 1-8% less device time at 1-16 x 2048-5632 x 2048-5632
-# (benchmarks/NOTES.md, session 17).
 NARROW_ACC_CHAINS = 4
-# Their rings hold 12 k-blocks, not the 21-23 that fit: every slot holds a load in flight
-# either way, and the shorter queue ran 0.4-7% faster (device time, 1-16 x 2048-32000 x
-# 2048-14336; graph decode 0.985 -> 0.996; benchmarks/NOTES.md, session 22). 8 lost at long K
-# (8x2048x5632: 0.92x cuBLAS vs 1.06x).
 NARROW_STAGES = 12
 
 
@@ -136,13 +117,16 @@ def narrow_tokens(M, N, K, sms, block_k=64):
     """``block_n`` (8 or 16) of a plain product of M <= NARROW_M rows computed swapped,
     ``out.T = b.T @ a.T``: the weight's rows on the 64-row side and the tokens on wgmma's
     narrow N, so a k-block moves 64 x 8 or 64 x 16 of A through TMA and wgmma instead of 64
-    x 64 (mostly zero-filled rows), as cuBLAS's decode kernels do. Measured (benchmarks/NOTES.md,
-    sessions 13, 17 and 18): 9-18% less device time than 64 x 64 tiles at 8-16 x 2048-5632 x
-    2048-5632, 8% less than 64 x 128 tiles at 1x6144x4096 and 16x57344x8192; at M = 32 the
-    swapped 64 x 16 tiles lose (0.86x vs 1.02x). The swapped kernel has no K slices, and one
-    launch streams K as fast as the 64-row tiling's two slices and their reduce: 4-24% less
-    time at six of seven such shapes (8x2048x8192, 16x3584x18944; 4% more at 16x5120x13824).
-    None where that tiling takes four slices (8x2048x16384: 2% more time swapped).
+    x 64 (mostly zero-filled rows), as cuBLAS's decode kernels do. Measured on the H100: 9-18%
+    less device time than 64 x 64 tiles at 8-16 x 2048-5632 x 2048-5632, 8% less than 64 x 128
+    tiles at 1x6144x4096 and 16x57344x8192; at M = 32 the swapped 64 x 16 tiles lose (0.86x vs
+    1.02x cuBLAS). The swapped kernel has no K slices, and one launch streams K as fast as the
+    64-row tiling's two slices and their reduce: 4-24% less time at six of seven such shapes
+    (8x2048x8192, 16x3584x18944; 4% more at 16x5120x13824). None where that tiling takes four
+    slices (8x2048x16384: 2% more time swapped). The short 64 x 8 and 64 x 16 wgmmas, chained on
+    one accumulator, each wait for the last: four accumulators (``NARROW_ACC_CHAINS``) took 1-8%
+    less device time. A ring of ``NARROW_STAGES`` rather than the 21-23 k-blocks that fit ran
+    0.4-7% faster (every slot holds a load in flight either way); 8 lost at long K.
     """
     if M > NARROW_M:
         return None
@@ -174,19 +158,18 @@ def narrow_config(va, vb, vo, limits):
     return GemmConfig(block_n=block_n, stages=stages, **kw)
 
 
-# At M = 112-128, where one wave of 64 x 128 tiles leaves a third of the SMs or more idle, each
-# busy SM's streaming rate bounds the product, and a 128 x 64 tile (the two row tiles' consumers
-# in one CTA, A read once per column of B) streams faster: device time, plain 16-bit products
-# with K >= 3072, 68-80 tiles: +0.7 to +10% (128x4608x3584 0.94 -> 1.00x cuBLAS); at K = 2048
-# -1%, at 88 tiles -0.4%, at 96 (128x6144x4096) -3%; and -6% where A's rows straddle 128-byte
-# lines (K = 3104: each CTA reads all of A's rows, twice the 64 x 128 tile's; benchmarks/NOTES.md,
-# session 30).
+# Where 128 x 64 tiles replace 64 x 128 ones at M = 112-128 (_rows_together):
+# python benchmarks/bench_gemm.py --shapes 128x4608x3584 128x6144x4096 --configs default m64-n128 m128-n64 --device-time
 ROWS_TOGETHER_MAX_TILES = 80
 ROWS_TOGETHER_MIN_K = 3072
 
 
 def _rows_together(M, N, K, units, sms, fused, block_k, block_n):
-    """Whether the 64 x 128 tiles of a product at M = 112-128 give way to 128 x 64 ones."""
+    """Whether the 64 x 128 tiles of a product at M = 112-128 give way to 128 x 64 ones: where one
+    wave of them leaves a third of the SMs or more idle, each busy SM's streaming rate bounds the
+    product, and a 128 x 64 tile (the two row tiles' consumers in one CTA, A read once per column
+    of B) streams faster, from K = ``ROWS_TOGETHER_MIN_K`` on (measured +0.7 to +10% at 68-80
+    tiles, -3% at 96), unless A's rows straddle 128-byte lines (each CTA then reads all of them)."""
     return (M >= SMALL_M - 16 and units == 1 and not fused and block_k == 64 and block_n == 128
             and K >= ROWS_TOGETHER_MIN_K and 2 * _ceil(N, 128) <= min(ROWS_TOGETHER_MAX_TILES, sms))
 
@@ -228,30 +211,17 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
     return best
 
 
-# Block-wise fp8 tiles (the promoted sums double the accumulators) of a plain product: relative
-# time of one tile, fitted to device times of every tile at the 14 shapes of bench_fp8.py
-# (benchmarks/NOTES.md, session 29: the median over 8-20 measurements each, spread about +-8%).
-# Tiles of at most 128 x 128 promote k-blocks in pairs (GemmConfig.promotes_in_pairs); 128 x 256 runs each
-# k-block in two 128-column halves, 192 x 128 with three consumers taking turns. Per FLOP the
-# three largest tiles cost about the same (1.96 / 2, 1.44 / 1.5, 1.0), so the fewest waves win;
-# a 64-row tile (one consumer) costs 1.34x a 128 x 128 one per FLOP, and wins only a wave.
+# Block-wise scaled fp8 tiles' relative time (block_scaled_tile), paired, unpaired and from LONG_K_BLOCKS on:
+# python benchmarks/bench_fp8.py --scalings blockwise --device-time --configs m128-n128-p5 m128-n64-p7 m64-n128-p8 \
+#     m128-n192-p4 m128-n256-p4 m192-n128-p4
 BLOCK_SCALED_TILE_COST = {(128, 256): 1.96, (192, 128): 1.44, (128, 128): 1.0, (128, 64): 0.75, (64, 128): 0.67,
                           (128, 192): 1.47}
-# Where tiles of at most 128 x 128 promote each k-block alone (a fused epilogue, a grouped
-# product), as measured before pairs (sessions 10-28): a 64-row tile's one consumer idles the
-# tensor cores while it promotes.
 UNPAIRED_BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (192, 128): 1.23, (128, 128): 1.0, (128, 64): 0.7,
                                    (64, 128): 0.8, (128, 192): 1.34}
-# Against paired 128 x 128 tiles a 128 x 256 one costs more the longer K runs (device time,
-# benchmarks/NOTES.md, sessions 29-30 and 39): 1.83-1.93 at 16 k-blocks, 1.94-2.01 at 32, and
-# once the 128 x 128 ring has six slots (PAIRED_TILE_EPI_BUFFERS) 1.96-2.16 at 56 (mean 2.07),
-# 2.05-2.06 at 64 and 2.0-2.06 at 128. From LONG_K_BLOCKS k-blocks on it costs 2.06.
 LONG_K_BLOCKS = 48
 LONG_K_BLOCK_SCALED_TILE_COST = {**BLOCK_SCALED_TILE_COST, (128, 256): 2.06}
-# A paired 128 x 128 tile's consumers take their slots two at a time: one output buffer each
-# instead of two buys the ring a sixth slot, three pairs instead of two and a half (measured
-# -1 to +8%, mean +3%, in device time at 4096-8192 rows and 16-128 k-blocks; four slots lose
-# 3-8%: benchmarks/NOTES.md, session 39).
+# Output buffers per consumer of a paired 128 x 128 tile (one buys the ring a sixth slot):
+# python benchmarks/bench_fp8.py --scalings blockwise --device-time --configs m128-n128-e1-p6 m128-n128-e2-p5
 PAIRED_TILE_EPI_BUFFERS = 1
 
 
@@ -261,7 +231,11 @@ def block_scaled_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True)
     wide may run (not with column vectors in the epilogue, nor in grouped products); ``tall``:
     whether 192-row ones may (a 16- or 32-bit output and no epilogue term but alpha);
     ``paired``: whether tiles of at most 128 x 128 promote k-blocks in pairs
-    (``GemmConfig.promotes_in_pairs``)."""
+    (``GemmConfig.promotes_in_pairs``). Per FLOP the three largest tiles cost about the same, so
+    the fewest waves win; a 64-row tile (one consumer) costs 1.34x a 128 x 128 one per FLOP and
+    wins only a wave; unpaired, its one consumer idles the tensor cores while it promotes.
+    Against paired 128 x 128 tiles a 128 x 256 one costs more the longer K runs (1.83-1.93 at 16
+    k-blocks, 2.0-2.06 from 56 on): ``LONG_K_BLOCK_SCALED_TILE_COST``."""
     long_k = _ceil(K, KBLOCK_SCALE) >= LONG_K_BLOCKS
     costs = (LONG_K_BLOCK_SCALED_TILE_COST if long_k else BLOCK_SCALED_TILE_COST) if paired else \
         UNPAIRED_BLOCK_SCALED_TILE_COST
@@ -289,22 +263,16 @@ def stream_k_schedule(tiles, k_blocks, sms):
 def cluster_pays(tiles, K, b_major, sms):
     """Whether a 1x2 cluster (the two CTAs of a tile row share their A tile through multicast)
     beats single CTAs: only with many tiles per CTA, a long K loop and B stored (K, N).
-    Measured (session 4, benchmarks/NOTES.md): +4.5% at 16384x4096x4096 (15.5 tiles per CTA),
-    even at 8192^3, but -2.5% at 4096^3 (3.9), -5% at 6144^3 (8.7), -3% at 8192x8192x1024,
-    -10% at 4096x4096x512. With B stored (N, K) (``x @ W.T``) it lost on every large shape of
-    the issue-22 sweep: 0.75x vs 0.98x cuBLAS at 8192x8192x28672, 0.77x vs 0.99x at
-    16384x57344x8192.
+    Measured on the H100: +4.5% at 16384x4096x4096 (15.5 tiles per CTA), even at 8192^3, but
+    -2.5% at 4096^3 (3.9), -5% at 6144^3 (8.7), -3% at 8192x8192x1024, -10% at 4096x4096x512.
+    With B stored (N, K) (``x @ W.T``) it lost on every large shape of ``bench_sweep.py``:
+    0.75x vs 0.98x cuBLAS at 8192x8192x28672, 0.77x vs 0.99x at 16384x57344x8192.
     """
     return b_major == "N" and tiles >= 12 * sms and K >= 2048
 
 
-# GPC-ordered 1x2 clusters (``GemmConfig.cluster_order``) on one wave of cluster tiles over a
-# long K loop, by the heuristic's tile (device time, ratio to cuBLAS, against single CTAs;
-# benchmarks/NOTES.md, session 33): 128 x 112 at 512x3584x18944 0.90 -> 0.96, 128 x 64 at
-# 256x3584x18944 0.78 -> 0.80; but 128 x 128 at 512x4096x14336 0.98 -> 0.96, 128 x 224 at
-# 1024x3584x18944 1.08 -> 1.06, 128 x 256 at 1024x4096x14336 0.99 -> 0.96 and 512x8192x8192
-# 1.00 -> 0.98. The cluster halves the loads of A, which dominate only in tiles narrower than tall.
-# Over several waves they gained nothing (4096^3, 4096x5632x2048: session 32).
+# The shortest K loop of GPC-ordered 1x2 clusters (gpc_clusters_pay):
+# python benchmarks/bench_gemm.py --shapes 512x3584x18944:RC 512x4096x14336:RC --configs default n112-1x2-gpc n128-1x2-gpc --device-time
 GPC_MIN_K = 8192
 
 
@@ -313,7 +281,9 @@ def gpc_clusters_pay(tiles_m, tiles_n, K, block_n, sms):
     (the two CTAs of a tile row share its A tile through multicast, and the clusters of a GPC
     take neighbouring cluster tiles, whose B reads the L2 request coalescer merges): tiles
     under 128 wide whose cluster tiles fill one wave of 2-CTA clusters at least three quarters
-    full, over a K of at least ``GPC_MIN_K``."""
+    full, over a K of at least ``GPC_MIN_K``. The cluster halves the loads of A, which dominate
+    only in tiles narrower than tall (measured 128 x 112 at 512x3584x18944: 0.90 -> 0.96x cuBLAS;
+    128 x 128 at 512x4096x14336: 0.98 -> 0.96x); over several waves they gained nothing."""
     slots = tiles_m * _ceil(tiles_n, 2)
     return block_n < 128 and tiles_n >= 2 and 3 * (sms // 2) <= 4 * slots <= 4 * (sms // 2) and K >= GPC_MIN_K
 
@@ -322,23 +292,20 @@ def rows_straddle_sectors(v, row_major):
     """Whether TMA reads ``v`` (row-major, or its transpose) in rows that start 16 bytes into a
     32-byte sector: a leading dimension of 16 (mod 32) bytes, as 1000, 3000 or 5000 bf16 columns.
     Such operands load at about half the rate (3000^3: 0.63x cuBLAS, 5000^3: 0.51x), where
-    pitches of 32, 64 or 96 (mod 128) bytes cost nothing (2000^3, 4000^3, 6000^3: 0.96x;
-    benchmarks/NOTES.md, session 19)."""
+    pitches of 32, 64 or 96 (mod 128) bytes cost nothing (2000^3, 4000^3, 6000^3: 0.96x)."""
     w = v if row_major else transpose(v)
     return w.shape[0] > 1 and leading_dim(w) * v.itemsize % 32 != 0
 
 
-# A 192 x 192 tile (three consumers, one output buffer each, a 4-slot ring) in a cluster does
-# 2.25x a 128 x 128 tile's work in about 1.97x its time where both operands' rows straddle
-# sectors (benchmarks/NOTES.md, session 27: 3000^3 0.90 -> 0.99x cuBLAS, 7000^3 0.86 -> 0.98x).
+# The time of a clustered 192 x 192 tile in 128 x 128 ones, where both operands' rows straddle sectors:
+# python benchmarks/bench_gemm.py --shapes 3000x3000x3000 7000x7000x7000 --configs 2x2-m128-n128 1x2-m192-n192-e1 --device-time
 STRADDLING_192_COST = 1.97
 
 
 def straddling_tile(M, N, units, sms, a_straddles, b_straddles, a_major="K", b_major="N", plain=False):
     """The clustered tile (``GemmConfig`` fields) of 16-bit products whose operand rows straddle
     sectors (:func:`rows_straddle_sectors`), or None. Multicast halves each CTA's loads of the
-    operand its cluster shares (benchmarks/NOTES.md, sessions 19 and 27; device time against
-    cuBLAS):
+    operand its cluster shares (measured on the H100, device time against cuBLAS):
 
     - both: a 2x2 cluster of 128 x 128 tiles, each CTA loading half of its A and of its B tile
       (3000^3 0.64 -> 0.90x, 5000^3 0.51 -> 0.90x, 512x3000x3000 ``x @ W.T`` 0.71 -> 1.17x;
@@ -379,12 +346,12 @@ def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 
     return stages
 
 
-def _tiling(va, vb, vo, a_major, b_major, epilogue, units, limits):
+def _tiling(va, vb, vo, a_major, b_major, epilogue, block_scaled, units, limits):
     """:func:`choose_config`'s default tiling (a :class:`GemmConfig` of tile and cluster) of an
     ungated product."""
     M, N = vo.shape
     plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
-    if epilogue is not None and epilogue.block_scales:
+    if block_scaled:
         paired = not epilogue.fuses_more
         block_m, block_n = block_scaled_tile(M, N, va.shape[1], limits.sm_count, wide=not epilogue.column_bytes(192),
                                              tall=paired and ELEMENT_BYTES[vo.dtype] > 1, paired=paired)
@@ -423,21 +390,26 @@ def gated_tile(M, N, K, units, sms):
     return GemmConfig(block_m=block_m, block_n=256 if block_m == 128 else 128)
 
 
-def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None):
-    """The kernel for these operands: ``config``'s tiling, or the default heuristic's.
+def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None, block_scaled=False, gated=False):
+    """The kernel for these operands: ``config``'s tiling, or the default heuristic's, with
+    the call's fused ``epilogue`` and mainloop features (``block_scaled``: fp8 block-wise
+    scales; ``gated``: a second B, ``up``).
 
     Default: the tile :func:`tile_shape` picks for ``units`` products, the deepest ring
     that fits, and a 1x2 cluster of 128x256 tiles where :func:`cluster_pays`, or of narrower
     tiles in GPC order where :func:`gpc_clusters_pay`; else, for a plain 16-bit product,
-    ping-pong tiles where :func:`pingpong_width` takes them. ``limits``: the device's
+    ping-pong tiles where :func:`pingpong_width` takes them; :func:`block_scaled_tile`'s and
+    :func:`gated_tile`'s for those features. ``limits``: the device's
     :class:`~numba_hopper.runtime.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
     """
+    if (block_scaled or gated) and epilogue is None:  # (as GemmConfig has it)
+        epilogue = EpilogueConfig()
     # fp8 operands are K-major (the caller checked): a (1, K) or (K, 1) view would pass both tests.
     fp8 = va.dtype in FP8_DTYPES
     a_major = "K" if fp8 or tma_addressable(va, row_major=True) else "M"
     # (a column-major output's narrow B is the tokens, K-major: a (K, 1) view passes both tests)
     narrow = config is not None and config.out_major == "M"
-    gated = epilogue is not None and epilogue.gated  # (B and B_up column-major: the caller checked)
+    # (gated: B and B_up column-major, the caller checked)
     b_major = "N" if not (fp8 or narrow or gated) and tma_addressable(vb, row_major=True) else "K"
     limits = limits or device_limits(vo.device)
     if config is None:
@@ -445,22 +417,22 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         if gated:
             base = gated_tile(M, N, va.shape[1], units, limits.sm_count)
         else:
-            base = _tiling(va, vb, vo, a_major, b_major, epilogue, units, limits)
+            base = _tiling(va, vb, vo, a_major, b_major, epilogue, block_scaled, units, limits)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epi_buffers=base.epi_buffers,
-                            epilogue=epilogue)
+                            epilogue=epilogue, block_scaled=block_scaled, gated=gated)
     else:
         base, stages = config, config.stages
     cfg = dataclasses.replace(base, in_dtype=va.dtype, b_dtype=vb.dtype if vb.dtype != va.dtype else None,
-                              out_dtype=vo.dtype, a_major=a_major,
-                              b_major=b_major, stages=stages, debug=debug, epilogue=epilogue)
+                              out_dtype=vo.dtype, a_major=a_major, b_major=b_major, stages=stages, debug=debug,
+                              epilogue=epilogue, block_scaled=block_scaled, gated=gated)
     if cfg.shared_bytes > limits.max_shared_per_block_optin:
         raise ValueError(f"config needs {cfg.shared_bytes} bytes of shared memory with these operands, more than "
                          f"the device's {limits.max_shared_per_block_optin}: give it fewer stages")
     return cfg
 
 
-def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limits=None):
+def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limits=None, block_scaled=False):
     """The kernel of a grouped GEMM (:func:`choose_config`'s, with ``grouped=mode``).
 
     The group sizes are on the device, so the tile is chosen for their mean (contiguous:
@@ -474,7 +446,7 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
     if config is None:
         M, N = mo.shape
         rows = M if mode == "masked" else max(1, _ceil(M, groups))
-        if epilogue is not None and epilogue.block_scales:
+        if block_scaled:
             block_m, block_n = block_scaled_tile(rows, N, ma.shape[1], limits.sm_count, units=groups, wide=False, paired=False)
         else:
             block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
@@ -483,8 +455,8 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
         b_major = "N" if ma.dtype not in FP8_DTYPES and tma_addressable(mb, row_major=True) else "K"
         config = GemmConfig(block_m=block_m, block_n=block_n, stages=max_stages(
             ma.dtype, mo.dtype, block_n, limits.max_shared_per_block_optin, a_major="K", b_major=b_major,
-            block_m=block_m, epilogue=epilogue))
-    cfg = choose_config(ma, mb, mo, config, debug, epilogue, limits=limits)
+            block_m=block_m, epilogue=epilogue, block_scaled=block_scaled))
+    cfg = choose_config(ma, mb, mo, config, debug, epilogue, limits=limits, block_scaled=block_scaled)
     return dataclasses.replace(cfg, grouped=mode)
 
 
@@ -495,7 +467,7 @@ def split_count(cfg, M, N, K, sms):
     result is deterministic. 64-row tiles (M <= SMALL_M) split as :func:`small_m_tiling`
     estimates. Otherwise the workspace round
     trip and the second launch cost more than idle SMs unless most SMs would idle and K is
-    long: measured (benchmarks/NOTES.md), two slices lost at 1024^3 (0.47x vs 0.67x cuBLAS),
+    long: measured, two slices lost at 1024^3 (0.47x vs 0.67x cuBLAS),
     and at 64x4096x4096 with 128x64 tiles (64 tiles on 132 SMs; 0.52x vs 0.61x). So: at most
     a quarter of the SMs busy, >= 128 k-blocks, >= 32 per slice.
     """

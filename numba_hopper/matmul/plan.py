@@ -1,10 +1,13 @@
 """Plans: everything about a GEMM call but its operands' addresses and its stream.
 
-A plan is built once per call layout (``matmul``'s plan cache keys it on what decides the
-kernel: shapes, strides, dtypes, alignment, device, the epilogue's signature) and run on
-every call with that layout. A call passes its *values*: ``values[SCRATCH]`` is the address
-of the device scratch the plan asked for (``_workspace``), then the operands' addresses and
-the epilogue's scalars at the indices below.
+A plan is built once per call layout (the plan cache, :mod:`.plan_cache`, keys it on what
+decides the kernel: shapes, strides, dtypes, alignment, device, the epilogue's signature) and
+run on every call with that layout. A call passes its *values*: ``values[SCRATCH]`` is the
+address of the device scratch the plan asked for (``numba_hopper.runtime.workspace``), then the
+addresses of ``a``, ``b`` and ``out``, then one value for each of the call's other operands in
+the order of their table (``numba_hopper.kernels.operands.OPERANDS``: a number, or an array's
+address, 0 where absent; ``VALUE_INDEX`` names their indices), then the user epilogue's arrays
+(``USER + i``) or a grouped call's group sizes (``GROUP_ROWS``).
 
 Each operand of a launch is a view plus a :class:`Src` naming the value it lives at. The
 launches are prepared once, against the first call's values, and record where each value
@@ -25,37 +28,51 @@ from cuda.bindings import driver
 
 from ..runtime.arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
 from .extra_launches import aligned_layout, prepare_copy, prepare_reduce
-from .fusion import Fusion, is_array, numba_array, user_arg
+from .fusion import VALUE_OPERANDS, Fusion, is_array, numba_array, user_arg
 from .heuristics import (choose_config, grouped_config, max_stages, narrow_config, split_count, stream_k_schedule,
                           swappable)
 from .placement import tpc_order
-from ..runtime.workspace import ALIGN, CLAIMS_BYTES, alloc_async, capturing, free_async, stream_scratch, zero_async
+from ..runtime.workspace import ALIGN, CLAIMS_BYTES, alloc_scratch, free_scratch
 from ..runtime.debug import DebugRecord
 from ..errors import LayoutError
-from ..kernels.epilogue import EpilogueArgs, c_box_cols
+from ..kernels.epilogue import c_box_cols
+from ..kernels.epilogue_config import EpilogueArgs, EpilogueConfig
 from ..kernels.gemm_config import EPI_ROWS, FP8_DTYPES, GemmParams
+from ..kernels.operands import OPERAND
 from ..kernels.gemm_sm90 import make_gemm_kernel
 from ..kernels.scheduler import GROUP_WALK_END
 from ..runtime.launch import device_limits, max_active_clusters, prepare_launch
 from ..runtime.tensormap import TensorMapArg, encode_template
 
 __all__ = ["Plan", "gemm_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config", "gemm_cache_key",
-           "SCRATCH", "A", "B", "OUT", "ALPHA", "BETA", "C", "ROW_SCALE", "COL_SCALE", "BIAS", "AUX", "A_BLOCK_SCALES",
-           "B_BLOCK_SCALES", "OUT_SCALE", "AMAX", "UP", "USER", "GROUP_ROWS"]
+           "SCRATCH", "A", "B", "OUT", "VALUE_OPERANDS", "VALUE_INDEX", "USER", "GROUP_ROWS", "values_packer"]
 
-# Indices into a call's values (the order of ``_fusion.ARRAYS`` after BETA). USER + i: the
-# i-th array among the user epilogue's arguments.
-(SCRATCH, A, B, OUT, ALPHA, BETA, C, ROW_SCALE, COL_SCALE, BIAS, AUX, A_BLOCK_SCALES, B_BLOCK_SCALES, OUT_SCALE, AMAX,
- UP, USER) = range(17)
-GROUP_ROWS = UP  # a grouped call's group sizes (grouped calls take no gated or user epilogue)
+# Indices into a call's values (the module doc).
+SCRATCH, A, B, OUT = range(4)
+VALUE_INDEX = {op.name: OUT + 1 + i for i, op in enumerate(VALUE_OPERANDS)}
+USER = OUT + 1 + len(VALUE_OPERANDS)  # USER + i: the i-th array among the user epilogue's arguments
+GROUP_ROWS = USER  # a grouped call's group sizes (grouped calls take no user epilogue)
 
 # Whether GEMM kernels launch as programmatic dependents ("all", the default, or "none"): each
 # sets up its barriers, waits in griddepcontrol.wait for the previous kernel of the stream, and
-# lets the next start its set-up once it has issued its last load. Back to back: 1.0-1.4 us
-# less per decode call, 6-12% less time for 15-25 us products, long products within 3%
-# (benchmarks/NOTES.md, sessions 18 and 19). From NUMBA_HOPPER_PDL at import; a plan keeps
-# what it was built with.
+# lets the next start its set-up once it has issued its last load. Back to back, measured on
+# the H100: 1.0-1.4 us less per decode call, 6-12% less time for 15-25 us products, long
+# products within 3%. From NUMBA_HOPPER_PDL at import; a plan keeps what it was built with.
 DEPENDENT_LAUNCH = os.environ.get("NUMBA_HOPPER_PDL", "all")
+
+
+def values_packer(names, extra=()):
+    """``pack(*values) -> fvalues``: a call's values after OUT (``VALUE_OPERANDS``' order, then
+    ``extra``'s) from the values of the operands ``names`` (a None among them: an argument
+    ignored) and of ``extra``, in that order; every other operand's value is 0. Compiled once
+    into a function that returns a tuple literal, so that a call packs its values as cheaply
+    as a hand-written tuple would."""
+    unknown = set(names) - set(VALUE_INDEX) - {None}
+    if unknown:
+        raise ValueError(f"not a call operand: {sorted(unknown)}")
+    params = [name or f"_ignored{i}" for i, name in enumerate(names)] + list(extra)
+    slots = [op.name if op.name in names else "0" for op in VALUE_OPERANDS] + list(extra)
+    return eval(f"lambda {', '.join(params)}: ({', '.join(slots)},)")  # noqa: S307 (built from our own names)
 
 
 class Src(NamedTuple):
@@ -84,7 +101,7 @@ class Operand:
 
 class _Scratch:
     """A bump allocator for the plan's scratch regions (offsets from ``values[SCRATCH]``), and
-    the cluster claims before them (``_workspace``)."""
+    the cluster claims before them (``numba_hopper.runtime.workspace``)."""
 
     def __init__(self):
         self.size, self.claimed = 0, False
@@ -175,18 +192,19 @@ class _Batch:
 class _Gemm:
     """One launch of the persistent GEMM kernel of ``cfg`` over ``batch`` units.
 
-    ``fusion``: the fused epilogue of a single product, in kernel coordinates, with ``c`` and
-    ``a_scales`` (:class:`Operand` s, or None; A's block-wise scales as (K blocks, M),
-    row-major) placed apart from its other arrays (``arrays``: name -> Operand): the
-    kernel reads those two through tensor maps. ``grid``/``dp_tiles``: a stream-K launch's
-    schedule, or a grouped one's grid.
-    ``group_rows``: where a grouped launch's group sizes are (a :class:`Src`).
+    ``fusion``: the fused epilogue of a single product, in kernel coordinates, with ``c``
+    placed apart from its other arrays (``arrays``: the epilogue's, name -> Operand), as are
+    the mainloop's: ``a_scales`` and ``b_scales`` (A's and B's block-wise scales; A's as (K
+    blocks, M), row-major) and ``up`` (a gated product's B_up), each an :class:`Operand` or
+    None. The kernel reads C, A's scales and B_up through tensor maps, B's scales as
+    ``GemmParams.b_scales``. ``grid``/``dp_tiles``: a stream-K launch's schedule, or a
+    grouped one's grid. ``group_rows``: where a grouped launch's group sizes are (a :class:`Src`).
     """
 
-    def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, a_scales=None, up=None, arrays=None,
-                 user_srcs=(), grid=None, dp_tiles=0, record=None, group_rows=None):
+    def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, a_scales=None, b_scales=None, up=None,
+                 arrays=None, user_srcs=(), grid=None, dp_tiles=0, record=None, group_rows=None):
         self.cfg, self.a, self.b, self.d, self.c, self.batch = cfg, a, b, d, c, batch
-        self.a_scales, self.up = a_scales, up
+        self.a_scales, self.b_scales, self.up = a_scales, b_scales, up
         self.fusion, self.arrays, self.user_srcs = fusion, arrays or {}, user_srcs
         self.dp_tiles, self.record, self.group_rows = dp_tiles, record, group_rows
         M, N = self._kernel_shape()
@@ -230,14 +248,14 @@ class _Gemm:
         """The kernel's :class:`EpilogueArgs` and where each call's values of it come from."""
         args, srcs = {}, {}
         for name in self.cfg.epilogue.arg_names:
-            if name in ("alpha", "beta") or (name == "out_scale" and self.cfg.epilogue.out_scale == "number"):
-                index = {"alpha": ALPHA, "beta": BETA, "out_scale": OUT_SCALE}[name]
-                args[name], srcs[name] = np.float32(values[index]), Src(index)
-            elif name == "user_args":
+            if OPERAND[name].form == "args":
                 args[name], srcs[name] = tuple(map(user_arg, self.fusion.user_args)), list(self.user_srcs)
-            else:  # (amax: the float32's bits, for an integer atomic max)
+            elif name in self.arrays:
                 op = self.arrays[name]
-                args[name], srcs[name] = numba_array(op.at(values), "<u4" if name == "amax" else None), op.src
+                args[name], srcs[name] = numba_array(op.at(values), OPERAND[name].bits), op.src
+            else:  # a number
+                index = VALUE_INDEX[name]
+                args[name], srcs[name] = np.float32(values[index]), Src(index)
         return EpilogueArgs(**args), [srcs.get(field) for field in EpilogueArgs._fields]
 
     def prepare(self, values):
@@ -254,7 +272,8 @@ class _Gemm:
             group_rows=self.group_rows.resolve(values) if self.group_rows else 0,
             out_address=self.d.src.resolve(values) if self.group_rows else 0,
             tpc_order=tpc_order(self.d.view.device) if self.claims else 0,
-            cluster_claims=self.claims.resolve(values) if self.claims else 0)
+            cluster_claims=self.claims.resolve(values) if self.claims else 0,
+            b_scales=numba_array(self.b_scales.at(values)) if self.b_scales else 0)
         # Where each call's value of a field comes from (None: fixed at preparation).
         params_srcs = [None] * len(GemmParams._fields)
         params_srcs[GemmParams._fields.index("maps")] = [op.src for op in operands]
@@ -262,6 +281,7 @@ class _Gemm:
         params_srcs[GemmParams._fields.index("group_rows")] = self.group_rows
         params_srcs[GemmParams._fields.index("out_address")] = self.d.src if self.group_rows else None
         params_srcs[GemmParams._fields.index("cluster_claims")] = self.claims
+        params_srcs[GemmParams._fields.index("b_scales")] = self.b_scales and self.b_scales.src
         ep, ep_srcs = self._epilogue_args(values) if cfg.epilogue is not None else ((), None)
         args, srcs = (params, ep), (params_srcs, ep_srcs)
         kernel = make_gemm_kernel(cfg)
@@ -325,31 +345,20 @@ class Plan:
         self.device, self.specs, self.record = device, specs, record
         self.scratch_bytes, self.claims = (scratch.size, scratch.claimed) if scratch else (0, False)
         self._steps = None
-        self._scratch = (None, 0)  # the last stream's and its scratch (kept valid: _workspace)
 
     def __call__(self, stream, values, graph=None):
-        """Run on ``stream``; ``values``: a list, whose SCRATCH entry this sets; ``graph``:
-        whether ``stream`` is capturing a CUDA graph (None: ask)."""
-        nbytes = self.scratch_bytes
-        if nbytes or self.claims:
-            if graph is None:
-                graph = capturing(stream)
-            if graph:  # the graph's own scratch, allocated and freed inside it
-                base = alloc_async(CLAIMS_BYTES + nbytes, stream)
-                if self.claims:
-                    zero_async(base, CLAIMS_BYTES, stream)
-                values[SCRATCH] = base + CLAIMS_BYTES
-                for step, binds in self._steps or self._prepare(values):
-                    step(stream, values, binds)
-                free_async(base, stream)
-                return
-            last, scratch = self._scratch
-            if last != stream:
-                scratch = stream_scratch(self.device, stream, nbytes)
-                self._scratch = (stream, scratch)
-            values[SCRATCH] = scratch
-        for step, binds in self._steps or self._prepare(values):
-            step(stream, values, binds)
+        """Run on ``stream``; ``values``: a list, whose SCRATCH entry this sets to scratch taken
+        and given back in ``stream``'s order (``runtime.workspace``), captured or not (so
+        ``graph``, whether ``stream`` is capturing a CUDA graph, changes nothing)."""
+        scratch = 0
+        if self.scratch_bytes or self.claims:
+            values[SCRATCH] = scratch = alloc_scratch(self.device, stream, self.scratch_bytes, self.claims)
+        try:
+            for step, binds in self._steps or self._prepare(values):
+                step(stream, values, binds)
+        finally:
+            if scratch:
+                free_scratch(scratch, stream)
         if self.record is not None:
             self.record.synchronize(stream)
 
@@ -371,35 +380,36 @@ def _aligned(op: Operand, scratch, copies, row_major_only=False):
     return copy
 
 
-_FUSION_SRCS = {"c": Src(C), "row_scale": Src(ROW_SCALE), "col_scale": Src(COL_SCALE), "bias": Src(BIAS),
-                "aux": Src(AUX), "a_block_scales": Src(A_BLOCK_SCALES), "b_block_scales": Src(B_BLOCK_SCALES),
-                "out_scale": Src(OUT_SCALE), "amax": Src(AMAX), "up": Src(UP)}
 _SWAPPED = {"row_scale": "col_scale", "col_scale": "row_scale"}
 
 
-def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
+def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None):
     """The plan of ``out = a @ b`` (with ``fusion``) for these checked views.
 
     A column-major ``out`` is computed as ``out.T = b.T @ a.T``: the same kernel on swapped,
-    transposed operands. So is a plain decode product (a few rows: ``_heuristics.narrow_config``),
+    transposed operands. So is a plain decode product (a few rows: ``heuristics.narrow_config``),
     or a call whose ``config`` has ``out_major = "M"``: the kernel then writes the column-major
     ``out.T``. Operands TMA cannot address go through aligned scratch copies.
-    ``amax_out`` is zeroed (a memset on the stream) before the kernel raises it.
+    ``amax_out`` is zeroed (a memset on the stream) before the kernel raises it. ``split_k``:
+    the K slices (None: :func:`~.heuristics.split_count`'s, for plain calls without a config;
+    the call checked it).
     """
     a, b, d = Operand(va, Src(A)), Operand(vb, Src(B)), Operand(vo, Src(OUT))
     scratch, copies = _Scratch(), []
     c, arrays, user_srcs = None, {}, ()
     if fusion:
-        arrays = {name: Operand(getattr(fusion, name), src) for name, src in _FUSION_SRCS.items()
-                  if isinstance(getattr(fusion, name), DeviceView)}
+        arrays = {name: Operand(v, Src(VALUE_INDEX[name])) for name, v in fusion.operands.items()
+                  if isinstance(v, DeviceView)}
         user_srcs = _user_sources(fusion.user_args)
+    forced_split = split_k is not None and split_k > 1
     if config is not None and config.out_major == "M":
-        if fusion or not swappable(va, vb, vo):
+        if fusion or forced_split or not swappable(va, vb, vo):
             raise ValueError("a config with out_major = 'M' computes the product swapped, which takes plain 16-bit "
-                             "products with a and out row-major and TMA-addressable")
+                             "products with a and out row-major and TMA-addressable, and no split_k")
         narrow = config
     else:
-        narrow = None if fusion or config is not None else narrow_config(va, vb, vo, device_limits(vo.device))
+        narrow = None if fusion or config is not None or forced_split else narrow_config(
+            va, vb, vo, device_limits(vo.device))
     if narrow is not None:  # the kernel's rows are b's columns, its few columns the rows of a and out
         a, b, d, config = b.t(), a.t(), d.t(), narrow
     transposed = is_col_major(vo)
@@ -410,6 +420,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
     if "c" in arrays:  # C is read like the output: row-major
         c = _aligned(arrays.pop("c"), scratch, copies, row_major_only=True)
     up = arrays.pop("up", None)  # (gated: K-major and addressable, as gemm checked)
+    b_scales = arrays.pop("b_block_scales", None)
     a_scales = None
     if "a_block_scales" in arrays:
         a_scales, _ = _a_block_scales(arrays.pop("a_block_scales").view, scratch, copies)
@@ -420,21 +431,26 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
         d = Operand(layout, scratch.take(nbytes))
         finish.append(_Copy(d, target))
     ecfg = fusion and fusion.config(transposed)
-    # Split-K slices write fp32 partial sums, so an epilogue can only run after the reduce:
-    # the reduce applies a scale-only one (alpha, row_scale, col_scale); calls with any other
-    # epilogue do not split (GemmConfig refuses split_k > 1 with an epilogue).
-    reduce_scales = ecfg is not None and ecfg.scale_only
-    forced_split = config is not None and config.split_k > 1
-    cfg = choose_config(a.view, b.view, d.view, config, debug, None if reduce_scales and forced_split else ecfg)
+    # Split-K slices write fp32 partial sums, so an epilogue can only run after the reduce,
+    # which applies a scale-only one (alpha, row_scale, col_scale); calls with any other
+    # epilogue, or the mainloop's block-wise scales or gating, do not split.
+    if forced_split and fusion and not (ecfg.scale_only and not fusion.block_scaled and not fusion.gated):
+        raise ValueError("split_k > 1 cannot run a fused epilogue other than alpha, row_scale and col_scale "
+                         "(its K slices write partial sums, not outputs)")
+    cfg = choose_config(a.view, b.view, d.view, config, debug, None if forced_split else ecfg,
+                        block_scaled=bool(fusion and fusion.block_scaled), gated=bool(fusion and fusion.gated))
     record = DebugRecord() if debug else None
     M, N, K = d.view.shape[0], d.view.shape[1], a.view.shape[1]
     sms = device_limits(vo.device).sm_count
     # Only plain calls split on their own: the choices are fitted to them. Scaled calls split when
-    # asked (fp8 at M = 128 with 2 slices measured no better, benchmarks/NOTES.md).
-    auto_split = config is None and not fusion and not cfg.stream_k and cfg.out_dtype not in FP8_DTYPES
-    splits = split_count(cfg, M, N, K, sms) if auto_split else cfg.split_k
+    # asked (fp8 at M = 128 with 2 slices measured no better).
+    auto_split = split_k is None and config is None and not fusion and not cfg.stream_k \
+        and cfg.out_dtype not in FP8_DTYPES
+    splits = split_count(cfg, M, N, K, sms) if auto_split else split_k or 1
     if splits > 1 and cfg.out_dtype in FP8_DTYPES:
         raise ValueError("split_k > 1 cannot write an fp8 output (its reduce writes 16- and 32-bit floats)")
+    if splits > 1 and cfg.stream_k:
+        raise ValueError("split_k > 1 runs without stream_k")
     if splits > 1:
         cfg = split_k_config(cfg, device_limits(vo.device).max_shared_per_block_optin)
         ld = -(-N // 4) * 4
@@ -444,13 +460,13 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug):
         gemm = _Gemm(cfg, a, b, Operand(slice_view, place), _Batch(splits, 0, 0, M * ld, k_split), scratch,
                      record=record)
         partials = Operand(DeviceView(0, (splits, M, ld), (M * ld, ld, 1), "f32", 4, vo.device, "numba"), place)
-        reduce = _Reduce(partials, target, Src(ALPHA) if fusion and fusion.alpha != 1.0 else None,
+        reduce = _Reduce(partials, target, Src(VALUE_INDEX["alpha"]) if ecfg and ecfg.alpha else None,
                          arrays.get("row_scale"), arrays.get("col_scale"))
         steps = [*copies, gemm, reduce]
     else:
-        gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, a_scales=a_scales, up=up, arrays=arrays,
-                     user_srcs=user_srcs, record=record, **_stream_k(cfg, M, N, K, sms))
-        zero_amax = [_Memset(Src(AMAX), 4)] if fusion and fusion.amax is not None else []
+        gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, a_scales=a_scales, b_scales=b_scales, up=up,
+                     arrays=arrays, user_srcs=user_srcs, record=record, **_stream_k(cfg, M, N, K, sms))
+        zero_amax = [_Memset(arrays["amax"].src, 4)] if "amax" in arrays else []
         steps = [*zero_amax, *copies, gemm, *finish]
     return Plan(vo.device, steps, scratch, record)
 
@@ -460,7 +476,7 @@ def _a_block_scales(view, scratch, copies):
     (K blocks, M) matrices with M contiguous (torch's layout of (M, K blocks)), from a 2-D
     (M, K blocks) view or, masked groups, a 3-D (G, M, K blocks) one. Other layouts are
     copied into aligned scratch first (one more kernel per call)."""
-    src = Src(A_BLOCK_SCALES)
+    src = Src(VALUE_INDEX["a_block_scales"])
     if view.ndim == 2:
         return _aligned(Operand(transpose(view), src), scratch, copies, row_major_only=True), 0
     G, M, KB = view.shape
@@ -524,18 +540,15 @@ def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, confi
     Contiguous: ``ma`` and ``mo`` are the whole (rows, K) and (rows, N) matrices (strides 0:
     one matrix, row coordinates global); masked: the (M, K) and (M, N) matrices of group 0.
     ``row_scale``: a 1-D f32 view (rows, or G * M for masked) or None; ``alpha``: whether
-    the call's ALPHA value multiplies the output; ``block_scales``: fp8 block-wise ``(scale_a,
+    the call's alpha value multiplies the output; ``block_scales``: fp8 block-wise ``(scale_a,
     scale_b)`` f32 views (A's (rows, K/128), or (G, M, K/128) masked; B's (G, K/128, N/128)),
     or None. The launch takes the persistent grid: min(SMs, the host's bound on the tiles),
     whatever the sizes are.
     """
-    from ..kernels.epilogue import EpilogueConfig
-
     ecfg = None
-    if row_scale is not None or activation is not None or alpha or block_scales is not None:
-        ecfg = EpilogueConfig(alpha=alpha, row_scale=row_scale is not None, activation=activation,
-                              block_scales=block_scales is not None)
-    cfg = grouped_config(ma, mb, mo, mode, groups, config, debug, ecfg)
+    if row_scale is not None or activation is not None or alpha:
+        ecfg = EpilogueConfig(alpha=alpha, row_scale=row_scale is not None, activation=activation)
+    cfg = grouped_config(ma, mb, mo, mode, groups, config, debug, ecfg, block_scaled=block_scales is not None)
     M, N = mo.shape
     tiles_m = -(-M // cfg.block_m)
     bound = (groups * tiles_m if mode == "masked" else tiles_m + groups) * -(-N // cfg.block_n)
@@ -544,14 +557,14 @@ def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, confi
     grid = min(bound, device_limits(mo.device).sm_count)
     scratch, copies = _Scratch(), []
     record = DebugRecord() if debug else None
-    arrays = {"row_scale": Operand(row_scale, Src(ROW_SCALE))} if row_scale is not None else {}
-    a_scales, a_scales_stride = None, 0
+    arrays = {"row_scale": Operand(row_scale, Src(VALUE_INDEX["row_scale"]))} if row_scale is not None else {}
+    a_scales, a_scales_stride, b_scales = None, 0, None
     if block_scales is not None:
         a_scales, a_scales_stride = _a_block_scales(block_scales[0], scratch, copies)
-        arrays["b_block_scales"] = Operand(block_scales[1], Src(B_BLOCK_SCALES))
+        b_scales = Operand(block_scales[1], Src(VALUE_INDEX["b_block_scales"]))
     gemm = _Gemm(cfg, Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT)),
-                 _Batch(groups, *strides, a_scales=a_scales_stride), scratch, a_scales=a_scales, arrays=arrays,
-                 grid=grid, record=record, group_rows=Src(GROUP_ROWS))
+                 _Batch(groups, *strides, a_scales=a_scales_stride), scratch, a_scales=a_scales, b_scales=b_scales,
+                 arrays=arrays, grid=grid, record=record, group_rows=Src(GROUP_ROWS))
     return Plan(mo.device, [*copies, gemm], scratch, record)
 
 

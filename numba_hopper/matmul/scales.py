@@ -1,8 +1,8 @@
-"""FP8 scaling keywords (``scale_a``, ``scale_b``) mapped onto the fused epilogue.
+"""FP8 scaling keywords (``scale_a``, ``scale_b``) mapped onto the fused epilogue, or the mainloop.
 
-``(scale_a * A) @ (B * scale_b) = scale_a[:, None] * scale_b[None, :] * (A @ B)``, so the
-scales are factors of the f32 accumulator in the epilogue (``kernels/epilogue.py``), never
-applied to the operands:
+``(scale_a * A) @ (B * scale_b) = scale_a[:, None] * scale_b[None, :] * (A @ B)``, so
+per-tensor and row-wise scales are factors of the f32 accumulator in the epilogue
+(``numba_hopper.kernels.epilogue``), never applied to the operands:
 
 - a Python number (per-tensor) multiplies into ``alpha``;
 - a one-element float32 device array (per-tensor: shape (), (1,) or (1, 1)) is read by the
@@ -14,10 +14,10 @@ applied to the operands:
 
 Block-wise (DeepSeek-V3's recipe): ``scale_a`` (M, ceil(K / 128)), one per row and 128 K,
 with ``scale_b`` (ceil(K / 128), ceil(N / 128)), one per 128 x 128 block of B (K, N): the
-factor changes along K, so it cannot wait for the epilogue. The pair goes to the kernel as
-the epilogue's ``a_block_scales``/``b_block_scales``, which its mainloop applies to each
-k-block's product (two-level accumulation, ``kernels/mainloop.py``). Any strides: torch's
-(M, K/128) scale_a with strides (1, M) and DeepGEMM's row-major ones alike.
+factor changes along K, so it cannot wait for the epilogue. The pair goes to the kernel's
+mainloop (operands ``a_block_scales``/``b_block_scales``), which applies it to each k-block's
+product (two-level accumulation, ``numba_hopper.kernels.mainloop.promoted``). Any strides:
+torch's (M, K/128) scale_a with strides (1, M) and DeepGEMM's row-major ones alike.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from __future__ import annotations
 from numbers import Real
 
 from .fusion import NUMBER
+from .plan import values_packer
+from ..runtime.arrays import device_view
 from ..runtime.operands import describe
 from ..errors import DtypeError, ShapeError
 from ..kernels.gemm_config import KBLOCK_SCALE
@@ -37,7 +39,7 @@ _F32_NAMES = ("torch.float32", "float32", "<f4")
 def _shape(x):
     shape = getattr(x, "shape", None)
     if shape is None:
-        shape = x.__cuda_array_interface__["shape"]
+        shape = device_view(x).shape  # (what is no device array: its TypeError)
     return tuple(int(s) for s in shape)
 
 
@@ -180,11 +182,13 @@ def scale_binder(scale_a, scale_b, block_scales):
     calls with the same layouts as this one's, whose only epilogue keywords are the scales.
     ``fold_scales`` made every array scale a view at the array's own address: A's and B's
     block-wise scales, or the row and column scale vectors."""
-    block = block_scales is not None
-    a_vec = not block and scale_a is not None and not isinstance(scale_a, Real)
-    b_vec = not block and scale_b is not None and not isinstance(scale_b, Real)
+    if block_scales is not None:
+        return _BIND_BLOCKS
+    return _bind_vectors[scale_a is not None and not isinstance(scale_a, Real),
+                         scale_b is not None and not isinstance(scale_b, Real)]
 
-    def bind(alpha, a, b):  # (no scale_out, no amax_out)
-        return (alpha, 0.0, 0, a if a_vec else 0, b if b_vec else 0, 0, 0, a if block else 0, b if block else 0, 0, 0)
 
-    return bind
+# bind(alpha, a, b) of the block-wise scales, and of row and column vectors (whether each is one).
+_BIND_BLOCKS = values_packer(("alpha", "a_block_scales", "b_block_scales"))
+_bind_vectors = {(a, b): values_packer(("alpha", "row_scale" if a else None, "col_scale" if b else None))
+                 for a in (False, True) for b in (False, True)}

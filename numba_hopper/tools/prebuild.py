@@ -7,8 +7,8 @@ block) over a grid of shapes: every GEMM kernel of ``gemm(a, b)`` and ``bmm(a, b
 16-bit inputs, no epilogue, no ``config=`` and the input dtype as output, for each operand
 major, and the fp32 kernels of the products that split K. Each is compiled in a worker
 process (``numba_hopper._numba_internals.compile_kernel``), linked for sm_90a and written
-cubin-only under the name the kernel cache looks up (``_kernel_cache.entry_name``), with
-a manifest the loader checks (``_kernel_cache.prebuilt_status``). The directory is
+cubin-only under the name the kernel cache looks up (``runtime.kernel_cache.entry_name``), with
+a manifest the loader checks (``runtime.kernel_cache.prebuilt_status``). The directory is
 replaced whole: a reader sees the old set, none, or the new one.
 
 The split-K reduce and the copies of unaligned operands are launched without a cache key:
@@ -79,7 +79,7 @@ def _view(rows, cols, dtype, row_major):
 
 def _operands(M, N, K, units, dtype):
     """``(a, b, out)`` views for every operand major TMA can read at this shape. gemm copies
-    the other operands (and an unaligned output) row-major (``_plan._aligned``): one of
+    the other operands (and an unaligned output) row-major (``matmul.plan._aligned``): one of
     these; bmm refuses them."""
     out = _view(M, N, dtype, True)
     if units > 1 and not tma_addressable(out, True):
@@ -110,7 +110,7 @@ def kernel_set(dtypes=("bf16", "f16"), limits=H100, refused=None) -> set:
                     continue
                 configs.add(cfg)
                 narrow = narrow_config(a, b, out, limits) if units == 1 else None
-                if narrow is not None:  # gemm computes these swapped (_plan.gemm_plan)
+                if narrow is not None:  # gemm computes these swapped (matmul.plan.gemm_plan)
                     configs.add(choose_config(transpose(b), transpose(a), transpose(out), narrow, False, limits=limits))
                 if units == 1 and split_count(cfg, M, N, K, limits.sm_count) > 1:  # bmm does not split
                     configs.add(split_k_config(cfg, limits.max_shared_per_block_optin))

@@ -1,0 +1,179 @@
+"""A consumer's output sub-tiles from shared memory to global memory: TMA stores, the grouped
+kernels' guarded copies, and the column-major outputs' transposed tiles
+(:func:`make_subtile_stores`)."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import cuda
+
+from ... import intrinsics as nh
+from ...intrinsics import f32_to_bf16, f32_to_f16
+from ..gemm_config import ELEMENT_BYTES, EPI_BUF_BYTES
+
+__all__ = ["EpilogueState", "TileStore", "GuardedStore", "SubtileStores", "make_subtile_stores"]
+
+EpilogueState = namedtuple("EpilogueState", ["stores", "amax"])
+EpilogueState.__doc__ = """A consumer's epilogue across its tiles: ``stores``, its sub-tile stores so far
+(they pick the buffers and their phases), and ``amax``, the bits of the largest ``|value|``
+it has stored (0 unless the epilogue tracks it)."""
+# What a sub-tile's store reads besides the fragment: a fused epilogue's coordinates and
+# terms (the distance from the output buffer to C's, the sub-tile's first output row and
+# column, the row terms of rows row_in_wg and row_in_wg + 8, the staged column terms).
+_Subtile = namedtuple("_Subtile", ["c_offset", "row0", "col0", "M", "N", "ep", "row_terms", "row_terms_8", "columns",
+                                   "out_scale"])
+# One tile's store, passed through the unrolled sub-tile steps.
+TileStore = namedtuple("TileStore", ["frag", "smem", "c", "row0", "n0", "batch", "tmap_d", "tmap_c", "M", "N", "ep",
+                                     "terms"])
+# A grouped tile's store through registers: ``rows`` of its 64 to write, at ``d`` (the first
+# element of the output matrix, row-major with N columns).
+GuardedStore = namedtuple("GuardedStore", TileStore._fields + ("rows", "d"))
+
+SubtileStores = namedtuple("SubtileStores", ["subtiles", "guarded_subtiles", "transposed"])
+
+
+def make_subtile_stores(cfg, writer, load_c) -> SubtileStores:
+    """Device functions that store a consumer's tile of the kernel of ``cfg``, one sub-tile at a time:
+
+    - ``subtiles(state, ts: TileStore) -> state``: each sub-tile written (``writer``, a
+      :class:`~.fragment.SubtileWriter`) to one of the consumer's ``epi_buffers`` buffers, then
+      stored by one TMA store (TMA clips what lies outside the tensor); with C, each C
+      sub-tile's buffer is refilled (``load_c``) once every thread has read it;
+    - ``guarded_subtiles(state, gs: GuardedStore) -> state``: (grouped kernels) the same
+      sub-tiles' first ``gs.rows`` rows, copied by every thread, 16 bytes each;
+    - ``transposed(frag, smem, c, row0, n0, batch, tmap_d, state) -> state``: (column-major
+      outputs) the consumer's whole tile in one TMA box.
+    """
+    BN, OUT_T = cfg.out_block_n, cfg.out_dtype
+    GROUPED = cfg.grouped is not None
+    OUT_BYTES = ELEMENT_BYTES[OUT_T]
+    FUSED, HAS_C = cfg.epilogue is not None, cfg.has_c
+    EPI_COLS = cfg.epi_cols
+    EPI_CHUNKS = BN // EPI_COLS
+    EPI_ROW_BYTES = cfg.epi_swizzle or 128  # (column-major outputs: unswizzled 128-byte rows)
+    ROW_CHUNKS = EPI_ROW_BYTES // 16  # 16-byte chunks of a sub-tile row
+    CHUNK_COLS = 16 // ELEMENT_BYTES[OUT_T]
+    layout = cfg.layout
+    EPI_OFF, VEC_OFF, VEC_BYTES = layout.epi, layout.vec, layout.vec_bytes
+    EPI_BUFS = cfg.epi_buffers
+    STORES_IN_FLIGHT = EPI_BUFS - 1  # a consumer's TMA stores that may still read its buffers
+    C_OFF, C_BAR_OFF, C_BUF = layout.c, layout.c_barriers, cfg.c_buf_bytes
+    write_subtile, swizzled, out_scale = writer
+    to_bits = f32_to_bf16 if OUT_T == "bf16" else f32_to_f16
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_transposed(frag, smem, c, row0, n0, batch, tmap_d, state):
+        """(Column-major output) the consumer's 64 x BN tile: element (r, col) of the fragment
+        (register 4i + 2j + h: r = row_in_wg + 8j, col = 8i + 2(lane % 4) + h) to byte
+        128 col + 2 r of the buffer, then one TMA store of the (BN, 64) box."""
+        buf = smem + EPI_OFF + c.cw * EPI_BUF_BYTES
+        if c.leader:
+            nh.bulk_wait_group_read(0)  # the previous tile's store has read the buffer
+        nh.named_barrier_sync(1 + c.cw, 128)
+        for i in range(BN // 8):
+            for j in range(2):
+                for h in range(2):
+                    col = 8 * i + 2 * (c.lane % 4) + h
+                    nh.st_shared_u16(buf + 128 * col + 2 * (c.row_in_wg + 8 * j), to_bits(frag[4 * i + 2 * j + h]))
+        nh.fence_proxy_async()
+        nh.named_barrier_sync(1 + c.cw, 128)
+        if c.leader:
+            nh.tma_store_3d(tmap_d, buf, row0, n0, batch)
+            nh.bulk_commit_group()
+        return EpilogueState(state.stores + 1, state.amax)
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_subtile(q, state, ts):
+        """Sub-tile ``q`` of a tile (the consumer's ``state.stores``-th) to global memory; the next state."""
+        c, smem, stores = ts.c, ts.smem, state.stores
+        buf = smem + EPI_OFF + (EPI_BUFS * c.cw + stores % EPI_BUFS) * EPI_BUF_BYTES
+        if c.leader:
+            nh.bulk_wait_group_read(STORES_IN_FLIGHT)  # the store that last read buf is done
+        nh.named_barrier_sync(1 + c.cw, 128)
+        at = None
+        if FUSED:
+            slot = 2 * c.cw + stores % 2
+            if HAS_C:
+                nh.mbarrier_wait_parity(smem + C_BAR_OFF + 8 * slot, (stores // 2) % 2)
+            at = _Subtile(smem + C_OFF + slot * C_BUF - buf, ts.row0, ts.n0 + q * EPI_COLS, ts.M, ts.N, ts.ep,
+                          ts.terms[0], ts.terms[1], smem + VEC_OFF + c.cw * VEC_BYTES, out_scale(ts.ep))
+        amax = write_subtile(ts.frag, buf, q, c.row_in_wg, c.lane, at)
+        nh.fence_proxy_async()
+        nh.named_barrier_sync(1 + c.cw, 128)
+        if c.leader:
+            nh.tma_store_3d(ts.tmap_d, buf, ts.n0 + q * EPI_COLS, ts.row0, ts.batch)
+            nh.bulk_commit_group()
+        if HAS_C and c.leader and q + 2 < EPI_CHUNKS:  # every thread has read C sub-tile q: refill its buffer
+            load_c(smem, c.cw, stores + 2, ts.tmap_c, ts.row0, ts.n0 + (q + 2) * EPI_COLS, ts.batch)
+        return EpilogueState(stores + 1, max(state.amax, amax))
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_subtile_guarded(q, state, ts):
+        """Sub-tile ``q`` as :func:`store_subtile`, but only its first ``ts.rows`` rows, copied
+        from the swizzled buffer to global memory by every thread (grouped kernels)."""
+        c, smem, stores = ts.c, ts.smem, state.stores
+        buf = smem + EPI_OFF + (EPI_BUFS * c.cw + stores % EPI_BUFS) * EPI_BUF_BYTES
+        if c.leader:
+            nh.bulk_wait_group_read(0)  # no TMA store of this consumer still reads either buffer
+        nh.named_barrier_sync(1 + c.cw, 128)
+        at = None
+        if FUSED:
+            at = _Subtile(0, ts.row0, ts.n0 + q * EPI_COLS, ts.M, ts.N, ts.ep, ts.terms[0], ts.terms[1],
+                          smem + VEC_OFF + c.cw * VEC_BYTES, out_scale(ts.ep))
+        amax = write_subtile(ts.frag, buf, q, c.row_in_wg, c.lane, at)
+        nh.named_barrier_sync(1 + c.cw, 128)  # the sub-tile is in shared memory
+        col0 = ts.n0 + q * EPI_COLS
+        for i in range(ROW_CHUNKS // 2):  # 64 rows x ROW_CHUNKS 16-byte chunks over 128 threads
+            idx = c.t + 128 * i
+            r = idx // ROW_CHUNKS
+            k = idx % ROW_CHUNKS
+            col = col0 + k * CHUNK_COLS
+            if r < ts.rows and col < ts.N:  # N is a multiple of CHUNK_COLS (the host checks)
+                v = nh.ld_shared_v4_u32(swizzled(buf, r, 16 * k))
+                nh.st_global_v4_u32(ts.d + np.uint64(((ts.row0 + r) * ts.N + col) * OUT_BYTES), v[0], v[1], v[2], v[3])
+        return EpilogueState(stores + 1, max(state.amax, amax))
+
+    # q must be a constant in each sub-tile's code: LLVM leaves a loop over a fused epilogue
+    # rolled, and a run-time q would index the fragment, moving it to local memory. The
+    # plain kernel keeps its loop (LLVM unrolls it).
+    subtiles = (_unrolled if FUSED else _looped)(store_subtile, EPI_CHUNKS)
+    guarded_subtiles = (_unrolled if FUSED else _looped)(store_subtile_guarded, EPI_CHUNKS) if GROUPED else None
+    return SubtileStores(subtiles, guarded_subtiles, store_transposed)
+
+
+def _unrolled(step, n):
+    """Device function ``run(x, args)``: ``x = step(q, x, args)`` for q = 0, ..., n - 1.
+
+    Each call has its own q, a compile-time constant (closure constants), so the steps are
+    unrolled whatever LLVM's unroller thinks of their size.
+    """
+
+    @cuda.jit(device=True, forceinline=True)
+    def run(x, args):
+        return x
+
+    for q in range(n):
+        run = _then(run, step, q)
+    return run
+
+
+def _looped(step, n):
+    """``run(x, args)`` as :func:`_unrolled`, as a plain loop (left to LLVM to unroll)."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def run(x, args):
+        for q in range(n):
+            x = step(q, x, args)
+        return x
+
+    return run
+
+
+def _then(run, step, Q):
+    @cuda.jit(device=True, forceinline=True)
+    def run_then_step(x, args):
+        return step(Q, run(x, args), args)
+
+    return run_then_step

@@ -1,0 +1,77 @@
+"""The GEMM's mainloop: TMA loads of A and B tiles into the ring, wgmma on them.
+
+The producer's ``load`` walks a work item's k-blocks (128 bytes of K: 64 16-bit or 128 fp8
+elements, ``cfg.block_k``): it acquires a ring slot and loads one k-block of the A tile
+(BM x block_k) and of the B tile (block_k x BN) into it. The consumers' ``mma`` waits for
+each slot, issues ``wgmma.m64nBNk16`` (k32 for fp8) on its 64 rows of A, and releases
+the slot ``cfg.mma_depth`` k-blocks late (one, or more where the ring has slots to spare),
+once ``wgmma.wait_group`` says the wgmmas that read it are done, so the tensor cores
+always have the next k-blocks queued (PTX ISA, "Asynchronous warpgroup level matrix
+multiply-accumulate operation", wgmma.wait_group).
+
+Layouts: a K-major operand (A row-major, B column-major) is loaded as one box of one
+k-block (128 bytes, the 128B swizzle span) by BM or BN rows. An MN-major operand (A
+column-major, B row-major) is loaded as 64 x 64 boxes stacked along M/N and read by wgmma
+with the transpose bit (a 32-wide B tile: one 64 x 32 box with 64-byte swizzle). Partial
+tiles need no code: TMA zero-fills loads outside the tensor.
+
+Clusters: CTA ``(rm, rn)`` of a ``cluster_m x cluster_n`` cluster loads part ``rn`` of its
+A tile and part ``rm`` of its B tile and multicasts each to the CTAs that share that tile
+(``cp.async.bulk.tensor`` with ``.multicast::cluster``); a slot is then released to every
+producer that writes into it.
+
+The consumers' variants, one each:
+
+- one accumulator (the default), or one per wgmma of a k-block (``cfg.acc_chains``): :mod:`.mma`;
+- ping-pong (``cfg.pingpong``): a consumer issues both 64-row halves of a whole tile, in turns
+  with the other consumer, and passes over the other's k-blocks in the ring: :mod:`.mma`;
+- block-wise fp8 scales (``cfg.block_scaled``): a slot also holds A's scales of the tile's rows
+  for its k-block (one more TMA box), and each k-block's product is waited for and added,
+  scaled, into an f32 register sum; tiles of at most 128 x 128 have room for a second
+  accumulator and run k-blocks in pairs: :mod:`.promoted`.
+
+The parts they share, a k-block's wgmmas, the consumers' turns and the K loop, are
+:mod:`.issue`'s; the producer's loads are :mod:`.loads`'.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+from ...kit.pipeline import TmaPipeline
+from ..gemm_config import GemmConfig
+from .issue import make_k_block, make_turns
+from .loads import ClusterCta, make_loads
+from .mma import chained_mma, pingpong_mma, plain_mma
+from .promoted import promoted_mma, promoted_pairs_mma
+
+__all__ = ["Mainloop", "ClusterCta", "make_mainloop"]
+
+Mainloop = namedtuple("Mainloop", ["cluster_cta", "prefetch", "load", "begin", "mma"])
+
+
+def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
+    """The mainloop of the kernel of ``cfg`` over the ring ``pipe``: a :class:`Mainloop` of
+    device functions.
+
+    - ``cluster_cta``, ``prefetch``, ``load``: the producer's (:func:`~.loads.make_loads`);
+    - ``begin(consumer)``: (each consumer warpgroup, once, before its first ``mma``) with
+      block-wise scales and two or three consumers, or ping-pong, hand the first turn to issue
+      wgmmas to consumer 0;
+    - ``mma(acc, smem, bars, st, params, item, consumer, peers, tile) -> (acc, st)``: (a
+      consumer warpgroup) its 64 rows of the tile's product over the item's k-blocks, in the
+      accumulator tuple ``acc`` (ping-pong: the whole tile in the consumer's turn, ``acc`` the
+      upper and lower rows' accumulators); with block-wise scales (``cfg.block_scaled``, B's
+      read from ``params.b_scales``) each k-block's product is scaled into an f32 sum, returned
+      in ``acc``'s place; with ``cfg.acc_chains`` > 1 the k-block's wgmmas go to separate
+      accumulators, whose sum is returned.
+    """
+    cluster_cta, prefetch, load = make_loads(cfg, pipe)
+    kb, turns = make_k_block(cfg), make_turns(cfg)
+    if cfg.block_scaled:
+        variant = promoted_pairs_mma if cfg.promotes_in_pairs else promoted_mma
+    elif cfg.pingpong:
+        variant = pingpong_mma
+    else:
+        variant = chained_mma if cfg.acc_chains > 1 else plain_mma
+    return Mainloop(cluster_cta, prefetch, load, turns.begin, variant(cfg, pipe, kb, turns))

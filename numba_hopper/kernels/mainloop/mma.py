@@ -1,0 +1,96 @@
+"""The consumers' K loops of products that accumulate in the wgmmas' registers: one accumulator
+(:func:`plain_mma`), one per wgmma of a k-block (:func:`chained_mma`), and a whole 128-row tile
+in a consumer's turn (:func:`pingpong_mma`)."""
+
+from __future__ import annotations
+
+from numba import cuda
+
+from ... import intrinsics as nh
+from ..gemm_config import GemmConfig
+from .issue import KBlock, Turns, k_loop
+
+__all__ = ["plain_mma", "chained_mma", "pingpong_mma"]
+
+
+def plain_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
+    """``mma``: the k-blocks' wgmmas into the consumer's accumulator, ``cfg.mma_depth`` of them
+    in flight behind the one just issued."""
+    issue, descriptors = kb.issue, kb.descriptors
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_stage(acc, smem, st, cw, first):
+        return issue(acc, descriptors(smem, st, cw), first)
+
+    return k_loop(pipe, mma_stage, cfg.debug, cfg.mma_depth, turns.pass_on)
+
+
+def chained_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
+    """``mma`` over ``cfg.acc_chains`` accumulators, one per wgmma of a k-block (each started
+    afresh by the first k-block), summed once their wgmmas are done: a narrow tile's wgmmas are
+    short, and chained on one accumulator each would wait for the one before it."""
+    BN = cfg.block_n
+    k_step, descriptors = kb.k_step, kb.descriptors
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_stage_chained(accs, smem, st, cw, first):
+        """One k-block's wgmmas, each on its own accumulator of ``accs``: none waits for
+        another's result."""
+        descs = descriptors(smem, st, cw)
+        scale_d = 0 if first else 1
+        nh.wgmma_fence()
+        accs = (k_step(accs[0], descs, 0, scale_d), k_step(accs[1], descs, 1, scale_d),
+                k_step(accs[2], descs, 2, scale_d), k_step(accs[3], descs, 3, scale_d))
+        nh.wgmma_commit_group()
+        return accs
+
+    chained_k_loop = k_loop(pipe, mma_stage_chained, cfg.debug, cfg.mma_depth, turns.pass_on)
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_chained(acc, smem, bars, st, p, item, c, peers, tile):
+        zero = nh.wgmma_accumulator(BN, "f32")  # (copies of acc would be moved inside the loop)
+        accs, st = chained_k_loop((acc, zero, zero, zero), smem, bars, st, p, item, c, peers, tile)
+        total = nh.tuple_as_array(nh.wgmma_fence_operand(accs[0]))
+        parts = (nh.tuple_as_array(nh.wgmma_fence_operand(accs[1])), nh.tuple_as_array(nh.wgmma_fence_operand(accs[2])),
+                 nh.tuple_as_array(nh.wgmma_fence_operand(accs[3])))
+        for e in range(BN // 2):
+            total[e] += (parts[0][e] + parts[1][e]) + parts[2][e]
+        return nh.array_as_tuple(total, acc), st
+
+    assert cfg.acc_chains == kb.steps, cfg  # one accumulator per wgmma of a k-block
+    return mma_chained
+
+
+def pingpong_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
+    """``mma`` over the whole tile (``acc``: the upper and lower 64 rows' accumulators) in this
+    consumer's turn, which it hands to the other consumer once its last k-block's wgmmas are
+    issued. Turns also keep the consumers' ring waits in order: a consumer waits for a slot's
+    fill only after every earlier fill has been waited for, so a parity wait never mistakes a
+    fill two laps back for the one it needs."""
+    k_step, descriptors, wait_turn = kb.k_step, kb.descriptors, turns.wait
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_stage_tile(accs, smem, st, cw, first):
+        """One k-block's wgmmas on both 64-row halves of the tile, one group (spelled out: LLVM
+        leaves a loop over two accumulators rolled, and ptxas then pads each group with an
+        empty wgmma)."""
+        upper, lower = descriptors(smem, st, 0), descriptors(smem, st, 1)
+        scale_d = 0 if first else 1
+        top, bottom = accs
+        nh.wgmma_fence()
+        top, bottom = k_step(top, upper, 0, scale_d), k_step(bottom, lower, 0, scale_d)
+        top, bottom = k_step(top, upper, 1, 1), k_step(bottom, lower, 1, 1)
+        top, bottom = k_step(top, upper, 2, 1), k_step(bottom, lower, 2, 1)
+        top, bottom = k_step(top, upper, 3, 1), k_step(bottom, lower, 3, 1)
+        nh.wgmma_commit_group()
+        return top, bottom
+
+    tile_k_loop = k_loop(pipe, mma_stage_tile, cfg.debug, cfg.mma_depth, turns.pass_on)
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_pingpong(acc, smem, bars, st, p, item, c, peers, tile):
+        wait_turn(c)
+        return tile_k_loop(acc, smem, bars, st, p, item, c, peers, tile)
+
+    assert kb.steps == 4, cfg  # (mma_stage_tile spells out a 16-bit k-block's four k-steps)
+    return mma_pingpong
