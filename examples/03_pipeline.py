@@ -2,12 +2,14 @@
 
 Warp 0 is the producer: one elected thread streams the matrix through a 4-slot ring in
 32 x 32 float32 chunks with TMA. Warp 1 is the consumer: lane r adds up row r of each chunk.
-Each slot has two mbarriers (``pipeline_init``):
+``make_ring`` gives each slot two mbarriers (``RING.init``):
 
-- ``full``: the producer arms it for the chunk's bytes (``producer_commit``) and the TMA
-  load completes it; the consumer waits on it (``consumer_wait``);
-- ``empty``: the consumer arrives on it once the chunk is read (``consumer_release``); the
-  producer waits on it before reusing the slot (``producer_acquire``).
+- ``full``: the producer arms it for the chunk's bytes (``RING.acquire``, after waiting for
+  the slot to be free) and the TMA load completes it; the consumer waits on it
+  (``RING.wait``);
+- ``empty``: the consumer arrives on it once the chunk is read (``RING.release``, one of
+  ``consumer_arrivals``: here lane 0 of the consumer warp); the producer waits on it before
+  reusing the slot.
 
 128 chunks pass through 4 slots, so every slot is reused 32 times: the phase bit in
 ``PipelineState`` flips each time the ring wraps, which is what the waits check.
@@ -27,17 +29,15 @@ from numba import cuda
 from numba_hopper import intrinsics as nh
 from numba_hopper.tools.cli import run_example
 from numba_hopper.runtime.launch import launch
-from numba_hopper.kit.pipeline import (
-    consumer_release, consumer_wait, pipeline_advance, pipeline_init, pipeline_start,
-    producer_acquire, producer_commit,
-)
+from numba_hopper.kit.pipeline import make_ring
 from numba_hopper.runtime.tensormap import TensorMap
 
 STAGES = 4
 ROWS, COLS = 32, 32  # one chunk: 32 rows of 128 bytes
 CHUNK_BYTES = ROWS * COLS * 4
 RING_ELEMS = STAGES * ROWS * COLS  # shared array sizes must be constants numba can read
-BARRIERS = 2 * STAGES  # full[STAGES], empty[STAGES]
+RING = make_ring(STAGES, consumer_arrivals=1, tx_bytes=CHUNK_BYTES)  # one release per slot: lane 0 of warp 1
+BARRIERS = RING.barrier_bytes // 8  # full[STAGES], empty[STAGES]: one uint64 each
 
 
 @cuda.jit
@@ -47,22 +47,21 @@ def row_sums(tmap, chunks, out):
     bars = nh.shared_address(bar_storage)
     warp, lane = cuda.threadIdx.x // 32, cuda.threadIdx.x % 32
     if cuda.threadIdx.x == 0:
-        pipeline_init(bars, STAGES, 1)  # one consumer arrival per slot: lane 0 of warp 1
+        RING.init(bars)
     cuda.syncthreads()
 
-    st = pipeline_start()
+    st = RING.start()
     if warp == 0:
         if nh.elect_sync():  # one thread of the warp issues every load
             nh.fence_proxy_tensormap_acquire(tmap)
             for k in range(chunks):
-                producer_acquire(bars, STAGES, st)  # slot free (the first pass never waits)
-                full = producer_commit(bars, st, CHUNK_BYTES)
+                full = RING.acquire(bars, st)  # slot free (the first pass never waits); full armed
                 nh.tma_load_2d(nh.shared_address(ring) + st.stage * CHUNK_BYTES, tmap, k * COLS, 0, full)
-                st = pipeline_advance(st, STAGES)
+                st = RING.advance(st)
     else:
         total = np.float32(0)
         for k in range(chunks):
-            consumer_wait(bars, st)  # chunk k has landed in slot st.stage
+            RING.wait(bars, st)  # chunk k has landed in slot st.stage
             row = st.stage * ROWS * COLS + lane * COLS
             for col in range(COLS):
                 total += ring[row + col]
@@ -72,8 +71,8 @@ def row_sums(tmap, chunks, out):
             nh.fence_proxy_async()
             cuda.syncwarp()
             if lane == 0:
-                consumer_release(bars, STAGES, st)
-            st = pipeline_advance(st, STAGES)
+                RING.release(bars, st)
+            st = RING.advance(st)
         out[lane] = total
 
 

@@ -18,6 +18,10 @@ OPCODES = [
     ("02_wgmma_tile.py", ("UTMALDG", "HGMMA")),
     ("03_pipeline.py", ("UTMALDG", "SYNCS", "ELECT")),
     ("04_cluster_multicast.py", ("UTMALDG", "UCGABAR_WAIT")),
+    ("05_pipelined_gemm.py", ("UTMALDG", "HGMMA", "STSM", "UTMASTG")),
+    ("06_warp_specialized_gemm.py", ("UTMALDG", "HGMMA", "USETMAXREG", "STSM", "UTMASTG")),
+    ("07_persistent_gemm.py", ("UTMALDG", "HGMMA", "USETMAXREG", "STSM", "UTMASTG")),
+    ("08_attention_tile.py", ("UTMALDG", "HGMMA", "MUFU.EX2", "F2FP.BF16", "SHFL.BFLY", "UTMASTG")),
 ]
 
 
@@ -32,3 +36,4 @@ def test_example_kernel_compiles(filename, opcodes):
     for op in opcodes:
         assert report.count(op) >= 1, f"{op} missing: {report.summary()}"
     assert report.spill_bytes == 0, report.summary()
+    assert not report.warnings, report.summary()  # no wgmma serialization (C7513-C7515), no ignored setmaxnreg

@@ -15,7 +15,6 @@ from numba.cuda.extending import _Intrinsic
 
 import numba_hopper
 import numba_hopper.intrinsics as I
-from numba_hopper.intrinsics import _ptx
 from numba_hopper.intrinsics._ptx import u32
 
 SUBMODULES = sorted(
@@ -153,12 +152,12 @@ def test_signature_shows_operand_kinds():
 
 
 def test_ptx_asm_def_and_call_forms_agree():
-    @_ptx.ptx_asm("add.u32 {out}, {a}, {b};", pure=True)
+    @I.ptx_asm("add.u32 {out}, {a}, {b};", pure=True)
     def add_u32(a: "u32", b: u32) -> "u32":
         """PTX ISA 9.7.1.1 add."""
 
-    called = _ptx.ptx_intrinsic("add_u32", "add.u32 {out}, {a}, {b};", result="u32", pure=True, a="u32", b="u32",
-                                doc="PTX ISA 9.7.1.1 add.")
+    called = I.ptx_intrinsic("add_u32", "add.u32 {out}, {a}, {b};", result="u32", pure=True, a="u32", b="u32",
+                             doc="PTX ISA 9.7.1.1 add.")
     assert inspect.signature(add_u32) == inspect.signature(called)
     assert add_u32.__doc__ == called.__doc__
     assert add_u32.__name__ == "add_u32" and add_u32.__wrapped__.__name__ == "add_u32"
@@ -166,12 +165,12 @@ def test_ptx_asm_def_and_call_forms_agree():
 
 def test_ptx_asm_rejects_undeclared_operands():
     with pytest.raises(TypeError, match="operand 'a' needs a kind"):
-        @_ptx.ptx_asm("mov.u32 {out}, {a};")
+        @I.ptx_asm("mov.u32 {out}, {a};")
         def f(a) -> "u32":
             """no kind"""
 
     with pytest.raises(ValueError, match=r"needs \{out\}"):
-        @_ptx.ptx_asm("mov.u32 $0, {a};")
+        @I.ptx_asm("mov.u32 $0, {a};")
         def g(a: "u32") -> "u32":
             """no {out}"""
 

@@ -1,40 +1,55 @@
-"""The TMA producer/consumer ring buffer, as device functions over mbarriers.
+"""TMA producer/consumer rings over mbarriers, as device functions.
 
-A pipeline of ``stages`` slots has two mbarriers per slot, laid out from ``bars`` (a 32-bit
-shared address, 8-byte aligned):
+**A ring** (:func:`make_ring`, CuTe DSL's ``PipelineTmaAsync``) of ``stages`` slots has two
+mbarriers per slot, laid out from ``bars`` (a 32-bit shared address, 8-byte aligned;
+``ring.barrier_bytes`` = ``16 * stages`` of shared memory):
 
 - ``full[s]``  at ``bars + 8*s``: arrival count 1 (the producer's ``arrive.expect_tx``)
   plus the transaction bytes the TMA loads deliver (their ``complete_tx``);
-- ``empty[s]`` at ``bars + 8*(stages + s)``: one arrival per consumer (``consumer_arrivals``
-  fixed at init).
+- ``empty[s]`` at ``bars + 8*(stages + s)``: ``consumer_arrivals`` arrivals, the number of
+  threads that release each slot (say one elected lane per consumer warp: 4 per consumer
+  warpgroup; in a cluster whose peers multicast into the slot, times the CTAs that write it).
 
 Both sides walk the slots with a :class:`PipelineState` ``(stage, phase)``, two 32-bit
-integers from :func:`pipeline_start`: the stage wraps at ``stages`` and the phase flips when
-it does. The state runs on across output tiles of a persistent kernel and is never reset (as
+integers from ``ring.start()``: the stage wraps at ``stages`` and the phase flips when it
+does. The state runs on across the work items of a persistent kernel and is never reset (as
 CUTLASS's ``PipelineState``: resetting it per tile makes the producer and consumers disagree
 about parity after a tile whose k-block count is not a multiple of ``stages``). The producer
 waits on ``empty`` with the opposite parity, so its first pass over the fresh barriers does
-not block (CuTe's ``make_producer_start_state``).
+not block (CuTe's ``make_producer_start_state``)::
 
-:func:`make_tma_pipeline` bundles these for one ring (stage count, arrivals, bytes per
-slot, cluster peers) as a :class:`TmaPipeline` of device functions, the way a kernel uses
-it. The functions below are its parts, also usable on their own::
+    ring = make_ring(stages=4, consumer_arrivals=8, tx_bytes=A_BYTES + B_BYTES)
+    ring.init(bars)                           # one thread; then the block synchronizes
+    st = ring.start()
+    # producer (one elected thread)           # consumers
+    full = ring.acquire(bars, st)             ring.wait(bars, st)
+    tma_load_3d(a_dst, tmap_a, ..., full)     ... wgmma on slot st.stage, wait_group ...
+    tma_load_3d(b_dst, tmap_b, ..., full)     if lane == 0: ring.release(bars, st)
+    st = ring.advance(st)                     st = ring.advance(st)
 
-    st = pipeline_start()                           st = pipeline_start()
-    # producer (one elected thread)                 # consumers
-    producer_acquire(bars, STAGES, st)              consumer_wait(bars, st)
-    full = producer_commit(bars, st, TX_BYTES)      ... wgmma on slot st.stage ...
-    tma_load_2d(dst, tmap, x, y, full)              consumer_release(bars, STAGES, st)
-    st = pipeline_advance(st, STAGES)               st = pipeline_advance(st, STAGES)
+``acquire`` waits until every consumer released the slot and arms ``full`` for the ring's
+``tx_bytes`` (``acquire_bytes(bars, st, n)`` arms it for ``n``: a slot whose loads vary).
+Each ring has its own barriers, so a kernel runs several independent rings (attention's K and
+V: QK^T starts once K has landed, whatever V does) by giving each its own ``bars`` region.
+In a cluster, ``release_to(bars, st, peers)`` arrives on the slot's ``empty`` barrier in every
+CTA whose bit is set in ``peers`` (their producers multicast into this CTA's slot).
 
-Debug builds: ``producer_acquire`` and ``consumer_wait`` take an optional ``site``, a
-:class:`DebugSite` built by ``debug_site(record, tile, k_block)`` (the address of a debug
-record, the tile and the k-block being waited for). With ``site=None`` (the default, and
-what release kernels pass) a wait spins without bound and compiles to a plain wait: numba
-prunes the ``site is None`` branch at compile time. With a site the wait gives up after
+The free functions below (``pipeline_init``, ``producer_acquire``, ...) are the ring's
+parts, taking the stage count as an argument; :func:`make_tma_pipeline` bundles them as a
+:class:`TmaPipeline` (the GEMM's form).
+
+Debug builds: ``acquire``, ``wait`` (and ``producer_acquire``, ``consumer_wait``) take an
+optional ``site``, a :class:`DebugSite` built by ``debug_site(record, tile, k_block)`` (the
+address of a debug record, the tile and the k-block being waited for). With ``site=None``
+(the default) a wait spins without bound and compiles to a plain wait: numba prunes the
+``site is None`` branch at compile time. With a site the wait gives up after
 ``DEBUG_TIMEOUT_NS``; the first thread in the grid to give up fills the record (fields
-``numba_hopper.runtime.debug.RECORD_FIELDS``, one ``uint32`` each) and every thread that gives up traps. ``numba_hopper.runtime.debug.DebugRecord`` allocates the record in
+``numba_hopper.runtime.debug.RECORD_FIELDS``, one ``uint32`` each) and every thread that
+gives up traps. ``numba_hopper.runtime.debug.DebugRecord`` allocates the record in
 host-mapped memory, which the host can still read once the trap has killed the context.
+
+PTX ISA 9.7.13.15 "mbarrier" (phases, ``expect_tx``/``complete_tx``), 9.7.9.25.5.2
+"cp.async.bulk.tensor".
 """
 
 from collections import namedtuple
@@ -72,6 +87,8 @@ __all__ = [
     "consumer_release_in",
     "TmaPipeline",
     "make_tma_pipeline",
+    "Ring",
+    "make_ring",
 ]
 
 PipelineState = namedtuple("PipelineState", ["stage", "phase"])
@@ -190,10 +207,76 @@ TmaPipeline = namedtuple("TmaPipeline", ["init", "producer_acquire", "consumer_w
                                          "skip"])
 
 
+Ring = namedtuple("Ring", ["stages", "consumer_arrivals", "tx_bytes", "barrier_bytes", "init", "start", "acquire",
+                           "acquire_bytes", "wait", "release", "release_to", "advance", "skip"])
+Ring.__doc__ = """One TMA ring (:func:`make_ring`): its host-side numbers ``stages``, ``consumer_arrivals``,
+``tx_bytes`` and ``barrier_bytes`` (the shared memory of its barriers), and its device functions
+``init(bars)``, ``start()``, ``acquire(bars, st, site=None) -> full``, ``acquire_bytes(bars, st, n,
+site=None) -> full``, ``wait(bars, st, site=None)``, ``release(bars, st)``, ``release_to(bars, st,
+peers)``, ``advance(st)`` and ``skip(st, n)`` (the module doc shows them in use)."""
+
+
+def make_ring(stages, *, consumer_arrivals, tx_bytes, cluster_size=1) -> Ring:
+    """A :class:`Ring` of ``stages`` slots whose ``empty`` barriers take ``consumer_arrivals``
+    arrivals and whose ``full`` barriers expect ``tx_bytes`` (what one slot's TMA loads
+    deliver: the sum of their boxes' bytes, out-of-bounds fill included) from ``acquire``.
+
+    ``consumer_arrivals`` counts the threads that call ``release`` (or ``release_to``) for
+    each slot, over every CTA whose consumers read a slot this CTA's producer fills or whose
+    producer fills this CTA's slot: a count too high deadlocks, one too low lets the producer
+    overwrite a slot still being read. ``cluster_size``: CTAs in the cluster (``release_to``
+    addresses their barriers). Values are checked here, before any compilation.
+    """
+    for name, value, low, high in (("stages", stages, 1, 64), ("consumer_arrivals", consumer_arrivals, 1, 2**20 - 1),
+                                   ("tx_bytes", tx_bytes, 0, 2**20 - 1), ("cluster_size", cluster_size, 1, 16)):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ValueError(f"make_ring: {name} must be an int in [{low}, {high}] (mbarrier counts: PTX ISA "
+                             f"mbarrier.init and expect-tx ranges); got {value!r}")
+
+    @cuda.jit(device=True, forceinline=True)
+    def init(bars):
+        pipeline_init(bars, stages, consumer_arrivals)
+
+    @cuda.jit(device=True, forceinline=True)
+    def acquire(bars, state, site=None):
+        producer_acquire(bars, stages, state, site)
+        return producer_commit(bars, state, tx_bytes)
+
+    @cuda.jit(device=True, forceinline=True)
+    def acquire_bytes(bars, state, nbytes, site=None):
+        producer_acquire(bars, stages, state, site)
+        return producer_commit(bars, state, nbytes)
+
+    @cuda.jit(device=True, forceinline=True)
+    def wait(bars, state, site=None):
+        consumer_wait(bars, state, site)
+
+    @cuda.jit(device=True, forceinline=True)
+    def release(bars, state):
+        consumer_release(bars, stages, state)
+
+    @cuda.jit(device=True, forceinline=True)
+    def release_to(bars, state, peers):
+        for rank in range(cluster_size):
+            if (peers >> rank) & 1:
+                consumer_release_in(bars, stages, state, rank)
+
+    @cuda.jit(device=True, forceinline=True)
+    def advance(state):
+        return pipeline_advance(state, stages)
+
+    @cuda.jit(device=True, forceinline=True)
+    def skip(state, slots):
+        return pipeline_skip(state, slots, stages)
+
+    return Ring(stages, consumer_arrivals, tx_bytes, pipeline_barrier_bytes(stages), init, pipeline_start, acquire,
+                acquire_bytes, wait, release, release_to, advance, skip)
+
+
 def make_tma_pipeline(stages, consumer_arrivals, tx_bytes, cluster_size=1) -> TmaPipeline:
-    """One TMA ring as a :class:`TmaPipeline` of device functions (CuTe DSL's
-    ``PipelineTmaAsync``), which owns its stage count, its arrivals, the bytes a slot's
-    loads deliver and the signalling between the CTAs of a cluster::
+    """One TMA ring as a :class:`TmaPipeline`: the :class:`Ring` of :func:`make_ring` with
+    positional debug sites and a release that goes to the cluster's peers when there is a
+    cluster::
 
         pipe.init(bars)                                  # one thread, then a barrier
         full = pipe.producer_acquire(bars, st, site)     # slot free; full armed for tx_bytes
@@ -207,35 +290,13 @@ def make_tma_pipeline(stages, consumer_arrivals, tx_bytes, cluster_size=1) -> Tm
     ranks whose producers write into this CTA's slots (multicast); each of them hears this
     release. Without a cluster the release is local and ``peers`` is unused.
     """
-
-    @cuda.jit(device=True, forceinline=True)
-    def init(bars):
-        pipeline_init(bars, stages, consumer_arrivals)
-
-    @cuda.jit(device=True, forceinline=True)
-    def acquire(bars, state, site):
-        producer_acquire(bars, stages, state, site)
-        return producer_commit(bars, state, tx_bytes)
-
-    @cuda.jit(device=True, forceinline=True)
-    def wait(bars, state, site):
-        consumer_wait(bars, state, site)
+    ring = make_ring(stages, consumer_arrivals=consumer_arrivals, tx_bytes=tx_bytes, cluster_size=cluster_size)
 
     @cuda.jit(device=True, forceinline=True)
     def release(bars, state, peers):
         if cluster_size == 1:
-            consumer_release(bars, stages, state)
+            ring.release(bars, state)
         else:
-            for rank in range(cluster_size):
-                if (peers >> rank) & 1:
-                    consumer_release_in(bars, stages, state, rank)
+            ring.release_to(bars, state, peers)
 
-    @cuda.jit(device=True, forceinline=True)
-    def advance(state):
-        return pipeline_advance(state, stages)
-
-    @cuda.jit(device=True, forceinline=True)
-    def skip(state, slots):
-        return pipeline_skip(state, slots, stages)
-
-    return TmaPipeline(init, acquire, wait, release, advance, skip)
+    return TmaPipeline(ring.init, ring.acquire, ring.wait, release, ring.advance, ring.skip)
