@@ -12,6 +12,8 @@ Layers, each importing only the ones listed before it:
   cache;
 - :mod:`numba_hopper.matmul` (host): ``gemm``, ``bmm`` and ``grouped_gemm`` and their call path,
   re-exported here with :class:`GemmConfig` and the exceptions of :mod:`numba_hopper.errors`;
+- :mod:`numba_hopper.attention` (host and device): ``attention``, a FlashAttention-3-style
+  forward built on the kit, re-exported here;
 - :mod:`numba_hopper.torch`: custom ops, autograd and modules for PyTorch (imports torch);
 - :mod:`numba_hopper.tools`: SASS inspection without a GPU, the command line
   (``python -m numba_hopper``), the prebuilt kernel set.
@@ -21,6 +23,7 @@ Layers, each importing only the ones listed before it:
 
 from .errors import (  # noqa: F401
     DeviceMismatchError,
+    DeviceOutOfMemoryError,
     DtypeError,
     LayoutError,
     NumbaHopperError,
@@ -30,8 +33,10 @@ from .errors import (  # noqa: F401
     UnsupportedDeviceError,
 )
 from .matmul import GemmConfig, bmm, gemm, grouped_gemm  # noqa: F401
+from .attention import attention  # noqa: F401
 
 __version__ = "0.1.0"
 
-__all__ = ["gemm", "bmm", "grouped_gemm", "GemmConfig", "NumbaHopperError", "DtypeError", "ShapeError", "LayoutError",
-           "OverlapError", "DeviceMismatchError", "UnsupportedDeviceError", "PipelineHangError"]
+__all__ = ["gemm", "bmm", "grouped_gemm", "GemmConfig", "attention", "NumbaHopperError", "DtypeError", "ShapeError",
+           "LayoutError", "OverlapError", "DeviceMismatchError", "UnsupportedDeviceError", "DeviceOutOfMemoryError",
+           "PipelineHangError"]

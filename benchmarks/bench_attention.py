@@ -1,0 +1,209 @@
+"""numba_hopper.attention against every SDPA backend of this PyTorch, and a transformers prefill.
+
+    python benchmarks/bench_attention.py            # benchmarks/results/attention-<gpu>.json
+    python benchmarks/bench_attention.py --quick    # seqlens 2k and 16k only
+    python benchmarks/bench_attention.py --prefill-only
+
+Attention points: bf16, 16k tokens per batch (batch = 16384 / seqlen), seqlen 1k to 16k, head
+dims 64, 128 and 256 with 32, 16 and 8 heads (hidden 2048), causal and not, and GQA 8:1 and 4:1
+at head dim 128. At each point the kernels run in the same process on the same inputs: ours
+and SDPA forced to each backend (``torch.nn.attention.sdpa_kernel``: flash, cuDNN,
+memory-efficient; a backend that refuses a point is left out there), in interleaved rounds
+(each round times every implementation once, ``--iters`` calls between CUDA events); each
+figure is the median over ``--rounds`` rounds. ``ratio = ours / the fastest backend's
+TFLOP/s``. Causal work counts the visible (query, key) pairs only.
+
+Prefill: a ``LlamaForCausalLM`` (random init, nothing downloaded; 4 layers, hidden 2048, 16
+heads of 128, 4 K/V heads, MLP 5632, vocabulary 32000, bf16) on 4 x 2048 tokens under
+``torch.inference_mode()``: stock (transformers' SDPA attention), its attention routed to
+numba_hopper (``register_transformers_attention``), and that plus every linear on
+numba_hopper (``numba_hopper.torch.replace_linear``); ``ratio = stock_ms / ours_ms``.
+
+The table printed last has FlashAttention-3's published H100 figures (bf16, non-causal, 16k
+tokens: about 497, 648 and 756 TFLOP/s at head dims 64, 128, 256) beside ours: the H200 has the
+H100's compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+from bench_gemm import save_results  # noqa: E402
+
+import numba_hopper  # noqa: E402
+
+TOKENS = 16384
+SEQLENS = (1024, 2048, 4096, 8192, 16384)
+HEADS = {64: 32, 128: 16, 256: 8}
+FA3_H100 = {64: 497, 128: 648, 256: 756}  # TFLOP/s, bf16, non-causal, 16k tokens (FlashAttention-3 paper)
+
+
+def backends():
+    """``{name: SDPBackend}`` of the SDPA backends this PyTorch has."""
+    from torch.nn.attention import SDPBackend
+
+    names = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+    return {n: getattr(SDPBackend, b) for n, b in names.items() if hasattr(SDPBackend, b)}
+
+
+def flops(batch, heads, seqlen, head_dim, causal):
+    pairs = seqlen * (seqlen + 1) // 2 if causal else seqlen * seqlen
+    return 4.0 * batch * heads * pairs * head_dim
+
+
+def _sdpa(backend, q, k, v, causal, gqa):
+    from torch.nn.attention import sdpa_kernel
+
+    def run():
+        with sdpa_kernel([backend]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    return run
+
+
+def _time(fn, iters):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def interleaved(fns, rounds, iters):
+    """``{name: median ms}`` over ``rounds`` rounds, each timing every function once in turn."""
+    for fn in fns.values():  # warm-up: compile, plan, autotune
+        fn()
+    torch.cuda.synchronize()
+    times = {name: [] for name in fns}
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(_time(fn, iters))
+    finally:
+        gc.enable()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_point(head_dim, heads, kv_heads, seqlen, causal, rounds, iters):
+    batch = TOKENS // seqlen
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, kv_heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    gqa = kv_heads != heads
+    fns = {"ours": lambda: numba_hopper.attention(q, k, v, causal=causal, causal_align="top_left")}
+    for name, backend in backends().items():
+        fn = _sdpa(backend, q, k, v, causal, gqa)
+        try:
+            fn()
+        except RuntimeError:  # no kernel of this backend for this point
+            continue
+        fns[name] = fn
+    ms = interleaved(fns, rounds, iters)
+    work = flops(batch, heads, seqlen, head_dim, causal)
+    tflops = {name: work / t / 1e9 for name, t in ms.items()}
+    refs = {n: f for n, f in tflops.items() if n != "ours"}
+    best = max(refs, key=refs.get) if refs else None
+    name = f"d{head_dim} h{heads}/{kv_heads} s{seqlen} {'causal' if causal else 'full'}"
+    return {"name": name, "batch": batch, "heads": heads, "kv_heads": kv_heads, "seqlen_q": seqlen,
+            "seqlen_k": seqlen, "head_dim": head_dim, "causal": causal, "dtype": "bf16",
+            "ours_tflops": round(tflops["ours"], 1), "ref_tflops": round(refs[best], 1) if best else None,
+            "ref_backend": best, "ratio": round(tflops["ours"] / refs[best], 3) if best else None,
+            "backends_tflops": {n: round(f, 1) for n, f in refs.items()}}
+
+
+def points(quick):
+    seqlens = (2048, 16384) if quick else SEQLENS
+    for head_dim, heads in HEADS.items():
+        for causal in (False, True):
+            for seqlen in seqlens:
+                yield head_dim, heads, heads, seqlen, causal
+    for ratio in (8, 4):
+        for causal in (False, True):
+            for seqlen in seqlens:
+                yield 128, 16, 16 // ratio, seqlen, causal
+
+
+def build_llama(attn_implementation):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=16,
+                         num_key_value_heads=4, vocab_size=32000, max_position_embeddings=4096,
+                         attn_implementation=attn_implementation)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        return LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def bench_prefill(rounds):
+    """Stock vs attention on numba_hopper vs attention and linears on numba_hopper."""
+    import copy
+
+    import numba_hopper.torch as nht
+
+    name = nht.register_transformers_attention()
+    stock = build_llama("sdpa")
+    routed = copy.deepcopy(stock)
+    routed.set_attn_implementation(name)
+    both = copy.deepcopy(routed)
+    nht.replace_linear(both)
+    ids = torch.randint(0, 32000, (4, 2048), device="cuda")
+    models = {"stock": stock, "attention": routed, "attention+linears": both}
+    with torch.inference_mode():
+        logits = {n: m(ids).logits.float() for n, m in models.items()}
+        ms = interleaved({n: (lambda m=m: m(ids)) for n, m in models.items()}, rounds, 1)
+    ref = logits["stock"]
+    return [{"name": f"llama prefill 4x2048, {n}", "ours_ms": round(ms[n], 3), "ref_ms": round(ms["stock"], 3),
+             "ratio": round(ms["stock"] / ms[n], 3),
+             "rel_error": ((logits[n] - ref).norm() / ref.norm()).item()} for n in models if n != "stock"]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--iters", type=int, default=5, help="calls between a round's CUDA events")
+    p.add_argument("--quick", action="store_true", help="seqlens 2k and 16k only")
+    p.add_argument("--prefill-only", action="store_true")
+    p.add_argument("--no-prefill", action="store_true")
+    p.add_argument("--out", help="results file (default: benchmarks/results/attention-<gpu>.json)")
+    args = p.parse_args(argv)
+    from numba_hopper.attention import attention_config, precompile
+
+    # the three bf16 kernels, compiled side by side in worker processes into the kernel cache
+    precompile([attention_config(d, "bf16") for d in HEADS])
+    records, prefill = [], []
+    if not args.prefill_only:
+        for point in points(args.quick):
+            r = bench_point(*point, args.rounds, args.iters)
+            records.append(r)
+            print(f"{r['name']:32} ours {r['ours_tflops']:7.1f}  best {r['ref_backend']} {r['ref_tflops']}  "
+                  f"ratio {r['ratio']}  {r['backends_tflops']}", flush=True)
+    if not args.no_prefill:
+        prefill = bench_prefill(args.rounds)
+    out = save_results("attention", {"tokens_per_batch": TOKENS, "rounds": args.rounds, "iters": args.iters,
+                                     "fa3_h100_tflops": FA3_H100, "results": records, "prefill": prefill},
+                       args.out)
+    print("\n| point | ours TFLOP/s | best SDPA | TFLOP/s | ratio | FA3 H100 |\n|---|---|---|---|---|---|")
+    for r in records:
+        fa3 = FA3_H100[r["head_dim"]] if not r["causal"] and r["seqlen_q"] == TOKENS and r["kv_heads"] == r["heads"] \
+            else ""
+        print(f"| {r['name']} | {r['ours_tflops']} | {r['ref_backend']} | {r['ref_tflops']} | {r['ratio']} | {fa3} |")
+    for r in prefill:
+        print(f"| {r['name']} | {r['ours_ms']} ms | stock | {r['ref_ms']} ms | {r['ratio']} | err {r['rel_error']:.1e} |")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""numba_hopper.attention without a GPU: the kernels' SASS (one per head dim and dtype), the tile
+walk and block counts against brute force, the host checks on CPU tensors, the op's fake
+implementation, and the kit's overlap check.
+
+    python -m pytest -q -n 0 tests/test_attention_cpu.py
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from numba_hopper.attention.config import (BLOCK_M, DTYPES, HEAD_DIMS, AttentionConfig, argument_types,
+                                           attention_config, l2_section)
+from numba_hopper.attention.kernel import make_attention_kernel, warp_split
+from numba_hopper.attention.scheduler import make_key_blocks, tile_order_host
+from numba_hopper.kit.overlap import make_wait_after, wgmma_stages
+from numba_hopper.tools.sass import inspect_kernel
+
+KERNELS = [(d, t) for t in DTYPES for d in HEAD_DIMS]
+
+
+@pytest.fixture(scope="module", params=KERNELS, ids=[f"d{d}-{t}" for d, t in KERNELS])
+def compiled(request):
+    head_dim, dtype = request.param
+    cfg = attention_config(head_dim, dtype)
+    return cfg, inspect_kernel(make_attention_kernel(cfg), argument_types(cfg))
+
+
+def test_kernel_compiles_without_spills_or_serialization(compiled):
+    cfg, r = compiled
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert not r.warnings, r.summary()  # no C7513/C7514/C7517 (serialized or waited wgmmas), no C7508
+    assert not r.setmaxnreg_ignored and r.count("USETMAXREG") == 2, r.summary()
+    assert not r.warpsync_before_wgmma, r.summary()
+    assert "CALL" not in r.sass, "a subroutine call (64-bit division, precise reciprocal) in the kernel"
+
+
+def test_kernel_has_the_intended_instructions(compiled):
+    cfg, r = compiled
+    wgmmas = [line.split("HGMMA.")[1] for line in r.sass.splitlines() if "HGMMA." in line]
+    qk = [w for w in wgmmas if w.startswith("64x%dx16" % cfg.block_n) and "tnspB" not in w]
+    pv = [w for w in wgmmas if w.startswith("64x%dx16" % cfg.head_dim) and "tnspB" in w]
+    assert len(qk) == 3 * cfg.head_dim // 16  # S = Q K^T: the first block, the masked and the plain steps
+    assert len(pv) == 3 * cfg.block_n // 16 and len(wgmmas) == len(qk) + len(pv)  # O += P V: the steps, the tail
+    assert all(w.split(",")[1].strip().startswith("R") for w in pv)  # P from registers (RS)
+    assert r.count("UTMALDG") >= 3 * cfg.boxes and r.count("UTMASTG") == cfg.boxes
+    assert r.count("STSM") == cfg.head_dim // 16 and r.count("MUFU.EX2") >= 3 * cfg.block_n // 2
+    assert r.count("WARPGROUP.ARRIVE") == 6 and r.count("SHFL.BFLY") >= 8
+    assert (r.count("BAR.ARV") >= 2) == cfg.take_turns  # the consumers' turns
+
+
+def test_softmax_runs_under_the_p_v_wgmmas(compiled):
+    """In both loop bodies every exponential of the block's softmax lies between the P V wgmmas'
+    issue and their wait, and nothing writes P's registers while those wgmmas run."""
+    cfg, r = compiled
+    stages = [s for s in wgmma_stages(r.sass) if s.a_registers and s.count("WARPGROUP.DEPBAR")]
+    assert len(stages) == 2, [(s.first_line, s.wait_line) for s in wgmma_stages(r.sass)]
+    for stage in stages:
+        assert stage.count("MUFU.EX2") >= cfg.block_n // 2 + 2, stage
+        assert stage.count("SHFL.BFLY") >= 4 and not stage.a_register_writes, stage
+
+
+def test_register_budget_and_shared_memory():
+    for head_dim, dtype in KERNELS:
+        cfg = attention_config(head_dim, dtype)
+        ws = warp_split(cfg)
+        assert ws.threads == 384 and ws.consumer_regs == cfg.consumer_regs == 240
+        assert cfg.shared_bytes <= 232448
+        offsets = cfg.smem.offsets
+        assert all(offsets[n] % 1024 == 0 for n in ("q", "k", "v")) and offsets["pin"] % 8 == 0
+    with pytest.raises(ValueError, match="head_dim"):
+        AttentionConfig(96)
+    with pytest.raises(ValueError, match="shared memory"):
+        AttentionConfig(256, block_n=128, stages=2)
+
+
+@pytest.mark.parametrize("m_blocks, pairs, section, causal", [(5, 7, 1, False), (4, 6, 4, True), (9, 3, 2, True),
+                                                              (1, 1, 1, True)])
+def test_tile_walk_covers_every_tile_once(m_blocks, pairs, section, causal):
+    order = tile_order_host(m_blocks, pairs, section, causal)
+    assert sorted(order) == sorted(itertools.product(range(m_blocks), range(pairs)))
+    if causal:  # longest first within each section of pairs
+        for start in range(0, len(order), section * m_blocks):
+            blocks = [m for m, _ in order[start:start + section * m_blocks]]
+            assert blocks == sorted(blocks, reverse=True)
+
+
+def test_l2_section():
+    assert l2_section(64, 16384, 128, 1) == 4  # 8 MB of K and V per head: 4 in 32 MB
+    assert l2_section(64, 1 << 20, 128, 8) == 8  # one K/V head per section, its 8 query heads
+    assert l2_section(3, 1024, 64, 1) == 3
+
+
+@pytest.mark.parametrize("block_n", [80, 128])
+def test_key_blocks_against_brute_force(block_n):
+    """The blocks a tile visits cover every key one of its rows sees; the unmasked ones are
+    seen whole by every row."""
+    key_blocks = make_key_blocks(block_n)
+    for sq, sk, causal, bottom_right in itertools.product((1, 100, 129, 300), (0, 1, 80, 129, 300), (False, True),
+                                                          (False, True)):
+        diag = (sk - sq if bottom_right else 0) if causal else sk
+        for m0 in range(0, sq, BLOCK_M):
+            rows = np.arange(m0, min(m0 + BLOCK_M, sq))[:, None]
+            keys = np.arange(sk)[None, :]
+            visible = (keys <= rows + diag) & (keys < sk)
+            n_blocks, n_masked = (int(x) for x in key_blocks(np.int32(m0), np.int32(sq), np.int32(sk),
+                                                              np.int32(diag)))
+            needed = 0 if not visible.any() else int(np.nonzero(visible.any(0))[0].max()) // block_n + 1
+            assert n_blocks == needed, (sq, sk, causal, bottom_right, m0)
+            for n in range(n_blocks - n_masked):  # unmasked: every row of the tile sees the whole block
+                assert n * block_n + block_n <= sk and visible[:, n * block_n:(n + 1) * block_n].all()
+
+
+# --- host checks (CPU tensors: every check before the device is reached) ------------------
+
+
+torch = pytest.importorskip("torch")
+
+
+def _t(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype)
+
+
+def test_bad_input_raises_before_launch():
+    import numba_hopper
+    from numba_hopper import DeviceMismatchError, DtypeError, LayoutError, ShapeError
+
+    q = _t(2, 4, 100, 128)
+    attn = numba_hopper.attention
+    with pytest.raises(DtypeError, match="bfloat16 or float16"):
+        attn(q.float(), q.float(), q.float())
+    with pytest.raises(DtypeError, match="one dtype"):
+        attn(q, q.half(), q)
+    with pytest.raises(ShapeError, match="head dim 96"):
+        attn(_t(2, 4, 100, 96), _t(2, 4, 100, 96), _t(2, 4, 100, 96))
+    with pytest.raises(ShapeError, match="multiple of the key/value heads"):
+        attn(q, _t(2, 3, 100, 128), _t(2, 3, 100, 128))
+    with pytest.raises(ShapeError, match="batch"):
+        attn(q, _t(3, 4, 100, 128), _t(3, 4, 100, 128))
+    with pytest.raises(ShapeError, match="4-D"):
+        attn(q[0], q[0], q[0])
+    with pytest.raises(ShapeError, match="v must have k's shape"):
+        attn(q, q, _t(2, 4, 100, 64))
+    with pytest.raises(ValueError, match="causal_align"):
+        attn(q, q, q, causal=True, causal_align="upper")
+    with pytest.raises(ValueError, match="scale"):
+        attn(q, q, q, scale=-1.0)
+    with pytest.raises(LayoutError, match="out"):
+        attn(q, q, q, out=_t(2, 4, 100, 256)[..., ::2])
+    with pytest.raises(ShapeError, match="out"):
+        attn(q, q, q, out=_t(2, 4, 101, 128))
+    with pytest.raises(TypeError, match="CUDA"):
+        attn(q, q, q)
+    with pytest.raises(DeviceMismatchError):
+        attn(q, q.to("meta"), q)
+
+
+def test_bad_packed_input_raises_before_launch():
+    import numba_hopper
+    from numba_hopper import ShapeError
+
+    q, cu = _t(300, 4, 64), torch.tensor([0, 100, 300], dtype=torch.int32)
+    attn = numba_hopper.attention
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        attn(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    with pytest.raises(ValueError, match="both"):
+        attn(q, q, q, cu_seqlens_q=cu, max_seqlen_q=200, max_seqlen_k=200)
+    with pytest.raises(ShapeError, match="int32"):
+        attn(q, q, q, cu_seqlens_q=cu.long(), cu_seqlens_k=cu, max_seqlen_q=200, max_seqlen_k=200)
+    with pytest.raises(ShapeError, match="3-D"):
+        attn(q[None], q[None], q[None], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200, max_seqlen_k=200)
+    with pytest.raises(TypeError, match="CUDA"):
+        attn(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200, max_seqlen_k=200)
+
+
+def test_fake_implementation_shapes():
+    import numba_hopper.torch  # noqa: F401
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = torch.ops.numba_hopper.attention.default
+    with FakeTensorMode():
+        q, k = torch.empty(2, 8, 100, 128, dtype=torch.bfloat16), torch.empty(2, 2, 70, 128, dtype=torch.bfloat16)
+        out, lse = op(q, k, k, True, "top_left", None, None, None, None, None, False)
+        assert out.shape == q.shape and lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+        out, _ = op(q, k, k, False, "bottom_right", None, None, None, None, None, True)
+        assert out.shape == q.shape and out.transpose(1, 2).is_contiguous()  # (batch, seq, heads, dim) storage
+        packed, cu = torch.empty(300, 8, 64, dtype=torch.float16), torch.empty(3, dtype=torch.int32)
+        out, lse = op(packed, packed, packed, False, "bottom_right", None, cu, cu, 200, 200, False)
+        assert out.shape == packed.shape and lse.shape == (8, 300)
+
+
+def test_sdpa_drop_in_falls_back_on_the_cpu():
+    import numba_hopper.torch as nht
+
+    q = torch.randn(1, 2, 8, 64)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert torch.equal(nht.scaled_dot_product_attention(q, q, q, is_causal=True), ref)
+
+
+def test_pinned_wait_factory_checks_its_count():
+    with pytest.raises(ValueError, match="0..7"):
+        make_wait_after(8)
+    make_wait_after(1)
+
+
+def test_wgmma_stages_reads_a_listing():
+    sass = "\n".join([
+        "        /*0000*/                   HGMMA.64x128x16.F32.BF16 R24, R100, gdesc[UR8].tnspB, R24, gsb0 ;",
+        "        /*0010*/                   MUFU.EX2 R3, R4 ;",
+        "        /*0020*/                   IMAD.MOV.U32 R101, RZ, RZ, R3 ;",
+        "        /*0030*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+        "        /*0040*/                   MUFU.EX2 R5, R6 ;",
+    ])
+    (stage,) = wgmma_stages(sass)
+    assert stage.wgmmas == 1 and stage.count("MUFU.EX2") == 1 and stage.a_registers == {100, 101, 102, 103}
+    assert len(stage.a_register_writes) == 1 and "R101" in stage.a_register_writes[0]
+
+
+def test_new_intrinsics_compile():
+    """``st_global_f32`` is one STG.E; ``opaque_u32`` costs nothing once ptxas has removed its mov,
+    yet keeps LLVM from hoisting what depends on it out of a loop."""
+    from numba import cuda
+
+    from numba_hopper.intrinsics.gmem_f32 import st_global_f32
+    from numba_hopper.intrinsics.opaque import opaque_u32
+
+    @cuda.jit
+    def store(addr, x, n):
+        for i in range(n):
+            base = opaque_u32(np.uint32(addr))  # loop-invariant, but computed in the loop
+            st_global_f32(np.uint64(base) + 4 * i, x)
+
+    r = inspect_kernel(store, "void(int64, float32, int32)")
+    assert r.count("STG.E") >= 1 and r.spill_bytes == 0 and "st.global.f32" in r.ptx, r.summary()
+    assert "mov.b32" in r.ptx
