@@ -1,7 +1,7 @@
 """Fused epilogues vs the unfused torch sequence and vs our plain GEMM, same process.
 
-    python benchmarks/bench_epilogue.py                # 4096^3 and 8192^3, both fusions
-    python benchmarks/bench_epilogue.py --json out.json
+    python benchmarks/bench_epilogue.py                # 4096^3 and 8192^3, both fusions: results/epilogue-<gpu>.json
+    python benchmarks/bench_epilogue.py --out out.json
     python benchmarks/bench_epilogue.py --configs default n256   # our kernels as in bench_gemm.py
 
 Fusions (bf16 in and out, bias per column, row-major), called as users call them, with
@@ -35,7 +35,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench_gemm import _config, _operand, _time, save_results  # noqa: E402
+from bench_gemm import _config, _operand, _time, results_name, save_results  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -142,7 +142,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--configs", nargs="*", default=["default"], help="our kernels, named as in bench_gemm.py")
-    p.add_argument("--json", help="results file (default benchmarks/results/epilogue-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--out", "--json", dest="out", metavar="PATH",
+                   help="results file (default: benchmarks/results/epilogue[-configs]-<gpu>.json)")
     args = p.parse_args(argv)
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20)
@@ -159,9 +160,10 @@ def main(argv=None):
                       f" (IQR {r['ratio_quartiles'][0]:.3f}-{r['ratio_quartiles'][2]:.3f})"
                       f"  vs plain {r['vs_plain']:.3f}  out=: speedup {r['out_ratio']:.3f}x,"
                       f" vs plain {r['out_vs_plain']:.3f}", flush=True)
-    out = save_results("epilogue", {"baseline": "cublas_* fields: the unfused torch sequence (addmm + gelu / add_)",
-                                    "calls": "ratio, vs_plain: fresh operands and outputs; out_*: both with out=",
-                                    "records": records}, args.json)
+    kind = results_name("epilogue", args.configs != ["default"] and "configs")
+    out = save_results(kind, {"baseline": "cublas_* fields: the unfused torch sequence (addmm + gelu / add_)",
+                              "calls": "ratio, vs_plain: fresh operands and outputs; out_*: both with out=",
+                              "records": records}, args.out)
     print(f"results: {out}")
 
 

@@ -18,15 +18,16 @@ The reference runs ``_scaled_mm``'s default (``use_fast_accum=False``: cuBLASLt 
 the fp8 accumulator into f32, which this kernel does for block-wise scales only);
 ``--fast-accum`` times its unpromoted variant, the like-for-like one for the others.
 
-Method: bench_gemm.py's (benchmarks/NOTES.md), with its helpers: input sets rotated to
+Method: bench_gemm.py's (docs/performance.md), with its helpers: input sets rotated to
 exceed twice the L2, CUDA events over ``reps`` calls, rounds interleaved and reversed every
 other round, the median over rounds (a ratio: of the rounds' ratios, ``paired_ratio``), a
 warm-up first. Each shape and scaling is checked against a float64 reference of the
 dequantized operands before it is timed.
 
-    python benchmarks/bench_fp8.py            # the suite
-    python benchmarks/bench_fp8.py --quick    # 4096^3 and 128x7168x16384 only
-    python benchmarks/bench_fp8.py --json out.json --rounds 10
+    python benchmarks/bench_fp8.py            # the suite: benchmarks/results/fp8-<gpu>.json
+    python benchmarks/bench_fp8.py --device-time --rounds 7   # the steady state: fp8-device-<gpu>.json
+    python benchmarks/bench_fp8.py --quick    # 4096^3 and 128x7168x16384 only (fp8-quick-<gpu>.json)
+    python benchmarks/bench_fp8.py --out out.json --rounds 10
     python benchmarks/bench_fp8.py --scalings blockwise --configs default n192   # the opt-in 128x192 tile
 """
 
@@ -38,7 +39,7 @@ import math
 import torch
 
 # (bench_gemm also puts the checkout on sys.path)
-from bench_gemm import _config, interleaved_rounds, medians, paired_ratio, print_table, save_results
+from bench_gemm import _config, interleaved_rounds, medians, paired_ratio, print_table, results_name, save_results
 from numba_hopper import gemm
 
 # (name, M, N, K): the issue's anchors, then DeepSeek-V3's projections at M = 128 and 4096.
@@ -162,7 +163,8 @@ def main(argv=None):
     p.add_argument("--scalings", default=",".join(SCALINGS), help="comma-separated subset of " + ", ".join(SCALINGS))
     p.add_argument("--out-dtype", choices=("bf16", "e4m3"), default="bf16",
                    help="e4m3: fp8 outputs with an output scale (and our amax) on both sides")
-    p.add_argument("--json", help="results file (default benchmarks/results/fp8-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--out", "--json", dest="out", metavar="PATH",
+                   help="results file (default: benchmarks/results/<name>-<gpu>.json, the name saying what ran)")
     args = p.parse_args(argv)
 
     names = args.shapes or (QUICK if args.quick else None)
@@ -183,12 +185,16 @@ def main(argv=None):
             print(f"{name:24s} {scaling:8s} ours {r['ours_tflops']:7.1f}  _scaled_mm {r['ref_tflops']:7.1f} TFLOP/s"
                   f"  ratio {r['ratio']:.3f}  err {r['rel_error']:.2e}"
                   + "".join(f"  {c} {t:.1f}" for c, t in r.get("configs_tflops", {}).items()), flush=True)
-    out = save_results("fp8", {"timing": "device" if args.device_time else "wall (host call rate included)",
-                               "calls": f"gemm(a, b, scale_a=, scale_b=) vs torch._scaled_mm(..., out_dtype="
-                                        f"{args.out_dtype}, use_fast_accum={args.fast_accum}), e4m3 TN, fresh outputs"
-                                        + (", scale_out/scale_result 0.25, our amax_out" if args.out_dtype == "e4m3"
-                                           else ""),
-                               "records": records}, args.json)
+    kind = results_name("fp8", args.out_dtype == "e4m3" and "e4m3-out", args.quick and "quick",
+                        args.shapes and "shapes", args.scalings != ",".join(SCALINGS) and "-".join(scalings),
+                        args.configs != ["default"] and "configs", args.fast_accum and "fast-accum",
+                        args.device_time and "device")
+    out = save_results(kind, {"timing": "device" if args.device_time else "wall (host call rate included)",
+                              "calls": f"gemm(a, b, scale_a=, scale_b=) vs torch._scaled_mm(..., out_dtype="
+                                       f"{args.out_dtype}, use_fast_accum={args.fast_accum}), e4m3 TN, fresh outputs"
+                                       + (", scale_out/scale_result 0.25, our amax_out" if args.out_dtype == "e4m3"
+                                          else ""),
+                              "records": records}, args.out)
     for scaling in scalings:
         ratios = [r["ratio"] for r in records if r["scaling"] == scaling]
         if ratios:

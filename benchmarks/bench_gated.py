@@ -1,7 +1,7 @@
 """A gated MLP's first half, ``silu(x @ W_gate.T) * (x @ W_up.T)`` (SwiGLU), in one gated GEMM vs
 the stock torch.compile of it, same process.
 
-    python benchmarks/bench_gated.py [--rounds 11] [--json out.json]
+    python benchmarks/bench_gated.py [--rounds 11] [--out out.json]   # default: results/gated-<gpu>.json
 
 - "ours": ``numba_hopper.gemm(x, w_gate.t(), up=w_up.t(), activation="silu")``, as the compiled
   model calls it (``numba_hopper.torch._gated``): one kernel, the gated (M, N) output written;
@@ -65,7 +65,8 @@ def bench(M, N, K, rounds, l2_bytes, stock):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=11)
-    p.add_argument("--json", help="results path (default benchmarks/results/gated-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--out", "--json", dest="out", metavar="PATH",
+                   help="results file (default: benchmarks/results/gated-<gpu>.json)")
     args = p.parse_args(argv)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     stock = torch.compile(swiglu)
@@ -78,7 +79,7 @@ def main(argv=None):
     geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
     out = save_results("gated", {"call": "gemm(x, w_gate.t(), up=w_up.t(), activation='silu'), fresh x and output",
                                  "reference": "torch.compile(silu(x @ w_gate.t()) * (x @ w_up.t()))",
-                                 "geomean": geomean, "records": records}, args.json)
+                                 "geomean": geomean, "records": records}, args.out)
     print_table(records, [("name", "MLP", "s"), ("M", "M", "d"), ("N", "N", "d"), ("K", "K", "d"),
                           ("ours_ms", "ours ms", ".4f"), ("torch_ms", "torch ms", ".4f"), ("ratio", "ratio", ".3f")], out)
     print(f"geomean {geomean:.3f}")

@@ -23,14 +23,14 @@ sb_g (K/128, N/128) strides (1, K/128), built before timing); where this PyTorch
 record keeps its error (``ref_error``) and no reference time. Errors against float64 of the
 dequantized operands; the check bound is the block-wise one (5e-3 + 3e-4).
 
-Method: bench_gemm.py's (benchmarks/NOTES.md), with its helpers: input sets rotated to exceed
+Method: bench_gemm.py's (docs/performance.md), with its helpers: input sets rotated to exceed
 twice the L2, CUDA events over ``reps`` calls, rounds interleaved and reversed every other
 round, the median over rounds, a warm-up first. Each case is checked against float64 on a
 sample (three groups, the first 512 columns) before it is timed.
 
-    python benchmarks/bench_grouped.py            # the suite (bf16 ~2-3 minutes on the H100; fp8 not yet timed)
+    python benchmarks/bench_grouped.py            # the suite: benchmarks/results/grouped-<gpu>.json
     python benchmarks/bench_grouped.py --quick    # one contiguous and one masked case of each dtype
-    python benchmarks/bench_grouped.py --json out.json --rounds 10
+    python benchmarks/bench_grouped.py --out out.json --rounds 10
     python benchmarks/bench_grouped.py --dtypes e4m3   # the fp8 cases only
     python benchmarks/bench_grouped.py --dtypes e4m3 --configs default n192   # our tile choice vs 128x192
 """
@@ -43,7 +43,8 @@ import math
 
 import torch
 
-from bench_gemm import _config, interleaved_medians, print_table, save_results  # also puts the checkout on sys.path
+# (bench_gemm also puts the checkout on sys.path)
+from bench_gemm import _config, interleaved_medians, print_table, results_name, save_results
 from numba_hopper import grouped_gemm
 
 # (name, G, rows per group, N, K)
@@ -268,7 +269,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--device-time", action="store_true",
                    help="time the GPU alone (the host enqueues ahead during a sleep kernel)")
-    p.add_argument("--json", help="results file (default benchmarks/results/grouped-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--out", "--json", dest="out", metavar="PATH",
+                   help="results file (default: benchmarks/results/<name>-<gpu>.json, the name saying what ran)")
     p.add_argument("--dtypes", nargs="*", choices=["bf16", "e4m3"], default=["bf16", "e4m3"],
                    help="bf16 cases (vs torch._grouped_mm / a torch.mm loop) and/or fp8 block-wise ones "
                         "(vs a torch._scaled_mm loop)")
@@ -308,13 +310,15 @@ def main(argv=None):
             else:
                 r = bench_fp8("masked", G, M, N, K, False, args.rounds, l2, args.device_time, configs=args.configs)
             done({"name": name, "layout": "masked", "dtype": dtype, "groups": G, "M": M, "N": N, "K": K, **r})
-    out = save_results("grouped", {"timing": "device" if args.device_time else "wall (host call rate included)",
-                                   "calls": "bf16: grouped_gemm(a, b, offsets) vs torch._grouped_mm(a, b, offs=) "
-                                            "(contiguous); grouped_gemm(a, b, masked_m=) vs a torch.mm loop over the "
-                                            "valid rows (masked); e4m3: grouped_gemm(..., scale_a=, scale_b=) "
-                                            "block-wise vs a torch._scaled_mm loop over the non-empty groups; "
-                                            "b[g] column-major, fresh outputs",
-                                   "records": records}, args.json)
+    kind = results_name("grouped", args.quick and "quick", args.dtypes != ["bf16", "e4m3"] and "-".join(args.dtypes),
+                        args.configs != ["default"] and "configs", args.device_time and "device")
+    out = save_results(kind, {"timing": "device" if args.device_time else "wall (host call rate included)",
+                              "calls": "bf16: grouped_gemm(a, b, offsets) vs torch._grouped_mm(a, b, offs=) "
+                                       "(contiguous); grouped_gemm(a, b, masked_m=) vs a torch.mm loop over the "
+                                       "valid rows (masked); e4m3: grouped_gemm(..., scale_a=, scale_b=) "
+                                       "block-wise vs a torch._scaled_mm loop over the non-empty groups; "
+                                       "b[g] column-major, fresh outputs",
+                              "records": records}, args.out)
     for dtype in args.dtypes:
         ratios = [r["ratio"] for r in records if r["dtype"] == dtype and r["ratio"] is not None]
         if ratios:

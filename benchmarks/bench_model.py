@@ -1,6 +1,6 @@
 """A real model's forward with every linear layer through numba_hopper, against stock PyTorch.
 
-    python benchmarks/bench_model.py [--rounds 20] [--json out.json]
+    python benchmarks/bench_model.py [--rounds 20] [--out out.json]   # default: results/model-<gpu>.json
 
 The model: a Llama-style decoder built with ``transformers`` (``LlamaForCausalLM``, random
 init, nothing downloaded): 4 layers, hidden 2048, MLP 5632, 16 heads, vocabulary 32000,
@@ -111,7 +111,8 @@ def bench_case(models, batch, seq, rounds):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--json", help="results file (default benchmarks/results/model-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--out", "--json", dest="out", metavar="PATH",
+                   help="results file (default: benchmarks/results/model-<gpu>.json)")
     args = p.parse_args(argv)
     stock = build_model()
     ours = copy.deepcopy(stock)
@@ -125,7 +126,7 @@ def main(argv=None):
                         "rel_error": rel_error, "gemm_calls": calls})
         print(f"{case:16s} ours {ours_ms:8.3f} ms  torch {torch_ms:8.3f} ms  ratio {torch_ms / ours_ms:.3f}"
               f"  logits rel. error {rel_error:.2e}", flush=True)
-    out = save_results("model", {"model": MODEL, "linears_per_forward": linears, "records": records}, args.json)
+    out = save_results("model", {"model": MODEL, "linears_per_forward": linears, "records": records}, args.out)
     print_table(records, [("case", "case", "s"), ("ours_ms", "ours ms", ".3f"), ("torch_ms", "torch ms", ".3f"),
                           ("ratio", "ratio", ".3f"), ("rel_error", "logits rel. error", ".1e")], out)
 

@@ -1,6 +1,6 @@
 """Host time per call, as users call it: numba_hopper.gemm vs torch in one process.
 
-    python benchmarks/bench_overhead.py [--calls 300] [--rounds 30] [--json out.json]
+    python benchmarks/bench_overhead.py [--calls 300] [--rounds 30] [--out out.json]   # default: results/overhead-<gpu>.json
 
 Cases (bf16, M = N = K = 256, so the host, not the GPU, sets the pace):
 
@@ -113,7 +113,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--json", help="results file (default benchmarks/results/overhead-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--out", "--json", dest="out", metavar="PATH",
+                   help="results file (default: benchmarks/results/overhead-<gpu>.json)")
     args = p.parse_args(argv)
     _check_results()
     records = []
@@ -140,7 +141,7 @@ def main(argv=None):
 
     out = save_results("overhead", {"shape": [N, N, N], "calls": args.calls, "rounds": args.rounds, "blocks": blocks,
                                     "new_layout_blocks": new_layout_blocks, "new_kernel_blocks": new_kernel_blocks,
-                                    "records": records}, args.json)
+                                    "records": records}, args.out)
     print_table(records, [("case", "case", "s"), ("ours_us", "ours us", ".2f"), ("torch_us", "torch us", ".2f"),
                           ("ratio", "ratio", ".3f")], out)
 

@@ -1,6 +1,6 @@
 """Programmatic dependent launch, on and off: a Llama-style layer chain replayed from CUDA graphs.
 
-    python benchmarks/bench_pdl.py [--rounds 15] [--json out.json]
+    python benchmarks/bench_pdl.py [--rounds 15] [--out out.json]   # default: results/pdl-<gpu>.json
 
 Four layers of hidden 2048 / MLP 5632 projections (q, k, v, o, gate, up, down: the GEMMs of
 ``bench_model.py``'s model, with its residual adds and SiLU between them, no attention) at
@@ -64,7 +64,8 @@ def _graph(x, layers, mm, dependent):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--json", help="results file (default benchmarks/results/pdl-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--out", "--json", dest="out", metavar="PATH",
+                   help="results file (default: benchmarks/results/pdl-<gpu>.json)")
     args = p.parse_args(argv)
     layers, records, default = _weights(), [], _plan.DEPENDENT_LAUNCH
     for M in (8, 4096):
@@ -94,7 +95,7 @@ def main(argv=None):
         records += [{"case": case, "M": M, "us_per_forward": t, "ratio": med["torch"] / t} for case, t in med.items()]
     _plan.DEPENDENT_LAUNCH = default
     out = save_results("pdl", {"model": f"{LAYERS} layers, hidden {HIDDEN}, MLP {MLP}, bf16, no attention",
-                               "records": records}, args.json)
+                               "records": records}, args.out)
     print_table(records, (("case", "case", "s"), ("M", "M", "d"), ("us_per_forward", "us per forward", ".1f"),
                           ("ratio", "torch / case", ".3f")), out)
 

@@ -12,9 +12,9 @@ Shapes: the QKV, O, gate/up and down projections of Llama-3 8B and 70B and Qwen2
 W.T, W stored (N, K) as nn.Linear keeps it: layout RC) and Mixtral 8x7B's expert
 projection, at M from 1 to 16384; square sizes; and the four layouts on a subset.
 
-    python benchmarks/bench_sweep.py                      # all, then the first-call time
+    python benchmarks/bench_sweep.py                      # all, then the first-call time: results/sweep-<gpu>.json
     python benchmarks/bench_sweep.py --models llama3-8b --ms 1 4096
-    python benchmarks/bench_sweep.py --json out.json      # else results/sweep-<gpu>-<date>-<commit>.json
+    python benchmarks/bench_sweep.py --out out.json
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_gemm import ROOT, bench_shape, print_table, save_results
+from bench_gemm import ROOT, bench_shape, print_table, results_name, save_results
 
 import torch
 
@@ -61,7 +61,7 @@ def first_call_s():
     """The cold first call (benchmarks/first_call.py: a new process, an empty kernel cache)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "first_call.json"
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "first_call.py"), "--json", str(path)], check=True)
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "first_call.py"), "--out", str(path)], check=True)
         return json.loads(path.read_text())["cold"]["first_call_s"]
 
 
@@ -75,7 +75,8 @@ def main(argv=None):
     p.add_argument("--ms", nargs="*", type=int, default=MS)
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--no-first-call", action="store_true", help="skip the cold first-call measurement")
-    p.add_argument("--json")
+    p.add_argument("--out", "--json", dest="out", metavar="PATH",
+                   help="results file (default: benchmarks/results/sweep[-subset]-<gpu>.json)")
     args = p.parse_args(argv)
 
     cold = None if args.no_first_call else first_call_s()
@@ -102,10 +103,11 @@ def main(argv=None):
         "min_ratio_m_ge_64": min((r["ratio"] for r in records if r["M"] >= 64), default=None),
         "min_ratio_m_lt_64": min((r["ratio"] for r in records if r["M"] < 64), default=None),
     }
-    out = save_results("sweep", {"calls": "ratio: gemm(a, b) vs torch.matmul(a, b), fresh operands and outputs, "
-                                          "host time included; out_ratio: both with out=; device_ratio: fresh, "
-                                          "device time only", "dtype": "bf16", "first_call_s": cold, **summary,
-                                 "records": records}, args.json)
+    kind = results_name("sweep", (args.models != list(MODELS) or args.ms != MS) and "subset")
+    out = save_results(kind, {"calls": "ratio: gemm(a, b) vs torch.matmul(a, b), fresh operands and outputs, "
+                                       "host time included; out_ratio: both with out=; device_ratio: fresh, "
+                                       "device time only", "dtype": "bf16", "first_call_s": cold, **summary,
+                              "records": records}, args.out)
     print_table(records, [("name", "shape", "s"), ("ours_tflops", "ours TFLOP/s", ".1f"),
                           ("cublas_tflops", "cuBLAS TFLOP/s", ".1f"), ("ratio", "ratio", ".3f"),
                           ("out_ratio", "out= ratio", ".3f")], out)

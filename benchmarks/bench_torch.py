@@ -1,7 +1,7 @@
 """numba_hopper.torch in a real model, as PyTorch users run one: compiled, graph-replayed,
 and trained, against the stock model in one process.
 
-    python benchmarks/bench_torch.py [--rounds 20] [--json out.json]
+    python benchmarks/bench_torch.py [--rounds 20] [--out out.json]   # default: results/torch-<gpu>.json
 
 The model is ``bench_model.py``'s Llama-style decoder (4 layers, hidden 2048, bf16). "ours"
 is a copy (the same weights) with every ``nn.Linear`` swapped by
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from bench_gemm import paired_ratio, print_table, save_results  # noqa: E402
+from bench_gemm import paired_ratio, print_table, results_name, save_results  # noqa: E402
 from bench_model import MODEL, _time_ms, build_model  # noqa: E402
 
 import numba_hopper.torch as nht  # noqa: E402
@@ -123,7 +123,8 @@ def bench(make, batch, seq, rounds, fuse_mlps):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--json", help="results file (default benchmarks/results/torch-<gpu>-<date>-<commit>.json)")
+    p.add_argument("--out", "--json", dest="out", metavar="PATH",
+                   help="results file (default: benchmarks/results/torch[-unfused]-<gpu>.json)")
     p.add_argument("--unfused-mlps", action="store_true", help="swap the linears only (no fuse_gated_mlps)")
     args = p.parse_args(argv)
     records = []
@@ -137,7 +138,8 @@ def main(argv=None):
               f" (of medians {torch_ms / ours_ms:.3f})  ({swapped[0]} linears swapped, {swapped[1]} MLPs fused)", flush=True)
         torch.cuda.empty_cache()
     ours = "replace_linear" + ("" if args.unfused_mlps else " + fuse_gated_mlps")
-    out = save_results("torch", {"model": MODEL, "torch": torch.__version__, "ours": ours, "records": records}, args.json)
+    kind = results_name("torch", args.unfused_mlps and "unfused")
+    out = save_results(kind, {"model": MODEL, "torch": torch.__version__, "ours": ours, "records": records}, args.out)
     print_table(records, [("case", "case", "s"), ("ours_ms", "ours ms", ".3f"), ("torch_ms", "torch ms", ".3f"),
                           ("ratio", "ratio", ".3f")], out)
 

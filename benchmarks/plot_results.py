@@ -1,12 +1,13 @@
 """Draw a benchmark results file: TFLOP/s of numba_hopper and cuBLAS per shape, and their ratio.
 
     python benchmarks/plot_results.py [RESULTS.json] [-o chart.png]
+    python benchmarks/plot_results.py benchmarks/results/sweep-h100.json -o docs/sweep-h100.png   # the README's chart
 
 A sweep file (``bench_sweep.py``, too many shapes for bars) is drawn as the ratio against
 the product's size, one colour per model.
 
-Default input: the newest ``benchmarks/results/gemm-*.json`` (by modification time); default
-output: the input's name with ``.png``. Needs matplotlib (``pip install 'numba-hopper[plot]'``).
+Default input: the newest GEMM suite baseline, ``benchmarks/results/gemm-<gpu>.json`` (by
+modification time); default output: the input's name with ``.png``. Needs matplotlib (``pip install 'numba-hopper[plot]'``).
 """
 
 import argparse
@@ -17,9 +18,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def newest_results() -> pathlib.Path:
-    files = sorted((ROOT / "benchmarks" / "results").glob("gemm-*.json"), key=lambda p: p.stat().st_mtime)
+    files = sorted((p for p in (ROOT / "benchmarks" / "results").glob("gemm-*.json") if p.stem.count("-") == 1),
+                   key=lambda p: p.stat().st_mtime)  # gemm-<gpu>.json, not gemm-small-<gpu>.json and the like
     if not files:
-        raise SystemExit("no benchmarks/results/gemm-*.json; run benchmarks/bench_gemm.py first")
+        raise SystemExit("no benchmarks/results/gemm-<gpu>.json; run benchmarks/bench_gemm.py first")
     return files[-1]
 
 

@@ -288,7 +288,7 @@ class PreparedLaunch:
     ``cuLaunchKernelEx`` (cuda.bindings) on a ``void*[]`` of numba's packed arguments and a
     launch configuration built once per stream. That costs ~5 us of host time where
     ``cuda.core.launch``, which re-packs its arguments on every call, costs ~12 us
-    (H100 host, benchmarks/NOTES.md): for a small GEMM the host's call rate, not the GPU,
+    (an H100 host; ``python benchmarks/profile_overhead.py``): for a small GEMM the host's call rate, not the GPU,
     sets the pace. ``config`` is the same launch as a ``cuda.core.LaunchConfig`` (less
     ``dependent``).
 

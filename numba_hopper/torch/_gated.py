@@ -5,7 +5,7 @@ two ``numba_hopper::mm`` and puts one ``numba_hopper::gated_mm`` in their place.
 The gated kernel (``numba_hopper.gemm(x, W_gate.t(), up=W_up.t(), activation="silu")``) computes
 both products in one tile and writes only the gated output: the two products' outputs never
 reach memory, and the elementwise kernel that reads them to compute the gating is gone
-(benchmarks/NOTES.md, session 36). Stock PyTorch cannot do this: cuBLAS has no such epilogue.
+(``python benchmarks/bench_gated.py``). Stock PyTorch cannot do this: cuBLAS has no such epilogue.
 
 The pass sees the graph after AOTAutograd's decompositions, where SiLU in a 16-bit model is
 ``convert(x32 / (1 + exp(-x32)))`` with ``x32 = convert(x, float32)`` (or ``x32 * sigmoid(x32)``,

@@ -8,7 +8,7 @@ Why: a compiled forward issues each GEMM from Inductor's Python wrapper, and thr
 dispatcher a Python-implemented operator costs more than the GEMM call itself (an H100 host, a
 4096 x 2048 x 2048 product: the operator 25.5 us a call, this direct call 16.6, Inductor's
 ``extern_kernels.mm(out=)`` 19.3). Where the host trails the GPU (a forward's first kernels),
-that is the forward's time (benchmarks/NOTES.md, "Session 25").
+that is the forward's time (``python benchmarks/profile_compiled.py``).
 
 The lowering uses Inductor's internals (``register_lowering``, ``ExternKernelChoice``); PyTorch
 has no public way to lower a custom operator to a Python call. It is registered the first time
