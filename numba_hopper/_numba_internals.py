@@ -9,7 +9,7 @@ What is private and why:
 - compiling a kernel for an explicit ``cc`` without a GPU, through the same code path as
   ``_Kernel.__init__`` (compile_cuda + kernel_fixup + launch bounds + LTO link), into a code
   library or a whole ``_Kernel``;
-- the linker, to relink the same LTO-IR verbosely for ptxas' resource report;
+- the linker, to link the same LTO-IR verbosely for ptxas' resource report;
 - LLVM helpers for declaring shared-memory globals in an intrinsic (cgutils);
 - an ``@intrinsic`` that prefers literal argument types (``literal_intrinsic``): the public
   ``numba.cuda.extending.intrinsic`` takes no options;
@@ -45,7 +45,7 @@ __all__ = [
     "literal_intrinsic",
     "compile_kernel_library",
     "compile_kernel",
-    "relink_verbose",
+    "link_verbose",
     "kernel_for_args",
     "pack_kernel_args",
     "argument_leaves",
@@ -277,11 +277,12 @@ def compile_kernel(dispatcher, argtypes, cc):
     return kernel
 
 
-def relink_verbose(library, cc) -> str:
-    """Relink ``library`` for ``cc`` exactly as numba does, with ``ptxas -v``; return the log.
+def link_verbose(library, cc) -> tuple:
+    """Link ``library`` for ``cc`` as numba does, with ``ptxas -v``; return ``(cubin, log)``.
 
-    numba's own link keeps no resource report; this second link of the same objects with the
-    same options adds only the verbose flag.
+    numba's own link keeps no resource report; this link of the same objects with the same
+    options adds only the verbose flag: the same code (its cubin differs from numba's only in
+    the note that records ptxas' options).
     """
     from cuda.core import Linker, LinkerOptions, ObjectCode
 
@@ -297,8 +298,8 @@ def relink_verbose(library, cc) -> str:
     )
     linker = Linker(*objects, options=options)
     try:
-        linker.link("cubin")
-        return linker.get_info_log() or ""
+        cubin = bytes(linker.link("cubin").code)
+        return cubin, linker.get_info_log() or ""
     finally:
         linker.close()
 

@@ -7,12 +7,9 @@ import types
 import pytest
 from numba import cuda
 
-from numba_hopper.runtime import kernel_cache as _kernel_cache
-
-from numba_hopper.tools import sass_cache as _sass_cache
-
-from numba_hopper.tools import sass
 from numba_hopper import intrinsics as nh
+from numba_hopper.runtime import kernel_cache
+from numba_hopper.tools import sass, sass_cache
 
 SIG = "void(float32[::1])"
 CC = sass.HOPPER_CC
@@ -30,21 +27,21 @@ def _fenced(value, launch_bounds=(128, 1)):
 
 
 def _key(kernel, signature=SIG, cc=CC):
-    return _sass_cache.entry_key(kernel, signature, cc)
+    return sass_cache.entry_key(kernel, signature, cc)
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """An empty report cache; counts the compiles behind inspect_kernel."""
-    monkeypatch.setenv(_sass_cache.ENV, str(tmp_path))
+    monkeypatch.setenv(sass_cache.ENV, str(tmp_path))
     compiles = []
-    compile_report = sass._compile_report
+    compile_report = sass.compile_report
 
     def counted(kernel, signature, cc):
         compiles.append(kernel)
         return compile_report(kernel, signature, cc)
 
-    monkeypatch.setattr(sass, "_compile_report", counted)
+    monkeypatch.setattr(sass, "compile_report", counted)
     return tmp_path, compiles
 
 
@@ -66,12 +63,12 @@ def test_an_unreadable_entry_is_compiled_again_and_overwritten(cache):
     entry.write_bytes(b"not a report")
     report = sass.inspect_kernel(kernel, SIG)
     assert len(compiles) == 1 and entry.read_bytes() != b"not a report"
-    assert _sass_cache.load(directory, _key(kernel))["sass"] == report.sass
+    assert sass_cache.load(directory, _key(kernel))["sass"] == report.sass
 
 
 def test_no_cache_without_the_variable(cache, monkeypatch):
     directory, compiles = cache
-    monkeypatch.delenv(_sass_cache.ENV)
+    monkeypatch.delenv(sass_cache.ENV)
     sass.inspect_kernel(_fenced(4.0), SIG)
     sass.inspect_kernel(_fenced(4.0), SIG)
     assert len(compiles) == 2 and not list(directory.iterdir())
@@ -80,7 +77,7 @@ def test_no_cache_without_the_variable(cache, monkeypatch):
 def test_the_key_follows_the_package_sources(monkeypatch):
     kernel = _fenced(1.0)
     before = _key(kernel)
-    monkeypatch.setattr(_kernel_cache, "_package_digest", lambda: "0" * 64)
+    monkeypatch.setattr(kernel_cache, "package_digest", lambda: "0" * 64)
     assert _key(kernel) != before
 
 
@@ -138,10 +135,10 @@ def test_a_kernel_without_a_stable_identity_is_compiled_every_time(cache, monkey
         if opaque is None:
             x[0] = 1
 
-    with pytest.raises(_sass_cache.Unkeyable, match="builtins.object"):
+    with pytest.raises(sass_cache.Unkeyable, match="builtins.object"):
         _key(kernel)
     stub, compiles = sass.KernelReport("kernel", CC, "", b"", "", "", 0, 0, 0, 0, 0, opcodes={}), []
-    monkeypatch.setattr(sass, "_compile_report", lambda *args: compiles.append(args) or stub)
+    monkeypatch.setattr(sass, "compile_report", lambda *args: compiles.append(args) or stub)
     assert sass.inspect_kernel(kernel, SIG) is stub and sass.inspect_kernel(kernel, SIG) is stub
     assert len(compiles) == 2 and not list(directory.iterdir())
 
@@ -152,7 +149,7 @@ def test_the_gemm_kernels_are_keyed_on_their_config():
     from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
 
     def key(cfg):
-        return _sass_cache.entry_key(make_gemm_kernel(cfg), gemm_argument_types(cfg), CC)
+        return sass_cache.entry_key(make_gemm_kernel(cfg), gemm_argument_types(cfg), CC)
 
     assert key(GemmConfig("bf16", "bf16", "K", "N")) == key(GemmConfig())
     assert key(GemmConfig(stages=3)) != key(GemmConfig())

@@ -264,11 +264,14 @@ def transpose(v: DeviceView) -> DeviceView:
 
 
 def is_row_major(v: DeviceView) -> bool:
+    """True when ``v``'s rows are dense (unit column stride) and do not overlap; a single row or
+    column counts whatever its other stride."""
     rows, cols = v.shape
     return (v.strides[1] == 1 or cols <= 1) and (v.strides[0] >= cols or rows <= 1)
 
 
 def is_col_major(v: DeviceView) -> bool:
+    """True when ``v`` is not row-major but its transpose is."""
     return not is_row_major(v) and is_row_major(transpose(v))
 
 

@@ -45,7 +45,7 @@ import tempfile
 from .. import _numba_internals as _internals
 
 __all__ = ["cache_dir", "entry_name", "entry_path", "kernel_for_args", "PREBUILT_DIR", "MANIFEST", "build_identity",
-           "prebuilt_status", "kernel_sources"]
+           "prebuilt_status", "kernel_sources", "package_digest", "write_atomically"]
 
 PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1]
 PREBUILT_DIR = PACKAGE_ROOT / "_prebuilt"
@@ -64,7 +64,7 @@ def cache_dir() -> pathlib.Path | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _package_digest() -> str:
+def package_digest() -> str:
     """A digest of the package's sources: any edit to a kernel or what it calls misses."""
     root = PACKAGE_ROOT
     h = hashlib.sha256()
@@ -82,7 +82,7 @@ def _numba_cuda_version() -> str:
 
 def entry_name(key, argtypes, cc) -> str:
     """The file name of the entry for ``key`` compiled for ``argtypes`` on a ``cc`` device."""
-    ident = repr((_package_digest(), _numba_cuda_version(), tuple(cc), tuple(map(str, argtypes)), key))
+    ident = repr((package_digest(), _numba_cuda_version(), tuple(cc), tuple(map(str, argtypes)), key))
     return hashlib.sha256(ident.encode()).hexdigest()[:32] + ".nbk"
 
 
@@ -117,14 +117,14 @@ def kernel_for_args(dispatcher, args, key, cc):
     kernel = _internals.kernel_for_args(dispatcher, args)
     kernel_sources["compiled"] += 1
     if path is not None:
-        _write_atomically(path, _internals.serialize_kernel(kernel))
+        write_atomically(path, _internals.serialize_kernel(kernel))
     return kernel
 
 
 def build_identity() -> dict:
     """What prebuilt kernels must have been built from to be used here: these package sources
     and this numba-cuda (their manifest also names the CUDA version that linked them)."""
-    return {"package_digest": _package_digest(), "numba_cuda": _numba_cuda_version()}
+    return {"package_digest": package_digest(), "numba_cuda": _numba_cuda_version()}
 
 
 def prebuilt_status() -> str | None:
@@ -162,7 +162,7 @@ def _driver_cuda_version() -> int | None:
     return int(version) if err == driver.CUresult.CUDA_SUCCESS else None
 
 
-def _write_atomically(path: pathlib.Path, data: bytes):
+def write_atomically(path: pathlib.Path, data: bytes):
     """Write ``data`` so that a concurrent reader sees the whole file or none; never raise."""
     # A read-only or full disk costs a recompile next time, nothing more.
     try:

@@ -1,8 +1,8 @@
 """Compile a ``@cuda.jit`` kernel for sm_90a on any machine and report what it became.
 
 No GPU or driver is needed: PTX comes from NVVM, the cubin from numba's own default link
-path (LTO-IR through nvJitLink, the same bytes a launch would load), the SASS from
-``nvdisasm`` and the resource counts from ptxas' report of the same link::
+path (LTO-IR through nvJitLink: the code a launch would load) with ptxas' verbose report,
+which gives the resource counts, and the SASS from ``nvdisasm``::
 
     from numba_hopper.tools.sass import inspect_kernel
     report = inspect_kernel(my_kernel, "void(float32[::1])")
@@ -36,7 +36,7 @@ KEY_OPCODES = ("HGMMA", "QGMMA", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "UTMALD
                "UTMAREDG", "UBLKCP", "USETMAXREG", "SYNCS", "ELECT", "STSM", "LDSM", "UCGABAR_ARV",
                "UCGABAR_WAIT")
 
-__all__ = ["inspect_kernel", "KernelReport", "ToolNotFoundError", "find_tool", "HOPPER_CC"]
+__all__ = ["inspect_kernel", "compile_report", "KernelReport", "ToolNotFoundError", "find_tool", "HOPPER_CC"]
 
 
 _PTXAS_USAGE = re.compile(r"Used (\d+) registers")
@@ -117,13 +117,17 @@ class KernelReport:
         return "\n".join(lines)
 
 
-def _disassemble(cubin: bytes) -> str:
+def _disassemble(cubin: bytes, spills: bool) -> str:
+    """The SASS listing of ``cubin``. nvdisasm's dataflow pass, a quarter of its time, only
+    marks spill stores and reloads on sm_90 (``(*"SpillRefill"*)``): run it where ptxas
+    reported spills."""
     nvdisasm = find_tool("nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
         path = f.name
     try:
-        out = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True)
+        flags = ["-c"] if spills else ["-c", "--no-dataflow"]
+        out = subprocess.run([nvdisasm, *flags, path], capture_output=True, text=True)
     finally:
         os.unlink(path)
     if out.returncode:
@@ -157,11 +161,11 @@ def inspect_kernel(kernel, signature, cc=HOPPER_CC) -> KernelReport:
 def _cached_report(kernel, signature, cc) -> KernelReport:
     directory = _sass_cache.cache_dir()
     if directory is None:
-        return _compile_report(kernel, signature, cc)
+        return compile_report(kernel, signature, cc)
     try:
         key = _sass_cache.entry_key(kernel, signature, cc)
     except _sass_cache.Unkeyable:
-        return _compile_report(kernel, signature, cc)
+        return compile_report(kernel, signature, cc)
     with _sass_cache.locked(directory, key):
         fields = _sass_cache.load(directory, key)
         if fields is not None:
@@ -169,20 +173,19 @@ def _cached_report(kernel, signature, cc) -> KernelReport:
                 return KernelReport(**dict(fields, name=kernel.py_func.__name__))
             except TypeError:  # written by another KernelReport: compile and overwrite
                 pass
-        report = _compile_report(kernel, signature, cc)
+        report = compile_report(kernel, signature, cc)
         _sass_cache.store(directory, key, {f.name: getattr(report, f.name) for f in fields_of(report)})
         return report
 
 
-def _compile_report(kernel, signature, cc) -> KernelReport:
-    """PTX from NVVM, the cubin of numba's own (LTO) link, ptxas' report of the same link
-    with ``-v``, and the SASS of that cubin from nvdisasm."""
+def compile_report(kernel, signature, cc=HOPPER_CC) -> KernelReport:
+    """:func:`inspect_kernel` without the report cache: PTX from NVVM, the cubin of numba's
+    (LTO) link with ptxas' report (``-v``), and the SASS of that cubin from nvdisasm."""
     lib, entry = _internals.compile_kernel_library(kernel, signature, cc)
-    cubin = lib.get_cubin(cc=cc).code
-    log = _internals.relink_verbose(lib, cc)
-    sass = _disassemble(cubin)
-    opcodes = Counter(m.group(1) for m in _SASS_LINE.finditer(sass))
+    cubin, log = _internals.link_verbose(lib, cc)
     frame = _PTXAS_FRAME.search(log)
+    sass = _disassemble(cubin, spills=bool(frame and (int(frame.group(2)) or int(frame.group(3)))))
+    opcodes = Counter(m.group(1) for m in _SASS_LINE.finditer(sass))
     return KernelReport(
         name=kernel.py_func.__name__,
         cc=cc,

@@ -4,7 +4,7 @@ Compiling a GEMM kernel for sm_90a and reading its SASS takes seconds, most of t
 typing and lowering, which no cache keyed on the compiled code could skip. Here an entry is
 keyed on everything the report is a function of, all of it known before compiling:
 
-- the package's sources (``_kernel_cache``'s digest of every ``numba_hopper/**/*.py``), the
+- the package's sources (``kernel_cache.package_digest``: every ``numba_hopper/**/*.py``), the
   versions of Python, numba, numba-cuda, llvmlite, NumPy and the CUDA wheels (NVVM,
   nvJitLink, nvdisasm, ...), nvJitLink's own version and which ``nvdisasm`` runs;
 - the ``NUMBA_*`` environment (``NUMBA_HOPPER_DUMP`` and the cache settings aside);
@@ -236,7 +236,7 @@ def _environment() -> tuple:
 def entry_key(kernel, signature, cc) -> str:
     """The entry name of ``kernel`` compiled for ``signature`` and ``cc``; raises Unkeyable."""
     ident = _Identity()
-    described = (_FORMAT, _kernel_cache._package_digest(), _toolchain(), _environment(), tuple(cc),
+    described = (_FORMAT, _kernel_cache.package_digest(), _toolchain(), _environment(), tuple(cc),
                  ident(signature), ident(kernel))
     return hashlib.sha256(repr(described).encode()).hexdigest()[:40]
 
@@ -254,7 +254,7 @@ def load(directory: pathlib.Path, key: str):
 
 def store(directory: pathlib.Path, key: str, fields: dict):
     """Write an entry atomically; a failure to write costs a compile next time, nothing more."""
-    _kernel_cache._write_atomically(directory / f"{key}.report", zlib.compress(pickle.dumps(fields, protocol=4), 6))
+    _kernel_cache.write_atomically(directory / f"{key}.report", zlib.compress(pickle.dumps(fields, protocol=4), 6))
 
 
 @contextlib.contextmanager

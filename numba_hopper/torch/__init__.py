@@ -17,6 +17,9 @@
   ``replace_linear``;
 - :mod:`~numba_hopper.torch.mlp`: ``GatedMLP`` and ``fuse_gated_mlps``, SwiGLU MLPs whose gate and
   up products are one gated GEMM in inference (``torch.compile`` finds them by itself: ``_gated``).
+- :mod:`~numba_hopper.torch.attention`: the ``numba_hopper::attention`` op,
+  ``scaled_dot_product_attention`` (SDPA's drop-in) and ``register_transformers_attention``
+  (``attn_implementation="numba_hopper"``).
 
 Everything runs on PyTorch's current stream and never synchronizes, so ``torch.cuda.graph``
 captures it (after a warm-up call, which compiles). bf16/fp16 CUDA tensors on a Hopper GPU;
@@ -24,10 +27,19 @@ anything else raises before launch (``numba_hopper.errors``). Importing this mod
 torch; ``import numba_hopper`` alone does not.
 """
 
+try:
+    import torch  # noqa: F401
+except ModuleNotFoundError as exc:
+    if exc.name != "torch":  # torch is there but broken: its own error says more
+        raise
+    raise ImportError("numba_hopper.torch needs PyTorch: pip install 'numba-hopper[torch]' "
+                      "(from a clone of the repository: pip install -e '.[torch]')") from exc
+
 from . import ops  # noqa: F401  (registers the custom ops)
 from .functional import addmm, baddbmm, bmm, matmul, mm
 from .linear import Linear, linear, replace_linear
 from .mlp import GatedMLP, fuse_gated_mlps
+from .attention import register_transformers_attention, scaled_dot_product_attention
 
 __all__ = ["ops", "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "Linear", "replace_linear", "GatedMLP",
-           "fuse_gated_mlps"]
+           "fuse_gated_mlps", "scaled_dot_product_attention", "register_transformers_attention"]
