@@ -9,6 +9,7 @@ import torch
 import numba_hopper.torch as nht
 
 OPS = {"mm": nht.mm, "addmm": nht.addmm, "bmm": nht.bmm, "baddbmm": nht.baddbmm, "matmul": nht.matmul}
+RAW_OPS = ("mm", "addmm", "bmm", "baddbmm")  # the OpInfo ops the raw API (numba_hopper.gemm, bmm) computes
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
@@ -19,26 +20,80 @@ def rel_error(got, ref):
     return diff / scale if scale else diff
 
 
-def opinfo_samples(device, dtype, requires_grad):
-    """``(name, op, sample)`` for PyTorch's OpInfo samples of mm, addmm, bmm, baddbmm, matmul."""
+def opinfo_samples(device, dtype, requires_grad, names=tuple(OPS)):
+    """``(name, op, sample)`` for PyTorch's OpInfo samples of the ops ``names``."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     for op in op_db:
-        if op.name in OPS:
+        if op.name in names:
             for sample in op.sample_inputs(device, dtype, requires_grad=requires_grad):
                 yield f"{op.name}.{op.variant_test_name or 'default'}", op, sample
 
 
-def check_all_samples(device, dtype, requires_grad):
-    """:func:`check_sample` on every OpInfo sample; every op must have samples, none refused."""
-    seen = {}
-    for name, op, sample in opinfo_samples(device, dtype, requires_grad):
+def sample_counts(device, dtype, requires_grad, raw=False):
+    """Run every OpInfo sample through ``numba_hopper.torch`` (:func:`check_sample`) or, ``raw``,
+    those of ``RAW_OPS`` through the raw API (:func:`check_raw_sample`, forward only); return
+    ``({op: {"samples": n, "refused": n, "wrong": n}}, failures)``: a refusal is an exception
+    raised by the call, a wrong answer a failed check of its result."""
+    counts, failures = {}, []
+    names, check = (RAW_OPS, check_raw_sample) if raw else (tuple(OPS), check_sample)
+    for name, op, sample in opinfo_samples(device, dtype, requires_grad and not raw, names):
+        row = counts.setdefault(op.name, {"samples": 0, "refused": 0, "wrong": 0})
+        row["samples"] += 1
         try:
-            check_sample(op, sample, dtype)
-        except Exception as e:
-            raise AssertionError(f"{name} sample {sample}: {e!r}") from e
-        seen[op.name] = seen.get(op.name, 0) + 1
-    assert set(seen) == set(OPS), seen
+            check(op, sample, dtype)
+        except AssertionError as e:
+            row["wrong"] += 1
+            failures.append(f"{name} sample {sample}: {e}")
+        except Exception as e:  # noqa: BLE001 (any exception is a refusal, counted)
+            row["refused"] += 1
+            failures.append(f"{name} sample {sample}: {e!r}")
+    return counts, failures
+
+
+def check_all_samples(device, dtype, requires_grad, raw=False):
+    """:func:`sample_counts`, printed; every op must have samples, none refused or wrong."""
+    counts, failures = sample_counts(device, dtype, requires_grad, raw)
+    path = "numba_hopper.gemm/bmm" if raw else "numba_hopper.torch"
+    print(f"OpInfo samples through {path}, {dtype}, requires_grad={requires_grad and not raw}: {counts}")
+    assert not failures, f"{len(failures)} of {sum(r['samples'] for r in counts.values())}: {failures[:5]}"
+    assert set(counts) == set(RAW_OPS if raw else OPS), counts
+    return counts
+
+
+def raw_call(name, inputs, kwargs):
+    """An OpInfo sample of ``name`` through the raw API, looked up in ``numba_hopper.matmul.api``
+    at call time (so the CPU stand-in applies): ``mm`` is ``gemm(a, b)``; ``addmm`` is ``gemm``
+    with its ``input`` as the bias (N values, (1, N), or (M, 1), when ``beta == 1``),
+    else as ``c`` (broadcast to (M, N): a stride-0 view is copied) with ``alpha`` and ``beta``;
+    ``bmm`` is ``bmm``; ``baddbmm`` is ``bmm`` into f32 and ``alpha * p + beta * input`` by torch,
+    as ``numba_hopper.torch.baddbmm`` computes it."""
+    from numba_hopper.matmul import api
+
+    if name in ("mm", "bmm"):
+        return getattr(api, "gemm" if name == "mm" else "bmm")(*inputs)
+    inp, x, y = inputs
+    alpha, beta = kwargs.get("alpha", 1), kwargs.get("beta", 1)
+    if name == "addmm":
+        m, n = x.shape[0], y.shape[1]
+        if beta == 1 and tuple(inp.shape) in ((n,), (1, n), (m, 1)):
+            return api.gemm(x, y, bias=inp, alpha=alpha)
+        return api.gemm(x, y, c=inp.expand(m, n), alpha=alpha, beta=beta)
+    product = alpha * api.bmm(x, y, out_dtype="f32")
+    return (product if beta == 0 else product + beta * inp.float()).to(x.dtype)
+
+
+def check_raw_sample(op, sample, dtype):
+    """Run one OpInfo sample through the raw API (:func:`raw_call`) and torch; raise
+    AssertionError on a wrong shape, dtype or value (against torch's op in float64)."""
+    inputs = [sample.input, *sample.args]
+    with torch.no_grad():
+        got = raw_call(op.name, inputs, sample.kwargs)
+        expected = op(*inputs, **sample.kwargs)
+        ref = op(*[_double_leaf(t) for t in inputs], **sample.kwargs)
+    assert got.shape == expected.shape and got.dtype == expected.dtype, (got.shape, expected.shape, got.dtype)
+    err = rel_error(got, ref)
+    assert err < TOLERANCE[dtype], f"forward rel. error {err:.2e}"
 
 
 def _double_leaf(t):

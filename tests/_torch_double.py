@@ -1,19 +1,25 @@
 """A CPU stand-in for ``numba_hopper.gemm`` / ``numba_hopper.bmm`` on PyTorch tensors, for
-testing the PyTorch layer (``numba_hopper.torch``) without a GPU.
+testing the PyTorch layer (``numba_hopper.torch``) and the raw API's contract without a GPU.
 
-It computes in float64 and keeps the contract the PyTorch layer relies on: dtypes, shapes,
-``K == 0`` refused with a fused epilogue, ``bias_dim`` needed when M == N, and ``bmm``'s
-TMA rules (16-byte base, row pitch and batch stride; row-major ``out``), so that the layer's
-own handling of those cases is what the tests exercise. Install it with :func:`install`.
+A call runs the real ``numba_hopper.gemm`` / ``bmm`` on its CPU tensors, seen as device 0:
+every check, the output it makes, and the plan it would run, built for an H100's limits
+(``tools.prebuild.H100``) and kept in :data:`PLANS` instead of launched. Then it computes the
+result in float64 and writes it where the kernel would (``out``, ``aux_out``). So whatever the
+real API refuses (a dtype, a shape, a bias that fits neither side, ...), the stand-in refuses
+the same way, and the PyTorch layer gets the real API's outputs. Install it with
+:func:`install`.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from numba_hopper import errors
+from numba_hopper.matmul import api, heuristics, plan as _plan, plan_cache
+from numba_hopper.runtime import arrays
+from numba_hopper.tools import prebuild
 
-_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, None: None}
 _ACT = {
     None: lambda x: x,
     "relu": torch.relu,
@@ -22,71 +28,69 @@ _ACT = {
     "silu": torch.nn.functional.silu,
     "sigmoid": torch.sigmoid,
 }
+_REAL_GEMM, _REAL_BMM, _REAL_FROM_TORCH = api.gemm, api.bmm, arrays._from_torch
+PLANS = []  # the plan of each call, in order (the latest last)
 
 
-def _inputs(a, b):
-    if a.dtype not in (torch.bfloat16, torch.float16) or a.dtype != b.dtype:
-        raise errors.DtypeError(f"a and b must be bf16 or f16 and the same; got {a.dtype}, {b.dtype}")
+class _OnDevice0:
+    """A CPU tensor as the CUDA tensor on device 0 that ``arrays._from_torch`` reads."""
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self, t):
+        self._t = t
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
 
 
-def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None,
-         out_dtype=None, aux_out=None, up=None):
-    _inputs(a, b)
-    if up is not None:  # gated: act(a @ b) * (a @ up), b and up column-major
-        if up.dtype != b.dtype or up.shape != b.shape or b.stride(0) != 1 or up.stride(0) != 1:
-            raise errors.LayoutError("up= takes column-major b and up of one dtype and shape")
-        result = (_ACT[activation](a.double() @ b.double()) * (a.double() @ up.double())).to(a.dtype)
-        return result if out is None else out.copy_(result)
-    if a.dim() < 2 or b.dim() != 2 or a.shape[-1] != b.shape[0]:
-        raise errors.ShapeError(f"shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    rows = a.shape[:-1]  # (..., K): the leading dimensions are rows, as numba_hopper.gemm reads them
-    a = a.reshape(rows.numel(), a.shape[-1])
-    m, k = a.shape
-    n = b.shape[1]
-    fused = alpha != 1.0 or beta != 0.0 or bias is not None or activation is not None or aux_out is not None
-    if k == 0 and fused:
-        raise ValueError("K == 0 with a fused epilogue is not supported")
-    if bias is not None and bias_dim is None and m == n:
-        raise ValueError("bias_dim is needed when M == N")
-    acc = alpha * (a.double() @ b.double())
+def _from_torch(t, dtype):
+    return _REAL_FROM_TORCH(_OnDevice0(t) if t.device.type == "cpu" else t, dtype)
+
+
+def _reference(a, b, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None, up=None, **_):
+    """``(out, pre)`` in float64: the fused epilogue and the value before the activation."""
+    m, n = math.prod(a.shape[:-1]), b.shape[-1]
+    a2 = a.detach().double().reshape(m, a.shape[-1])
+    if up is not None:
+        return _ACT[activation](a2 @ b.double()) * (a2 @ up.double()), None
+    acc = alpha * (a2 @ b.double())
     if c is not None and beta != 0:
-        acc = acc + beta * c.double()
-    if bias is not None:
-        acc = acc + (bias.double()[:, None] if bias_dim == 0 else bias.double()[None, :])
-    if aux_out is not None:
-        aux_out.copy_(acc.reshape(aux_out.shape))
-    result = _ACT[activation](acc).to(_DTYPES[out_dtype] or a.dtype).reshape(*rows, n)
-    return result if out is None else out.copy_(result)
+        acc = acc + beta * c.double().reshape(m, n)
+    if bias is not None:  # numba_hopper's rule: 1-D by bias_dim (per column by default), or (M, 1) / (1, N)
+        v = bias.double()
+        acc = acc + (v if v.dim() == 2 else v[:, None] if bias_dim == 0 else v[None, :])
+    return _ACT[activation](acc), acc
 
 
-def _tma_matrices(name, t, row_major_only=False):
-    s_batch, s_row, s_col = t.stride() if t.dim() == 3 else (0, *t.stride())
-    size = t.element_size()
-    pitch = s_row if s_col == 1 else (None if row_major_only else s_col if s_row == 1 else None)
-    batch_ok = t.dim() == 2 or t.shape[0] == 1 or s_batch * size % 16 == 0
-    if pitch is None or pitch * size % 16 or t.data_ptr() % 16 or not batch_ok:
-        raise ValueError(f"bmm: {name} must hold 16-byte-aligned matrices; strides {t.stride()}")
+def gemm(a, b, out=None, **kw):
+    """``numba_hopper.gemm``'s checks and plan (recorded), then the product in float64."""
+    result = _REAL_GEMM(a, b, out, stream=0, **kw)
+    value, pre = _reference(a, b, **kw)
+    if kw.get("aux_out") is not None:
+        kw["aux_out"].copy_(pre.reshape(kw["aux_out"].shape))
+    return result.copy_(value.reshape(result.shape))
 
 
-def bmm(a, b, out=None, *, out_dtype=None):
-    _inputs(a, b)
-    if {a.dim(), b.dim()} - {2, 3}:
-        raise errors.ShapeError("bmm takes 2-D or 3-D operands")
-    if a.shape[-1] != b.shape[-2]:
-        raise errors.ShapeError(f"shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.shape[-1] > 0:
-        _tma_matrices("a", a)
-        _tma_matrices("b", b)
-        if out is not None:
-            _tma_matrices("out", out, row_major_only=True)
-    result = (a.double() @ b.double()).to(_DTYPES[out_dtype] or (out.dtype if out is not None else a.dtype))
-    return result if out is None else out.copy_(result)
+def bmm(a, b, out=None, **kw):
+    """``numba_hopper.bmm``'s checks and plan (recorded), then the product in float64."""
+    result = _REAL_BMM(a, b, out, stream=0, **kw)
+    return result.copy_(a.detach().double() @ b.detach().double())
 
 
 def install(monkeypatch):
-    """Route ``numba_hopper.torch``'s calls to this stand-in for the test."""
-    from numba_hopper.matmul import api
-
+    """Route ``numba_hopper.matmul.api.gemm`` / ``bmm`` (what ``numba_hopper.torch`` calls, and what
+    tests of the raw API call through ``api``) to this stand-in for the test."""
+    monkeypatch.setattr(arrays, "_from_torch", _from_torch)
+    monkeypatch.setattr(plan_cache, "hopper_device_reason", lambda: None)
+    monkeypatch.setattr(plan_cache, "current_torch_stream", lambda device: lambda: 0)
+    for module in (_plan, heuristics):
+        monkeypatch.setattr(module, "device_limits", lambda device=0: prebuild.H100)
+    monkeypatch.setattr(_plan.Plan, "__call__", lambda plan, stream, values: PLANS.append(plan))
+    plans = {}  # this test's plans (their tensors are the CPU's), apart from the process's
+    monkeypatch.setattr(plan_cache, "plans", plans)
+    monkeypatch.setattr(api, "plans", plans)
+    PLANS.clear()
     monkeypatch.setattr(api, "gemm", _no_grad(gemm))
     monkeypatch.setattr(api, "bmm", _no_grad(bmm))
 

@@ -131,9 +131,15 @@ A, B = _m(4, 8), _m(8, 6)  # M = 4, N = 6
     (dict(c=_m(4, 5), beta=1.0), ValueError, "c has shape"),
     (dict(c=_m(4, 6, "<i4"), beta=1.0), TypeError, "c.dtype"),
     (dict(beta=1.0), ValueError, "needs c"),
-    (dict(bias=_v(5)), ValueError, "bias_dim"),
+    (dict(bias=_v(5)), ValueError, r"bias has shape \(5,\) for the 4 x 6 output; expected \(N,\) = \(6,\)"),
     (dict(bias=_v(6), bias_dim=0), ValueError, "bias has shape"),
     (dict(bias=_v(6), bias_dim=2), ValueError, "bias_dim must be"),
+    (dict(bias=_v(6), bias_dim="1"), ValueError, "bias_dim must be"),
+    (dict(bias=_v(6), bias_dim=True), ValueError, "bias_dim must be"),
+    (dict(bias=FakeCAI((6, 1), "<f4")), ValueError, r"bias has shape \(6, 1\)"),
+    (dict(bias=FakeCAI((4, 1), "<f4"), bias_dim=1), ValueError, r"with bias_dim=1 .* expected \(N,\) = \(6,\)"),
+    (dict(bias=FakeCAI((1, 6), "<f4"), bias_dim=0), ValueError, r"with bias_dim=0 .* expected \(M,\) = \(4,\)"),
+    (dict(bias=FakeCAI((2, 4, 6), "<f4")), ValueError, "bias has shape"),
     (dict(bias=_v(6, "<i4")), TypeError, "bias.dtype"),
     (dict(bias_dim=1), ValueError, "without a bias"),
     (dict(activation="tanh"), ValueError, "activation"),
@@ -149,9 +155,36 @@ def test_gemm_rejects_bad_epilogue_options(kw, exc, msg):
         gemm(A, B, **kw)
 
 
-def test_square_output_needs_bias_dim():
-    with pytest.raises(ValueError, match="bias_dim=0.*bias_dim=1"):
-        gemm(_m(4, 8), _m(8, 4), bias=_v(4))
+# (shape, strides in bytes or None, bias_dim) -> per row?, the vector's stride in elements
+_BIASES = {"1-D": ((4,), None, None, False, 1), "(1, N)": ((1, 4), None, None, False, 1),
+           "(M, 1)": ((4, 1), None, None, True, 1), "1-D, bias_dim=0": ((4,), None, 0, True, 1),
+           "1-D, bias_dim=1": ((4,), None, 1, False, 1), "(M, 1), bias_dim=0": ((4, 1), None, 0, True, 1),
+           "(1, N), bias_dim=1": ((1, 4), None, 1, False, 1),
+           "a column of a matrix": ((4, 1), (32, 4), None, True, 8), "a strided row": ((1, 4), (64, 8), None, False, 2)}
+
+
+@pytest.mark.parametrize("case", list(_BIASES))
+def test_bias_of_a_square_output_is_per_column_unless_asked(case):
+    """As torch.addmm and F.linear broadcast it, a 1-D bias is one value per column whatever M and
+    N are (M == N included: a Llama q_proj at 4096 tokens); per row: bias_dim=0 or an (M, 1) bias."""
+    from numba_hopper.matmul.fusion import check_fusion, fusion_args
+
+    shape, strides, bias_dim, per_row, stride = _BIASES[case]
+    bias = FakeCAI(shape, "<f4", ptr=next(_addresses), strides=strides)
+    f = fusion_args(1.0, 0.0, None, bias, bias_dim, None, None, None, (), None, None)
+    fusion = check_fusion(f, 4, 4, 8, 0, None, "f16")
+    assert fusion.bias_dim == (0 if per_row else 1)
+    assert fusion.config(transposed=False).bias == ("row" if per_row else "col")
+    assert (fusion.operands["bias"].shape, fusion.operands["bias"].strides) == ((4,), (stride,))
+
+
+@pytest.mark.parametrize("bias_dim", [None, 0, 1])
+def test_a_wrong_length_names_the_lengths_that_fit(bias_dim):
+    with pytest.raises(ValueError) as caught:
+        gemm(_m(256, 8), _m(8, 256), bias=_v(17), bias_dim=bias_dim)
+    message = str(caught.value)
+    assert "bias has shape (17,)" in message and "fits rows and columns" not in message
+    assert ("(N,) = (256,)" in message) == (bias_dim != 0) and ("(M, 1) = (256, 1)" in message) == (bias_dim != 1)
 
 
 def test_valid_options_reach_the_gpu_check(monkeypatch):
@@ -161,8 +194,11 @@ def test_valid_options_reach_the_gpu_check(monkeypatch):
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
         gemm(A, B, c=_m(4, 6, "<f4"), beta=1.0, bias=_v(6), activation="gelu", aux_out=_m(4, 6),
              row_scale=_v(4), col_scale=_v(6), epilogue=_scaled, epilogue_args=(_v(6),), alpha=2.0)
+    for kw in (dict(bias_dim=0), dict(bias_dim=1), {}):  # a square output: per column unless asked
+        with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
+            gemm(_m(4, 8), _m(8, 4), bias=_v(4), **kw)
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
-        gemm(_m(4, 8), _m(8, 4), bias=_v(4), bias_dim=0)
+        gemm(_m(4, 8), _m(8, 4), bias=FakeCAI((4, 1), "<f2", ptr=next(_addresses)), activation="relu")
 
 
 def _reach_gpu_check(monkeypatch, **kw):

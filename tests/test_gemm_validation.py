@@ -175,7 +175,7 @@ def _no_launch(monkeypatch):
     launched = []
 
     class Plan:
-        def __call__(self, stream, values, graph=None):
+        def __call__(self, stream, values):
             pass
 
     def plan(*args):

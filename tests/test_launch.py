@@ -275,11 +275,11 @@ def test_numba_warns_on_its_own_launch_of_a_small_grid():
 
     from numba.cuda.core.errors import NumbaPerformanceWarning
 
-    from numba_hopper.kernels.elementwise import copy_2d
+    from numba_hopper.kernels.elementwise import copy_matrices
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        copy_2d[(1, 1), (8, 32)]
+        copy_matrices[(1, 1), (8, 32)]
     assert any(issubclass(w.category, NumbaPerformanceWarning) and "Grid size 1 " in str(w.message) for w in caught)
 
 

@@ -1,6 +1,7 @@
 """numba_hopper.torch without a GPU: the custom ops' schemas and fake implementations, the
-torch-semantics layer on PyTorch's OpInfo samples, autograd, torch.compile / torch.export
-tracing and Linear, all with a float64 CPU stand-in for the GEMM (tests/_torch_double.py)."""
+torch-semantics layer and the raw API on PyTorch's OpInfo samples, autograd, torch.compile /
+torch.export tracing and Linear, all with a CPU stand-in for the GEMM (tests/_torch_double.py:
+the real call path's checks and plans, the product in float64)."""
 
 import copy
 import subprocess
@@ -32,7 +33,7 @@ def test_import_numba_hopper_does_not_import_torch():
 def test_ops_schemas():
     assert str(torch.ops.numba_hopper.gemm.default._schema) == (
         "numba_hopper::gemm(Tensor a, Tensor b, Tensor? c=None, Tensor? bias=None, float alpha=1., "
-        "float beta=0., int bias_dim=1, str? activation=None, ScalarType? out_dtype=None) -> Tensor")
+        "float beta=0., int? bias_dim=None, str? activation=None, ScalarType? out_dtype=None) -> Tensor")
     assert str(torch.ops.numba_hopper.gemm_aux.default._schema).endswith("-> (Tensor, Tensor)")
     assert str(torch.ops.numba_hopper.bmm.default._schema) == (
         "numba_hopper::bmm(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor")
@@ -43,6 +44,16 @@ def test_ops_schemas():
 def test_opinfo_samples(double, dtype, requires_grad):
     pytest.importorskip("expecttest")
     cases.check_all_samples("cpu", dtype, requires_grad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opinfo_samples_through_the_raw_api(double, dtype):
+    """mm, addmm, bmm and baddbmm's OpInfo samples through numba_hopper.gemm / bmm: the real
+    checks and plans accept every one (K == 0 with an epilogue, bmm operands TMA cannot
+    address, a broadcast c), none refused."""
+    pytest.importorskip("expecttest")
+    counts = cases.check_all_samples("cpu", dtype, False, raw=True)
+    assert all(row["samples"] for row in counts.values()) and not any(row["refused"] for row in counts.values())
 
 
 def _sample_ops():

@@ -18,9 +18,19 @@ DTYPES = [torch.bfloat16, torch.float16]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("requires_grad", [False, True])
 def test_opinfo_samples(dtype, requires_grad):
-    """Every OpInfo sample of mm, addmm, bmm, baddbmm and matmul, none refused."""
+    """Every OpInfo sample of mm, addmm, bmm, baddbmm and matmul through numba_hopper.torch,
+    counted per op (printed with -s), none refused or wrong."""
     pytest.importorskip("expecttest")
     cases.check_all_samples("cuda", dtype, requires_grad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opinfo_samples_through_the_raw_api(dtype):
+    """Every OpInfo sample of mm, addmm, bmm and baddbmm through numba_hopper.gemm / bmm
+    (``_torch_cases.raw_call``), counted per op (printed with -s), none refused or wrong."""
+    pytest.importorskip("expecttest")
+    counts = cases.check_all_samples("cuda", dtype, False, raw=True)
+    assert all(row["samples"] for row in counts.values()) and not any(row["refused"] for row in counts.values())
 
 
 def test_opcheck():

@@ -191,11 +191,10 @@ def _scratch_plan(fake, nbytes=4096, claims=False, error=None):
     return _plan.Plan(0, [_Step(fake.log), _Step(fake.log, error)], scratch)
 
 
-@pytest.mark.parametrize("graph", [None, False, True])
-def test_each_call_takes_scratch_before_its_steps_and_gives_it_back_after(fake, graph):
+def test_each_call_takes_scratch_before_its_steps_and_gives_it_back_after(fake):
     plan = _scratch_plan(fake)
     for stream in (7, 7, 8):
-        plan(stream, [0] * 20, graph)
+        plan(stream, [0] * 20)
     kinds = [e[0] for e in fake.log if e[0] != "set" and e[0] != "create"]
     assert kinds == ["alloc", "step", "step", "free"] * 3  # a fresh region per call, none kept per stream
     for call in range(3):

@@ -1,8 +1,9 @@
 """The small element-wise kernels a GEMM call may add beside the GEMM kernel.
 
-- ``copy_2d``: ``dst[...] = src`` for two 2-D arrays of one shape; it moves raw element
-  bits, so it serves any dtype of the same item size (the aligned copies of operands TMA
-  cannot address, ``numba_hopper.matmul.extra_launches``).
+- ``copy_matrices``: ``dst[...] = src`` for two 3-D arrays of one shape (a batch of
+  matrices, in one launch); it moves raw element bits, so it serves any dtype of the same
+  item size (the aligned copies of operands TMA cannot address,
+  ``numba_hopper.matmul.extra_launches``).
 - ``reduce_kernel(out_dtype)``: split-K's second kernel. The GEMM kernel writes slice ``s``
   of the product to ``workspace[s]`` (fp32, row-major); this kernel adds the slices in the
   order 0, 1, ... and converts once to the output dtype, so a split-K result is
@@ -20,15 +21,17 @@ from numba import cuda
 
 from .. import intrinsics as nh
 
-__all__ = ["copy_2d", "reduce_kernel"]
+__all__ = ["copy_matrices", "reduce_kernel"]
 
 
 @cuda.jit
-def copy_2d(src, dst):
-    """``dst[r, c] = src[r, c]``: x along rows, y along columns."""
+def copy_matrices(src, dst):
+    """``dst[i, r, c] = src[i, r, c]``: x along rows, y along columns, z over the matrices (a
+    block takes every ``gridDim.z``-th one: a batch may outnumber the grid's z limit)."""
     r, c = cuda.grid(2)
-    if r < src.shape[0] and c < src.shape[1]:
-        dst[r, c] = src[r, c]
+    if r < src.shape[1] and c < src.shape[2]:
+        for i in range(cuda.blockIdx.z, src.shape[0], cuda.gridDim.z):
+            dst[i, r, c] = src[i, r, c]
 
 
 @cuda.jit(device=True, inline="always")

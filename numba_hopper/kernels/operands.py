@@ -33,7 +33,8 @@ class Operand(NamedTuple):
     epilogue's argument tuple, whose arrays follow the table's values). ``shape``: an array's
     shape in symbols, resolved by the call: "M", "N", "K", "KB" and "NB" (ceil(K / 128) and
     ceil(N / 128): the 128-blocks of fp8 block-wise scales), "rows" (the output's leading
-    dimensions, merged into its M rows), "bias" (M or N, by ``bias_dim``) and "one" (one element,
+    dimensions, merged into its M rows), "bias" (the bias's checked shape: (N,) or (1, N) per
+    column, (M,) or (M, 1) per row; the kernel reads it as a vector) and "one" (one element,
     shape (), (1,) or (1, 1)). ``dtypes``: an array's allowed dtypes. ``kernel``: where the
     kernel reads it: "epilogue" (an :class:`EpilogueArgs` field), "map" (a tensor map) or
     "params" (a ``GemmParams`` field). ``flag``: the ``EpilogueConfig`` field that compiles an

@@ -84,9 +84,11 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
 
     - ``alpha``, ``beta``: scalars; ``c``: an (M, N) matrix (bf16/f16/f32, any layout),
       read only if ``beta != 0`` (BLAS). ``out`` may be ``c`` (in-place update).
-    - ``bias``: a vector (bf16/f16/f32) added along ``bias_dim``: 1 = one value per column
-      (length N, as ``torch.addmm``), 0 = one per row (length M). Without ``bias_dim`` its
-      length decides; when M == N it must be given.
+    - ``bias``: bf16/f16/f32, added to every row: one value per column, length N, whatever M
+      and N are (as ``torch.addmm`` and ``F.linear`` broadcast a 1-D bias); also as (1, N).
+      Per row, length M: ``bias_dim=0``, or an (M, 1) bias. ``bias_dim``: None (by the
+      shape: the default), 1 (per column) or 0 (per row); a bias of another length raises
+      ``ShapeError`` naming the lengths that fit.
     - ``activation``: None, "relu", "gelu" (erf), "gelu_tanh", "silu" or "sigmoid"
       ("gelu_tanh", "silu" and "sigmoid" use the hardware ``tanh.approx.f32``, relative
       error about 2^-11).
@@ -170,7 +172,9 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     ``aux_out`` sharing memory with an operand; ``out`` may be exactly ``c``),
     ``DeviceMismatchError`` (all ValueErrors) and
     ``UnsupportedDeviceError`` (a RuntimeError) when there is no Hopper GPU. Empty outputs
-    launch nothing; ``K == 0`` zero-fills ``out``.
+    launch nothing. ``K == 0`` gives the fused epilogue of a zero product (``act(beta * c +
+    bias)`` and so on: the kernel runs on one zero-filled k-block in scratch), or zero-fills
+    ``out`` when there is none.
     """
     if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1):
         raise ValueError(f"split_k must be None or an int >= 1, got {split_k!r}")  # (before the key: True == 1)
@@ -217,12 +221,16 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
 
 
 def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None):
-    """Batched ``out[i] = a[i] @ b[i]`` for ``a`` (B, M, K) and ``b`` (B, K, N): one launch.
+    """Batched ``out[i] = a[i] @ b[i]`` for ``a`` (B, M, K) and ``b`` (B, K, N): one GEMM launch.
 
     Either operand may be 2-D, or have a batch stride of 0 (``torch.expand``), to use one
-    matrix for every batch item. Each matrix may be row- or column-major; batch strides,
-    base addresses and leading dimensions must be multiples of 16 bytes (TMA), and
-    ``out`` (B, M, N) row-major per matrix: this entry point makes no aligned copies.
+    matrix for every batch item. Each matrix of ``a``, ``b`` and ``out`` may be row- or
+    column-major, with any leading dimension and batch stride, as ``gemm`` takes them:
+    operands TMA cannot address (a leading dimension or batch stride that is not a multiple
+    of 16 bytes, a misaligned base, as in a bf16 (10, 5, 10) x (10, 10, 5) product, or other
+    strides) are first copied into aligned scratch, one copy kernel per operand for the whole
+    batch, and an ``out`` that TMA cannot write receives the result through one (its bytes
+    moved twice). ``K == 0`` zero-fills ``out``.
     Other arguments as for :func:`gemm` (no fused epilogue: those options are gemm's).
     """
     sig_a, pa = describe(a)
@@ -267,10 +275,9 @@ def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, sp
         if 0 in vo.shape:
             return Plan(vo.device, [])
         vo = rows_of("out", vo)
-        if K == 0:
-            if fusion:
-                raise ValueError("K == 0 with a fused epilogue is not supported")
-            return zero_fill_plan(vo)
+        if K == 0:  # the epilogue of a zero product: the kernel on zeros, or no epilogue at all
+            zero = fusion and fusion.of_zero_product()
+            return gemm_plan(va, vb, vo, zero, config, debug) if zero else zero_fill_plan(vo)
         return gemm_plan(va, vb, vo, fusion, config, debug, split_k)
 
     return first_run(key, plan_for, a, out, vo, (*rows, N), out_dtype, va, (va.ptr, vb.ptr), fvalues,
@@ -282,7 +289,7 @@ def _check_gated(va, vb, vu, vo):
     K-major (the kernel loads each tile's rows of both into one B slot), ``out`` row-major."""
     if va.dtype in FP8_DTYPES or vu.dtype != vb.dtype:
         raise DtypeError(f"up= takes 16-bit a, b and up of one dtype; got a {va.dtype}, b {vb.dtype}, up {vu.dtype}")
-    for name, v in (("b", vb), ("up", vu)):
+    for name, v in (("b", vb), ("up", vu)) if va.shape[1] else ():  # (K == 0 reads neither)
         if not tma_addressable(v, row_major=False):
             raise LayoutError(f"up= needs {name} column-major (K, N) with a 16-byte-aligned base and leading "
                               f"dimension, as w.t() of a row-major (N, K) weight; got strides {v.strides}")
@@ -311,7 +318,6 @@ def _first_bmm(key, a, b, out, out_dtype, dtype, stream, config):
             return Plan(vo.device, [])
         if K == 0:
             return zero_fill_plan(mo, batch, so)
-        _check_bmm_layouts(ma, sa, mb, sb, mo, so)
         return bmm_plan(ma, mb, mo, batch, (sa, sb, so), config)
 
     written = [("out", OUT, vo)] if vo else []
@@ -335,17 +341,6 @@ def _spans(arrays):
 
 def _same_layout(v, w):
     return (tuple(v.shape), tuple(v.strides), v.itemsize) == (tuple(w.shape), tuple(w.strides), w.itemsize)
-
-
-def _check_bmm_layouts(ma, sa, mb, sb, mo, so):
-    for name, m, stride in (("a", ma, sa), ("b", mb, sb), ("out", mo, so)):
-        ok = tma_addressable(m, row_major=True) or (name != "out" and tma_addressable(m, row_major=False))
-        if not ok or (stride * m.itemsize) % 16:
-            raise ValueError(
-                f"bmm: {name} must hold {'row-major' if name == 'out' else 'row- or column-major'} matrices "
-                f"with 16-byte-aligned base, leading dimension and batch stride; got strides "
-                f"{(stride, *m.strides)} (elements) at {m.ptr:#x}"
-            )
 
 
 def _batch_split(v):

@@ -5,16 +5,19 @@ TMA needs a 16-byte-aligned base and row strides that are multiples of 16 bytes.
 operand that breaks that (a 1001-column bf16 matrix, a slice at an odd offset, an
 arbitrary 2-D stride) is copied into a row-major scratch region whose leading dimension is
 rounded up to 16 bytes; an ``out`` that breaks it receives the result from such a region.
-Copies move raw element bits, so they work for any dtype of the same item size.
+A batch of matrices (``bmm``) is copied in one launch. Copies move raw element bits, so
+they work for any dtype of the same item size.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 from numba import cuda
 
 from ..runtime.arrays import DeviceView
-from ..kernels.elementwise import copy_2d, reduce_kernel
+from ..kernels.elementwise import copy_matrices, reduce_kernel
 from ..runtime.launch import prepare_launch
 
 __all__ = ["as_numba", "aligned_layout", "prepare_copy", "prepare_reduce"]
@@ -45,12 +48,17 @@ def aligned_layout(v: DeviceView) -> tuple:
     return DeviceView(0, (rows, cols), (ld, 1), v.dtype, v.itemsize, v.device, v.framework), rows * ld * v.itemsize
 
 
+_GRID_Z = 65535  # the grid's z limit: the copy kernel strides over larger batches
+
+
 def prepare_copy(src: DeviceView, dst: DeviceView):
-    """The prepared launch of ``dst[...] = src`` (2-D views of one shape and item size); its
-    arguments are ``(src, dst)``."""
-    rows, cols = src.shape
-    grid = (-(-rows // 8), -(-cols // 32))
-    return prepare_launch(copy_2d, grid, (8, 32), (as_numba(src), as_numba(dst)))
+    """The prepared launch of ``dst[...] = src`` for views of one shape and item size: 2-D, or
+    3-D (a batch of matrices, copied in the same launch); its arguments are ``(src, dst)``."""
+    if src.ndim == 2:
+        src, dst = (dataclasses.replace(v, shape=(1, *v.shape), strides=(0, *v.strides)) for v in (src, dst))
+    count, rows, cols = src.shape
+    grid = (-(-rows // 8), -(-cols // 32), min(count, _GRID_Z))
+    return prepare_launch(copy_matrices, grid, (8, 32), (as_numba(src), as_numba(dst)))
 
 
 def prepare_reduce(partials, out_view, alpha=None, row_scale=None, col_scale=None):

@@ -110,6 +110,15 @@ class Fusion:
         """Whether the product is gated (``up``)."""
         return "up" in self.operands
 
+    def of_zero_product(self):
+        """This epilogue for a product with K == 0, or None where it leaves the output zero: the
+        block-wise scales go (they would scale nothing); what is left runs as usual on a zero
+        accumulator (``act(beta * c + bias)``, ``act(0) * 0`` gated, ...)."""
+        operands = {name: v for name, v in self.operands.items() if name not in ("a_block_scales", "b_block_scales")}
+        if not operands and self.activation is None and self.user is None:
+            return None
+        return dataclasses.replace(self, operands=operands)
+
     def transposed(self):
         """The same epilogue for the kernel that computes ``out.T``."""
         operands = {_SWAPPED.get(name, name): transpose(v) if OPERAND[name].shape == ("rows", "N") else v
@@ -137,7 +146,7 @@ def check_fusion(f, M, N, K, device, dtype, out_dtype, rows=None) -> Fusion:
         raise ValueError(f"activation must be None or one of {ACTIVATIONS}; got {f['activation']!r}")
     if f["beta"] != 0.0 and f["c"] is None:
         raise ValueError(f"beta = {f['beta']} needs c")
-    bias_dim = _bias_dim(f, M, N)
+    bias_dim, bias_shape = _bias_dim(f, M, N)
     user = f["epilogue"]
     if user is not None and not hasattr(user, "py_func"):
         raise TypeError(f"epilogue must be a @cuda.jit(device=True) function; got {type(user).__name__}")
@@ -152,7 +161,7 @@ def check_fusion(f, M, N, K, device, dtype, out_dtype, rows=None) -> Fusion:
         if others:
             raise ValueError(f"up= fuses only an activation; got {', '.join(others)} too")
     sizes = {"M": M, "N": N, "K": K, "KB": -(-K // KBLOCK_SCALE), "NB": -(-N // KBLOCK_SCALE), "rows": rows or (M,),
-             "bias": ((M, N)[bias_dim or 0],)}
+             "bias": bias_shape}
     operands = {}
     for op in VALUE_OPERANDS:
         x = f[op.keyword]
@@ -166,22 +175,30 @@ def check_fusion(f, M, N, K, device, dtype, out_dtype, rows=None) -> Fusion:
 
 
 def _bias_dim(f, M, N):
-    """The dimension ``bias`` runs along (0: one value per row, 1: per column), None without one."""
+    """``(dim, shape)`` of ``bias``: the dimension it runs along (0: one value per row, 1: per
+    column) and its shape as checked, or ``(None, None)`` without one. As ``torch.addmm`` and
+    ``F.linear`` broadcast it, a 1-D bias is one value per column, whatever M and N are; per
+    row is asked for with ``bias_dim=0`` or an (M, 1) bias ((1, N) is per column)."""
     bias, bias_dim = f["bias"], f["bias_dim"]
     if bias is None:
         if bias_dim is not None:
             raise ValueError("bias_dim was given without a bias")
-        return None
-    length = device_view(bias).shape[0] if len(device_view(bias).shape) == 1 else None
+        return None, None
+    if bias_dim is not None and (isinstance(bias_dim, bool) or bias_dim not in (0, 1)):
+        raise ValueError(f"bias_dim must be None, 0 (one value per row) or 1 (one per column); got {bias_dim!r}")
+    shape = tuple(device_view(bias).shape)
     if bias_dim is None:
-        if M == N:
-            raise ValueError(f"bias of length {length} fits rows and columns of the {M} x {N} output: "
-                             "pass bias_dim=0 (one value per row) or bias_dim=1 (per column)")
-        bias_dim = {N: 1, M: 0}.get(length)
-    if bias_dim not in (0, 1):
-        raise ValueError(f"bias_dim must be 0 (per row, length M = {M}) or 1 (per column, length N = {N}); "
-                         f"got bias_dim={f['bias_dim']!r} for a bias of shape {device_view(bias).shape}")
-    return bias_dim
+        fits = {1: ((N,), (1, N)), 0: ((M, 1),)}
+    else:
+        fits = {int(bias_dim): (((M,), (M, 1)), ((N,), (1, N)))[int(bias_dim)]}
+    for dim, shapes in fits.items():
+        if shape in shapes:
+            return dim, shape
+    per_col = f"(N,) = ({N},) or (1, N) = (1, {N}), one value per column"
+    expected = {None: f"{per_col}, or (M, 1) = ({M}, 1), one per row (or (M,) = ({M},) with bias_dim=0)",
+                0: f"(M,) = ({M},) or (M, 1) = ({M}, 1), one value per row", 1: per_col}[bias_dim]
+    given = "" if bias_dim is None else f" with bias_dim={bias_dim}"
+    raise ShapeError(f"bias has shape {shape}{given} for the {M} x {N} output; expected {expected}")
 
 
 def _checked_view(op, x, sizes, device, dtype):
@@ -206,6 +223,9 @@ def _checked_view(op, x, sizes, device, dtype):
     check_strides(name, v)
     if op.shape == ("one",):
         return dataclasses.replace(v, shape=(1,), strides=(1,))
+    if op.shape == ("bias",) and v.ndim == 2:  # (M, 1) or (1, N): the vector along its long side
+        keep = 0 if v.shape[1] == 1 else 1
+        return dataclasses.replace(v, shape=(v.shape[keep],), strides=(v.strides[keep],))
     return rows_of(name, v) if op.shape[0] == "rows" else v
 
 

@@ -37,7 +37,7 @@ from ..runtime.debug import DebugRecord
 from ..errors import LayoutError
 from ..kernels.epilogue import c_box_cols
 from ..kernels.epilogue_config import EpilogueArgs, EpilogueConfig
-from ..kernels.gemm_config import EPI_ROWS, FP8_DTYPES, GemmParams
+from ..kernels.gemm_config import EPI_ROWS, FP8_DTYPES, KBLOCK_BYTES, GemmParams
 from ..kernels.operands import OPERAND
 from ..kernels.gemm_sm90 import make_gemm_kernel
 from ..kernels.scheduler import GROUP_WALK_END
@@ -142,13 +142,17 @@ class _Memset:
         return self, ()
 
     def __call__(self, stream, values, binds=()):
-        (err,) = driver.cuMemsetD2D8Async(self.src.resolve(values), self.pitch, 0, self.width, self.rows, stream)
+        if self.rows == 1:
+            (err,) = driver.cuMemsetD8Async(self.src.resolve(values), 0, self.width, stream)
+        else:
+            (err,) = driver.cuMemsetD2D8Async(self.src.resolve(values), self.pitch, 0, self.width, self.rows, stream)
         if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuMemsetD2D8Async failed: {err}")
+            raise RuntimeError(f"memset of {self.rows} x {self.width} bytes failed: {err}")
 
 
 class _Copy:
-    """``dst = src`` through the 2-D copy kernel."""
+    """``dst = src`` through the copy kernel: 2-D views, or 3-D ones (a batch of matrices) in
+    one launch."""
 
     def __init__(self, src: Operand, dst: Operand):
         self.src, self.dst = src, dst
@@ -346,10 +350,10 @@ class Plan:
         self.scratch_bytes, self.claims = (scratch.size, scratch.claimed) if scratch else (0, False)
         self._steps = None
 
-    def __call__(self, stream, values, graph=None):
+    def __call__(self, stream, values):
         """Run on ``stream``; ``values``: a list, whose SCRATCH entry this sets to scratch taken
-        and given back in ``stream``'s order (``runtime.workspace``), captured or not (so
-        ``graph``, whether ``stream`` is capturing a CUDA graph, changes nothing)."""
+        and given back in ``stream``'s order (``runtime.workspace``: also inside a CUDA graph
+        being captured)."""
         scratch = 0
         if self.scratch_bytes or self.claims:
             values[SCRATCH] = scratch = alloc_scratch(self.device, stream, self.scratch_bytes, self.claims)
@@ -371,13 +375,33 @@ class Plan:
 def _aligned(op: Operand, scratch, copies, row_major_only=False):
     """``op`` if TMA can read it (either major, unless ``row_major_only``), else a scratch copy
     of it, whose copy step is added to ``copies``."""
+    return _aligned_batch(op, 1, 0, scratch, copies, row_major_only)[0]
+
+
+def _aligned_batch(op: Operand, count, stride, scratch, copies, row_major_only=False):
+    """``(operand, stride)``: ``count`` matrices like ``op``'s, ``stride`` elements apart (0: one
+    matrix for all), as TMA reads them: themselves if it can (either major, unless
+    ``row_major_only``, and a batch stride of a multiple of 16 bytes), else an aligned scratch
+    copy of all of them, one copy step added to ``copies``."""
     v = op.view
-    if tma_addressable(v, True) or (not row_major_only and tma_addressable(v, False)):
-        return op
+    if (tma_addressable(v, True) or (not row_major_only and tma_addressable(v, False))) \
+            and (stride * v.itemsize) % 16 == 0:
+        return op, stride
+    count = count if stride else 1
     layout, nbytes = aligned_layout(v)
-    copy = Operand(layout, scratch.take(nbytes))
-    copies.append(_Copy(op, copy))
-    return copy
+    copy = Operand(layout, scratch.take(count * nbytes))
+    copy_stride = nbytes // v.itemsize if count > 1 else 0
+    copies.append(_Copy(_stacked(op, count, stride), _stacked(copy, count, copy_stride)))
+    return copy, copy_stride
+
+
+def _stacked(op: Operand, count, stride):
+    """``op`` (a 2-D view) as the 3-D view of ``count`` such matrices ``stride`` elements apart;
+    ``op`` itself for one."""
+    if count == 1:
+        return op
+    v = op.view
+    return Operand(dataclasses.replace(v, shape=(count, *v.shape), strides=(stride, *v.strides)), op.src)
 
 
 _SWAPPED = {"row_scale": "col_scale", "col_scale": "row_scale"}
@@ -392,15 +416,20 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None):
     ``out.T``. Operands TMA cannot address go through aligned scratch copies.
     ``amax_out`` is zeroed (a memset on the stream) before the kernel raises it. ``split_k``:
     the K slices (None: :func:`~.heuristics.split_count`'s, for plain calls without a config;
-    the call checked it).
+    the call checked it). K == 0 (an epilogue of a zero product): the kernel runs on one
+    k-block of zeros (:func:`_zero_k_block`), unsplit.
     """
     a, b, d = Operand(va, Src(A)), Operand(vb, Src(B)), Operand(vo, Src(OUT))
-    scratch, copies = _Scratch(), []
+    scratch, copies, zeros = _Scratch(), [], []
     c, arrays, user_srcs = None, {}, ()
     if fusion:
         arrays = {name: Operand(v, Src(VALUE_INDEX[name])) for name, v in fusion.operands.items()
                   if isinstance(v, DeviceView)}
         user_srcs = _user_sources(fusion.user_args)
+    if va.shape[1] == 0:
+        a, b, zeros = _zero_k_block(va, vb, scratch)
+        arrays = {**arrays, "up": b} if "up" in arrays else arrays  # (a gated product's B_up: zeros like b)
+        split_k = None
     forced_split = split_k is not None and split_k > 1
     if config is not None and config.out_major == "M":
         if fusion or forced_split or not swappable(va, vb, vo):
@@ -462,13 +491,26 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None):
         partials = Operand(DeviceView(0, (splits, M, ld), (M * ld, ld, 1), "f32", 4, vo.device, "numba"), place)
         reduce = _Reduce(partials, target, Src(VALUE_INDEX["alpha"]) if ecfg and ecfg.alpha else None,
                          arrays.get("row_scale"), arrays.get("col_scale"))
-        steps = [*copies, gemm, reduce]
+        steps = [*zeros, *copies, gemm, reduce]
     else:
         gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, a_scales=a_scales, b_scales=b_scales, up=up,
                      arrays=arrays, user_srcs=user_srcs, record=record, **_stream_k(cfg, M, N, K, sms))
         zero_amax = [_Memset(arrays["amax"].src, 4)] if "amax" in arrays else []
-        steps = [*zero_amax, *copies, gemm, *finish]
+        steps = [*zero_amax, *zeros, *copies, gemm, *finish]
     return Plan(vo.device, steps, scratch, record)
+
+
+def _zero_k_block(va, vb, scratch):
+    """``(a, b, [memset])`` for a product with K == 0: zeros shaped like its operands with one
+    k-block of K, K-major (as every kernel reads them), in scratch that the memset clears on the
+    stream before the kernel, which then computes its epilogue of a zero product
+    ((M + N) x 128 bytes of scratch)."""
+    M, N, k = va.shape[0], vb.shape[1], KBLOCK_BYTES // va.itemsize
+    place = scratch.take((M + N) * KBLOCK_BYTES)
+    a = Operand(DeviceView(0, (M, k), (k, 1), va.dtype, va.itemsize, va.device, va.framework), place)
+    b = Operand(DeviceView(0, (k, N), (1, k), vb.dtype, vb.itemsize, vb.device, vb.framework),
+                Src(SCRATCH, place.offset + M * KBLOCK_BYTES))
+    return a, b, [_Memset(place, (M + N) * KBLOCK_BYTES)]
 
 
 def _a_block_scales(view, scratch, copies):
@@ -524,12 +566,27 @@ def _stream_k(cfg, M, N, K, sms):
 
 def bmm_plan(ma, mb, mo, batch, strides, config):
     """The plan of ``out[i] = a[i] @ b[i]`` for ``batch`` items: 2-D views of item 0 and the
-    batch strides ``(a, b, out)`` in elements (0: one matrix for every item)."""
-    cfg = choose_config(ma, mb, mo, config, debug=False, units=batch)
-    scratch = _Scratch()
-    gemm = _Gemm(cfg, Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT)), _Batch(batch, *strides),
-                 scratch)
-    return Plan(mo.device, [gemm], scratch)
+    batch strides ``(a, b, out)`` in elements (0: one matrix for every item).
+
+    As :func:`gemm_plan`: a column-major ``out`` is computed as ``out.T = b.T @ a.T``; operands
+    TMA cannot address (a leading dimension or batch stride that is not a multiple of 16
+    bytes, a misaligned base, any other strides) are copied into aligned scratch, the whole
+    batch in one launch, and an ``out`` it cannot write receives the result from such a copy.
+    """
+    a, b, d = Operand(ma, Src(A)), Operand(mb, Src(B)), Operand(mo, Src(OUT))
+    sa, sb, so = strides
+    if is_col_major(mo):
+        a, b, d, sa, sb = b.t(), a.t(), d.t(), sb, sa
+    scratch, copies = _Scratch(), []
+    a, sa = _aligned_batch(a, batch, sa, scratch, copies)
+    b, sb = _aligned_batch(b, batch, sb, scratch, copies)
+    target, target_stride, finish = d, so, []
+    d, so = _aligned_batch(d, batch, so, scratch, [], row_major_only=True)  # (without its copy in)
+    if d is not target:  # computed into aligned scratch, then copied out
+        finish.append(_Copy(_stacked(d, batch, so), _stacked(target, batch, target_stride)))
+    cfg = choose_config(a.view, b.view, d.view, config, debug=False, units=batch)
+    gemm = _Gemm(cfg, a, b, d, _Batch(batch, sa, sb, so), scratch)
+    return Plan(mo.device, [*copies, gemm, *finish], scratch)
 
 
 def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, config, debug, alpha=False,
@@ -569,10 +626,19 @@ def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, confi
 
 
 def zero_fill_plan(vo, count=1, stride=0):
-    """``out[...] = 0`` (K == 0) for a row- or column-major view, ``count`` items ``stride``
-    elements apart."""
+    """``out[...] = 0`` (K == 0, no epilogue) for ``count`` matrices like the 2-D view ``vo``,
+    ``stride`` elements apart: memsets of the rows of a row- or column-major ``out`` (one for a
+    batch whose rows are evenly spaced), else zeros copied in from scratch (a memset and one
+    copy launch)."""
+    if not (is_row_major(vo) or is_row_major(transpose(vo))):
+        scratch = _Scratch()
+        layout, nbytes = aligned_layout(vo)
+        zeros = Operand(layout, scratch.take(nbytes))
+        copy = _Copy(_stacked(zeros, count, 0), _stacked(Operand(vo, Src(OUT)), count, stride))
+        return Plan(vo.device, [_Memset(zeros.src, nbytes), copy], scratch)
     w = vo if is_row_major(vo) else transpose(vo)
-    rows, cols = w.shape
-    pitch = leading_dim(w) * vo.itemsize
-    return Plan(vo.device, [_Memset(Src(OUT, i * stride * vo.itemsize), cols * vo.itemsize, rows, pitch)
-                            for i in range(count)])
+    (rows, cols), size = w.shape, vo.itemsize
+    pitch = (leading_dim(w) if rows > 1 else stride) * size
+    if count > 1 and stride * size == rows * pitch and pitch >= cols * size:  # one memset for the batch
+        rows, count = rows * count, 1
+    return Plan(vo.device, [_Memset(Src(OUT, i * stride * size), cols * size, rows, pitch) for i in range(count)])

@@ -35,20 +35,20 @@ _plans_lock = threading.Lock()
 class Entry:
     """A cached plan with what its calls need beside it: the pairs of arrays to check for
     overlap, how to make the output (``make_out() -> (array, address)``; None when the caller
-    passes ``out``), the default stream (``current_stream() -> CUstream``), whether it is
-    capturing a graph (``current_capturing() -> bool``, or None: ask the driver) and, for
-    calls whose only epilogue keywords are fp8 scales, how their values bind
+    passes ``out``), the default stream (``current_stream() -> CUstream``) and, for calls
+    whose only epilogue keywords are fp8 scales, how their values bind
     (``scales.scale_binder``)."""
 
-    __slots__ = ("plan", "overlaps", "make_out", "current_stream", "current_capturing", "bind")
+    __slots__ = ("plan", "overlaps", "make_out", "current_stream", "bind")
 
     def __init__(self, plan, overlaps, make_out, a):
         self.plan, self.overlaps, self.make_out = plan, overlaps, make_out
         self.bind = None
-        if hasattr(a, "data_ptr"):
-            self.current_stream, self.current_capturing = current_torch_stream(a.get_device())
-        else:
-            self.current_stream, self.current_capturing = (lambda: 0), (lambda: None)
+        self.current_stream = current_torch_stream(a.get_device()) if hasattr(a, "data_ptr") else _default_stream
+
+
+def _default_stream():
+    return 0
 
 
 def run(entry, out, pa, pb, po, fvalues, stream):
@@ -58,10 +58,7 @@ def run(entry, out, pa, pb, po, fvalues, stream):
     values = [0, pa, pb, po, *fvalues]
     if entry.overlaps:
         check_overlaps(entry.overlaps, values)
-    if stream is None:
-        entry.plan(entry.current_stream(), values, entry.current_capturing())
-    else:
-        entry.plan(as_stream_handle(stream), values)
+    entry.plan(entry.current_stream() if stream is None else as_stream_handle(stream), values)
     return out
 
 

@@ -92,12 +92,13 @@ def _block_shapes(M, N, K):
 
 
 def _is_block_wise(scale_a, scale_b, M, N, K):
-    """Whether the scales are block-wise: scale_a (M, K blocks) with K longer than one block,
-    or a scale_b of B's block shape that is neither row-wise (1, N) nor one element."""
+    """Whether the scales are block-wise: scale_a (M, K blocks) with K longer than one block
+    (or K == 0: no blocks), or a scale_b of B's block shape that is neither row-wise (1, N)
+    nor one element."""
     a_shape, b_shape = _block_shapes(M, N, K)
     sa = None if scale_a is None or isinstance(scale_a, Real) else _shape(scale_a)
     sb = None if scale_b is None or isinstance(scale_b, Real) else _shape(scale_b)
-    return (sa == a_shape and a_shape[1] > 1) or (sb == b_shape and sb != (1, N) and _prod(sb) > 1)
+    return (sa == a_shape and a_shape[1] != 1) or (sb == b_shape and sb != (1, N) and (_prod(sb) > 1 or K == 0))
 
 
 def _block_scales(scale_a, scale_b, M, N, K):

@@ -6,13 +6,14 @@
   PyTorch and CuPy);
 - :func:`empty_like`: a new CuPy or numba output through the caller's framework (CuPy's
   pool, numba);
-- :func:`current_torch_stream`: PyTorch's current ``CUstream`` (the default for its tensors)
-  and whether it is capturing a graph.
+- :func:`current_torch_stream`: PyTorch's current ``CUstream`` (the default for its tensors).
 
 Nothing here imports torch or cupy until their arrays are seen.
 """
 
 from __future__ import annotations
+
+import functools
 
 from .arrays import _pointer_device
 
@@ -80,14 +81,9 @@ def empty_like(a, shape, dtype, framework):
 
 
 def current_torch_stream(device):
-    """``(stream, capturing)``: functions giving PyTorch's current ``CUstream`` on ``device``
-    and whether it is capturing a CUDA graph (None when ``device`` is not the current device,
-    whose stream PyTorch's check reads: then ask the driver). PyTorch's own bindings cost a
-    fraction of a driver call through cuda-python, and this runs on every call."""
+    """A function giving PyTorch's current ``CUstream`` on ``device``. PyTorch's own binding
+    (what Triton's launcher uses) costs a fraction of a driver call through cuda-python, and
+    this runs on every call."""
     import torch
 
-    raw = torch._C._cuda_getCurrentRawStream  # what Triton's launcher uses
-    current, is_capturing = torch._C._cuda_getDevice, torch._C._cuda_isCurrentStreamCapturing
-    if torch.cuda.device_count() == 1:  # the current device is the only one
-        return (lambda: raw(device)), is_capturing
-    return (lambda: raw(device)), (lambda: is_capturing() if current() == device else None)
+    return functools.partial(torch._C._cuda_getCurrentRawStream, device)

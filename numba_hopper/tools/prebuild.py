@@ -78,12 +78,10 @@ def _view(rows, cols, dtype, row_major):
 
 
 def _operands(M, N, K, units, dtype):
-    """``(a, b, out)`` views for every operand major TMA can read at this shape. gemm copies
-    the other operands (and an unaligned output) row-major (``matmul.plan._aligned``): one of
-    these; bmm refuses them."""
+    """``(a, b, out)`` views for every operand major TMA can read at this shape. gemm and bmm
+    copy the other operands (and an unaligned output) row-major (``matmul.plan._aligned``):
+    one of these."""
     out = _view(M, N, dtype, True)
-    if units > 1 and not tma_addressable(out, True):
-        return
     for a_row in (True, False):
         a = _view(M, K, dtype, a_row)
         for b_row in (True, False):

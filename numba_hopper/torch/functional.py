@@ -7,9 +7,8 @@ maps to, and what costs beyond the GEMM:
 
 - ``addmm``: ``input`` broadcast along rows (1-D, (1, N), a scalar) becomes the fused bias,
   along columns ((M, 1)) a per-row bias, and a full (M, N) ``input`` the fused ``beta * c``:
-  one launch. ``beta == 0`` ignores ``input`` (NaN included), as BLAS and torch do.
-- ``K == 0`` (``addmm``, ``baddbmm``): the product is zero, so the result is
-  ``beta * input`` broadcast, computed by torch.
+  one launch, ``K == 0`` included (the kernel's epilogue of a zero product). ``beta == 0``
+  ignores ``input`` (NaN included), as BLAS and torch do.
 - ``baddbmm``: the batched product in fp32, then ``alpha * p + beta * input`` and one rounding,
   by torch: one more pass over the output.
 - ``matmul``: 1-D operands are made 2-D and squeezed back; an N-D ``a`` times a 1-D or 2-D
@@ -56,15 +55,14 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     full = input.expand(m, n)  # (raises as torch does when input does not broadcast)
     if beta == 0 or full.numel() == 0:  # (an empty output: nothing to add, nothing launched)
         return ops.gemm(mat1, mat2, alpha=float(alpha))
-    if mat1.shape[1] == 0:
-        return _scaled_broadcast(input, beta, (m, n), mat1.dtype)
+    bias = c = None
     if full.stride(0) == 0 or m == 1:  # every row the same: one value per column
-        bias, bias_dim, c = (beta * full[0].float()).contiguous(), 1, None
-    elif full.stride(1) == 0 or n == 1:  # every column the same: one value per row
-        bias, bias_dim, c = (beta * full[:, 0].float()).contiguous(), 0, None
+        bias = (beta * full[0].float()).contiguous()
+    elif full.stride(1) == 0 or n == 1:  # every column the same: one value per row, an (M, 1) bias
+        bias = (beta * full[:, :1].float()).contiguous()
     else:
-        bias, bias_dim, c = None, 1, full
-    return ops.gemm(mat1, mat2, c=c, bias=bias, alpha=float(alpha), beta=float(beta), bias_dim=bias_dim)
+        c = full
+    return ops.gemm(mat1, mat2, c=c, bias=bias, alpha=float(alpha), beta=float(beta))
 
 
 def bmm(a, b):
@@ -105,7 +103,3 @@ def matmul(a, b):
     out = ops.bmm(a3, b3).view(*batch, m, n)
     return out.squeeze(-2) if a.dim() == 1 else out
 
-
-def _scaled_broadcast(input, beta, shape, dtype):
-    """``beta * input`` broadcast to ``shape``, as a new tensor (torch's result when K == 0)."""
-    return (beta * input.float()).expand(shape).to(dtype, copy=True).contiguous()

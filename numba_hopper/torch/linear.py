@@ -40,7 +40,7 @@ def linear(x, weight, bias=None, activation=None):
     if x.dim() > 1 and not needs_grad and not ops.tracing(tensors):
         # Eager inference: numba_hopper.gemm reads x's leading dimensions as rows, so no
         # reshape either side (host time: this is F.linear's place).
-        return _matmul.gemm(x, weight.t(), bias=bias, bias_dim=None if bias is None else 1, activation=activation)
+        return _matmul.gemm(x, weight.t(), bias=bias, activation=activation)
     if x.dim() > 1 and needs_grad and not ops.tracing(tensors):
         return _LinearFunction.apply(x, weight, bias, activation)
     return _linear_ops(x, weight, bias, activation, needs_grad)
@@ -64,8 +64,7 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, activation):
         pre = x.new_empty((*x.shape[:-1], weight.shape[0])) if activation is not None else None
-        y = _matmul.gemm(x, weight.t(), bias=bias, bias_dim=None if bias is None else 1, activation=activation,
-                         aux_out=pre)
+        y = _matmul.gemm(x, weight.t(), bias=bias, activation=activation, aux_out=pre)
         ctx.save_for_backward(x, weight, bias, pre)
         ctx.activation = activation
         return y

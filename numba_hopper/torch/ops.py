@@ -8,15 +8,15 @@ They run :func:`numba_hopper.gemm` / :func:`numba_hopper.bmm` on PyTorch's curre
 ``torch.cuda.graph`` captures them (warm up first: a first call compiles).
 
 - ``gemm(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype)``:
-  ``act(alpha * a @ b + beta * c + bias)``, a new row-major (M, N) tensor.
+  ``act(alpha * a @ b + beta * c + bias)``, a new row-major (M, N) tensor. ``bias`` as
+  :func:`numba_hopper.gemm` takes it: 1-D or (1, N), one value per column (as ``torch.addmm``),
+  whatever M and N are; (M, 1), or 1-D with ``bias_dim=0``, one per row.
 - ``gemm_aux(...)``: the same, returning ``(out, pre)`` where ``pre`` is the value before the
   activation (written by the same kernel's epilogue): what the activation's backward reads.
   ``gemm`` with an activation has no backward; use ``gemm_aux`` (as ``linear`` does).
-- ``bmm(a, b, out_dtype)``: (B, M, K) x (B, K, N). Operands TMA cannot address (a row pitch or
-  batch stride that is not a multiple of 16 bytes, as in (10, 5, 10) bf16) are first copied
-  into padded tensors, and an N whose row is not a multiple of 16 bytes computes into a padded
-  output then copies out: up to three extra copies, each one read and one write of that
-  operand (torch.bmm makes none).
+- ``bmm(a, b, out_dtype)``: (B, M, K) x (B, K, N), through :func:`numba_hopper.bmm`, which
+  copies operands TMA cannot address (a row pitch or batch stride that is not a multiple of
+  16 bytes, as in (10, 5, 10) bf16) into aligned scratch, one launch per operand.
 
 Host time. Through the dispatcher, an operator with a Python autograd formula costs about
 11 us more than the GEMM it runs (4 us without the formula; a no-op GEMM timed on the CPU). So the
@@ -50,21 +50,21 @@ __all__ = ["gemm", "gemm_aux", "gated_mm", "bmm", "tracing", "needs_grad", "DTYP
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
 _EPILOGUE = ("Tensor a, Tensor b, Tensor? c=None, Tensor? bias=None, float alpha=1., float beta=0., "
-             "int bias_dim=1, str? activation=None, ScalarType? out_dtype=None")
+             "int? bias_dim=None, str? activation=None, ScalarType? out_dtype=None")
 _lib = torch.library.Library("numba_hopper", "DEF")
 
 
 # --- implementations -----------------------------------------------------------------------
 
 
-def _gemm_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None,
+def _gemm_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None,
                aux_out=None):
     return _matmul.gemm(a, b, c=c, bias=bias, alpha=alpha, beta=beta if c is not None else 0.0,
                         bias_dim=bias_dim if bias is not None else None, activation=activation,
                         out_dtype=DTYPE_NAMES.get(out_dtype, out_dtype), aux_out=aux_out)
 
 
-def _gemm_aux_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
+def _gemm_aux_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
     pre = _out_like(a, b, out_dtype)
     return _gemm_impl(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype, aux_out=pre), pre
 
@@ -74,14 +74,7 @@ def _bmm_impl(a, b, out_dtype=None):
     if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype or (out_dtype or a.dtype) not in DTYPE_NAMES:
         raise DtypeError(f"numba_hopper::bmm takes bf16 or fp16 a and b of one dtype and a bf16, fp16 or fp32 "
                          f"output; got {a.dtype}, {b.dtype} -> {out_dtype or a.dtype}")
-    a, b = _addressable(a), _addressable(b)
-    batch, m, n = max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]
-    dtype = out_dtype or a.dtype
-    if n * torch.finfo(dtype).bits // 8 % 16 == 0:
-        return _matmul.bmm(a, b, out_dtype=DTYPE_NAMES[dtype])
-    padded = a.new_empty((batch, m, _padded(n, dtype)), dtype=dtype)[..., :n]
-    _matmul.bmm(a, b, out=padded)
-    return padded.contiguous()
+    return _matmul.bmm(a, b, out_dtype=DTYPE_NAMES[out_dtype or a.dtype])
 
 
 def _gated_mm_impl(a, b, up, activation):
@@ -96,11 +89,11 @@ def _out_like(a, b, out_dtype):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
 
 
-def _gemm_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
+def _gemm_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
     return _out_like(a, b, out_dtype)
 
 
-def _gemm_aux_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
+def _gemm_aux_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
     return _out_like(a, b, out_dtype), _out_like(a, b, out_dtype)
 
 
@@ -118,24 +111,6 @@ def _bmm_fake(a, b, out_dtype=None):
 def _check_3d(a, b):
     if a.dim() != 3 or b.dim() != 3:
         raise ShapeError(f"numba_hopper::bmm takes 3-D tensors; got shapes {tuple(a.shape)} and {tuple(b.shape)}")
-
-
-def _padded(n, dtype):
-    per_16_bytes = 128 // torch.finfo(dtype).bits
-    return -(-max(n, 1) // per_16_bytes) * per_16_bytes
-
-
-def _addressable(t):
-    """``t`` if TMA can read its matrices (16-byte base, row pitch and batch stride, unit stride
-    along rows or columns), else a padded row-major copy."""
-    size = t.element_size()
-    s_batch, s_row, s_col = t.stride()
-    pitch = s_row if s_col == 1 else s_col if s_row == 1 else None
-    if (pitch is not None and t.data_ptr() % 16 == 0 and pitch * size % 16 == 0
-            and (t.shape[0] == 1 or s_batch * size % 16 == 0)):
-        return t
-    copy = t.new_empty((*t.shape[:2], _padded(t.shape[2], t.dtype)))[..., :t.shape[2]]
-    return copy.copy_(t)
 
 
 # --- autograd formulas (shared by the operators and the eager path) --------------------------
@@ -168,7 +143,9 @@ def _gemm_grads(ctx, d_pre):
     if _needs_grad(ctx, 2):
         dc = (ctx.beta * d_pre).to(ctx.c_dtype)
     if _needs_grad(ctx, 3):
-        dbias = d_pre.sum(dim=0 if ctx.bias_dim == 1 else 1, dtype=torch.float32).to(ctx.bias_dtype)
+        shape = ctx.bias_shape  # (numba_hopper.gemm's rule: 1-D by bias_dim, (1, N) per column, (M, 1) per row)
+        per_row = ctx.bias_dim == 0 if len(shape) == 1 else shape != (1, d_pre.shape[1])
+        dbias = d_pre.sum(dim=1 if per_row else 0, keepdim=len(shape) == 2, dtype=torch.float32).to(ctx.bias_dtype)
     return da, db, dc, dbias, None, None, None, None, None
 
 
@@ -205,7 +182,7 @@ def _setup(ctx, inputs, *saved):
     ctx.save_for_backward(a, b, *saved)
     ctx.alpha, ctx.beta, ctx.bias_dim, ctx.activation = alpha, beta, bias_dim, activation
     ctx.c_dtype = c.dtype if c is not None else None
-    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.bias_dtype, ctx.bias_shape = (bias.dtype, tuple(bias.shape)) if bias is not None else (None, None)
 
 
 def _setup_gemm(ctx, inputs, output):
@@ -314,13 +291,13 @@ def _call(op, no_grad_op, function, impl, inputs, tensors):
     return impl(*inputs)
 
 
-def gemm(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
+def gemm(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
     """``numba_hopper::gemm``: ``act(alpha * a @ b + beta * c + bias)``."""
     return _call(_gemm_op, _gemm_no_grad, _GemmFunction, _gemm_impl,
                  (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
 
 
-def gemm_aux(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=1, activation=None, out_dtype=None):
+def gemm_aux(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
     """``numba_hopper::gemm_aux``: ``(act(pre), pre)`` with ``pre = alpha * a @ b + beta * c + bias``."""
     return _call(_gemm_aux_op, None, _GemmAuxFunction, _gemm_aux_impl,
                  (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
