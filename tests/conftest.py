@@ -21,7 +21,7 @@ def pytest_xdist_auto_num_workers(config):
     # With a Hopper GPU, `-n auto` is one process: GPU tests time the device and order work on
     # streams, and worker processes beside them change that (on the H100, 3 of the 7 stream-
     # ordering tests of test_gemm_streams_gpu.py failed under 8 workers and passed alone).
-    # benchmarks/h100_session.sh gives the compile-bound rest explicit workers and runs the
+    # benchmarks/gpu_session.sh gives the compile-bound rest explicit workers and runs the
     # tests marked `serial` (those that time the host or order streams) alone after them.
     if hopper_device_reason() is None:
         return 0

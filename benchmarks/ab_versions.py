@@ -1,0 +1,162 @@
+"""Two versions of numba_hopper in one process, old and new alternating: did a change move speed?
+
+A restructure that must not change the kernels (same SASS) should not change speed either; this
+is its GPU check. The other version is a copy of the package imported under another name, so
+both run in one process on the same inputs, timed against the same reference in interleaved
+rounds (``bench_gemm.interleaved_rounds``), the user's call pattern (fresh operands, a new output
+per call). Each case reports both versions' ratio against the reference and new/old.
+
+    python benchmarks/ab_versions.py --make-base REF          # copy a git ref's package to .ab/
+    python benchmarks/ab_versions.py                         # time .ab/'s copy against this tree's
+
+Writes ``benchmarks/results/ab-<gpu>.json`` (``--out`` to change): records {name, M, N, K,
+base_ratio, new_ratio, new_over_base}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import json
+import math
+import pathlib
+import re
+import subprocess
+import sys
+import tarfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BASE_DIR = ROOT / ".ab"
+BASE_NAME = "numba_hopper_base"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def make_base(ref: str, out: pathlib.Path = BASE_DIR):
+    """Extract ``ref``'s ``numba_hopper/`` as the package ``numba_hopper_base`` under ``out``."""
+    data = subprocess.run(["git", "archive", ref, "numba_hopper"], cwd=ROOT, check=True, capture_output=True).stdout
+    target = out / BASE_NAME
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.endswith(".py"):
+                text = tar.extractfile(member).read().decode()
+                # absolute self-references (imports, module paths in strings), not torch op names
+                text = re.sub(r"\bnumba_hopper\b(?!::)", BASE_NAME, text)
+                path = out / (BASE_NAME + member.name[len("numba_hopper"):])
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+    (out / "REF").write_text(ref + "\n")
+
+
+def cases(torch):
+    """``(name, M, N, K, make_inputs(), call(module, inputs), reference(inputs))``: the GEMM's
+    main paths (plain, fused, fp8 per-tensor and block-wise, decode, gated, grouped)."""
+    bf16, e4m3 = torch.bfloat16, torch.float8_e4m3fn
+    dev = "cuda"
+
+    def plain(M, N, K):
+        return (lambda: (torch.randn(M, K, device=dev, dtype=bf16), torch.randn(K, N, device=dev, dtype=bf16)),
+                lambda nh, x: nh.gemm(*x), lambda x: torch.matmul(*x))
+
+    def linear_gelu(M, N, K):
+        def make():
+            return (torch.randn(M, K, device=dev, dtype=bf16), torch.randn(N, K, device=dev, dtype=bf16),
+                    torch.randn(N, device=dev, dtype=bf16))
+        return (make, lambda nh, x: nh.gemm(x[0], x[1].t(), bias=x[2], bias_dim=1, activation="gelu_tanh"),
+                lambda x: torch.nn.functional.gelu(torch.nn.functional.linear(*x), approximate="tanh"))
+
+    def fp8(M, N, K, blockwise):
+        def make():
+            a = torch.randn(M, K, device=dev).to(e4m3)
+            b = torch.randn(N, K, device=dev).to(e4m3)
+            if blockwise:
+                sa = torch.rand(K // 128, M, device=dev).t()
+                sb = torch.rand(N // 128, K // 128, device=dev)
+                return a, b, sa, sb
+            return a, b, torch.tensor(0.5, device=dev), torch.tensor(2.0, device=dev)
+
+        def ours(nh, x):
+            sb = x[3].t() if blockwise else x[3]
+            return nh.gemm(x[0], x[1].t(), scale_a=x[2], scale_b=sb)
+
+        def ref(x):
+            sb = x[3].t() if blockwise else x[3]
+            return torch._scaled_mm(x[0], x[1].t(), scale_a=x[2], scale_b=sb, out_dtype=bf16)
+        return make, ours, ref
+
+    def gated(M, N, K):
+        def make():
+            return (torch.randn(M, K, device=dev, dtype=bf16), torch.randn(N, K, device=dev, dtype=bf16),
+                    torch.randn(N, K, device=dev, dtype=bf16))
+        return (make, lambda nh, x: nh.gemm(x[0], x[1].t(), up=x[2].t(), activation="silu"),
+                lambda x: torch.nn.functional.silu(x[0] @ x[1].t()) * (x[0] @ x[2].t()))
+
+    return [
+        ("4096^3", 4096, 4096, 4096, *plain(4096, 4096, 4096)),
+        ("8192^3", 8192, 8192, 8192, *plain(8192, 8192, 8192)),
+        ("8x4096x4096 decode", 8, 4096, 4096, *plain(8, 4096, 4096)),
+        ("512x4096x4096", 512, 4096, 4096, *plain(512, 4096, 4096)),
+        ("linear+gelu 4096x11008x4096", 4096, 11008, 4096, *linear_gelu(4096, 11008, 4096)),
+        ("fp8 per-tensor 4096^3", 4096, 4096, 4096, *fp8(4096, 4096, 4096, False)),
+        ("fp8 block-wise 4096x4096x7168", 4096, 4096, 7168, *fp8(4096, 4096, 7168, True)),
+        ("gated 4096x5632x2048", 4096, 5632, 2048, *gated(4096, 5632, 2048)),
+    ]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--make-base", metavar="REF", help="copy REF's package to .ab/ and exit")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--only", nargs="*", help="substrings of the case names to run")
+    p.add_argument("--out", help="results file (default: benchmarks/results/ab-<gpu>.json)")
+    args = p.parse_args(argv)
+    if args.make_base:
+        make_base(args.make_base)
+        print(f"{args.make_base}'s package is {BASE_DIR / BASE_NAME}")
+        return
+    import torch
+
+    from bench_gemm import interleaved_rounds, paired_ratio
+
+    sys.path.insert(0, str(BASE_DIR))
+    base = importlib.import_module(BASE_NAME)
+    new = importlib.import_module("numba_hopper")
+    ref_name = (BASE_DIR / "REF").read_text().strip()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    records = []
+    for name, M, N, K, make, call, reference in cases(torch):
+        if args.only and not any(s in name for s in args.only):
+            continue
+        first = make()
+        nbytes = sum(t.numel() * t.element_size() for t in first)
+        sets = [first] + [make() for _ in range(max(1, math.ceil(2 * l2 / nbytes)))]
+        want = reference(first).double()
+        for label, module in (("base", base), ("new", new)):
+            got = call(module, first).double()
+            err = ((got - want).norm() / want.norm()).item()
+            if not err < 3e-2:
+                raise AssertionError(f"{name}: {label} relative error {err:.2e}")
+        fns = {"ref": lambda *x: reference(x), "base": lambda *x: call(base, x), "new": lambda *x: call(new, x)}
+        times = interleaved_rounds(fns, sets, args.rounds, "ref")
+        rec = dict(name=name, M=M, N=N, K=K, base=ref_name,
+                   base_ratio=round(paired_ratio(times, "ref", "base"), 4),
+                   new_ratio=round(paired_ratio(times, "ref", "new"), 4),
+                   new_over_base=round(paired_ratio(times, "base", "new"), 4))
+        records.append(rec)
+        print(f"{name:34} base {rec['base_ratio']:.3f}  new {rec['new_ratio']:.3f}  new/base {rec['new_over_base']:.3f}",
+              flush=True)
+    gpu = torch.cuda.get_device_name(0).split()[-1].lower()
+    path = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"ab-{gpu}.json")
+    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rounds": args.rounds, "records": records},
+                               indent=1) + "\n")
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
