@@ -6,14 +6,26 @@ from numba_hopper.runtime.device import hopper_device_reason
 from numba_hopper.tools.sass_cache import ENV as SASS_CACHE_ENV
 
 
+# One thread per test process for PyTorch's CPU kernels (OpenMP): the suite already runs a
+# process on every core (xdist), the tensors are small, and idle OpenMP threads spin. Set
+# before any test module imports torch; the processes tests start inherit it. (The torch and
+# distributed CPU tests take a third less CPU time.)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def pytest_configure(config):
-    # inspect_kernel keeps its reports in pytest's cache directory (.pytest_cache/d/numba_hopper_sass),
-    # keyed on the package sources, the toolchain and each kernel's identity: a re-run reads back
-    # what an earlier run compiled. `--cache-clear` or `-p no:cacheprovider` compiles everything.
-    # (xdist workers inherit the variable, or set the same one themselves.)
+    # The compilers' caches live in pytest's cache directory (.pytest_cache/d/), so a re-run
+    # reads back what an earlier run compiled, and a fresh clone or `--cache-clear` compiles
+    # everything (`-p no:cacheprovider`: no cache at all):
+    # - inspect_kernel's SASS reports (numba_hopper_sass), keyed on the package sources, the
+    #   toolchain and each kernel's identity;
+    # - TorchInductor's (torchinductor: its C++ and FX graph caches, by default shared by every
+    #   run on the machine under /tmp).
+    # (xdist workers inherit the variables, or set the same ones themselves.)
     cache = getattr(config, "cache", None)
-    if cache is not None and SASS_CACHE_ENV not in os.environ:
-        os.environ[SASS_CACHE_ENV] = str(cache.mkdir("numba_hopper_sass"))
+    if cache is not None:
+        os.environ.setdefault(SASS_CACHE_ENV, str(cache.mkdir("numba_hopper_sass")))
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache.mkdir("torchinductor")))
 
 
 @pytest.hookimpl(optionalhook=True)  # (an xdist hook: pytest -p no:xdist still loads this file)
@@ -34,6 +46,10 @@ def pytest_xdist_auto_num_workers(config):
 # not with xdist_group marks: xdist 3.8 renames the marked tests' item._nodeid, which pytest
 # 9.2 no longer reads, so the marks group nothing.
 _ONE_WORKER = {"tests/test_prebuilt.py": "prebuilt"}  # the kernel set and one real build
+# Files whose tests read kernels a module fixture compiles once per parameter: the tests of one
+# parameter are one unit, so that a second worker does not wait on the first one's compile
+# (the SASS cache's lock) and then read it back.
+_BY_PARAMETER = {"tests/test_attention_cpu.py"}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -43,12 +59,15 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class FileGroupScheduling(LoadScopeScheduling):
-        """Every test its own work unit, but for the files grouped above."""
+        """Every test its own work unit, but for the files grouped above. (xdist hands out the
+        units of more than one test first, largest first: the costly ones start early.)"""
 
         def _split_scope(self, nodeid):
-            path = nodeid.split("::", 1)[0]
+            path, _, name = nodeid.partition("::")
             if path.endswith("_gpu.py"):
                 return "gpu"
+            if path in _BY_PARAMETER and name.endswith("]"):
+                return path + name[name.index("["):]
             return _ONE_WORKER.get(path, nodeid)
 
     return FileGroupScheduling(config, log)

@@ -10,7 +10,7 @@ from numba_hopper.matmul.heuristics import max_stages
 from numba_hopper.kernels.gemm_config import GemmConfig
 from numba_hopper.kernels.epilogue import EpilogueConfig
 from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel, register_budget
-from numba_hopper.kernels.scheduler import host_grouped_tile
+from numba_hopper.kit.scheduler import grouped_tile_host as host_grouped_tile
 from numba_hopper.tools.sass import inspect_kernel
 
 # One compile per code path, not one per combination of options. The majors change the TMA

@@ -13,7 +13,8 @@ from numba.cuda import types
 from numba_hopper import intrinsics as nh
 from numba_hopper.kit import (NamedBarriers, make_a_loader, make_a_operand_fp8, make_descriptors, make_mma,
                               make_ordered_barrier, make_ring, make_tile_loads, make_tile_scheduler, make_tile_store,
-                              operand_layout, warp_specialization)
+                              operand_layout, thread_rows, warp_specialization)
+from numba_hopper.kit.epilogue import TileEpilogue
 from numba_hopper.kit.fragments import (a_operand, exp2_rows, mask_cols, row_max, row_sum, scale_rows,
                                         thread_row_sum)
 from numba_hopper.kit.host import TENSORMAP_ARG
@@ -279,3 +280,70 @@ def test_multicast_loads_of_tile_parts():
     _clean(r)
     assert r.ptx.count(".multicast::cluster") == 3  # A: one box (its half of the rows), B: two of four boxes
     assert r.count("UTMALDG") == 3, r.opcodes
+
+
+def test_loads_of_an_unshared_tile_and_its_l2_prefetch():
+    """``load_part_3d`` of a tile no peer shares (parts = 1) is the plain load; ``prefetch_3d``
+    is one L2 prefetch per box, no shared memory."""
+    loads = make_tile_loads(B_SHARED)  # four 64 x 64 boxes
+
+    @cuda.jit
+    def kernel(map_b, rank):
+        smem = nh.dynamic_shared_base()
+        tmap = nh.tensormap_param_address(map_b)
+        loads.load_part_3d(smem, tmap, 0, 0, 1, smem + 65536, rank, 0b11)
+        loads.prefetch_3d(tmap, 64, 0, 1)
+
+    r = inspect_kernel(kernel, (TENSORMAP_ARG, types.int32))
+    _clean(r)
+    assert ".multicast::cluster" not in r.ptx and r.count("UTMALDG") == 4 and r.count("UTMAPF") == 4, r.opcodes
+
+
+def _scaled_pairs(out_dtype):
+    """Hooks: each pair times 2 plus its tile column, the bits of |v| tracked for an amax."""
+    per_block = out_dtype in ("bf16", "f16")
+
+    @cuda.jit(device=True, forceinline=True)
+    def gather(buf, addr, row, col, q, col0):
+        c = np.float32(col0 + q * 16 + col)  # (the test's sub-tiles: 16 columns)
+        if per_block:
+            return c, c, c + 8, c + 8
+        return c
+
+    @cuda.jit(device=True, forceinline=True)
+    def pair(frag, k, row, j, col, c, col0):
+        v0, v1 = frag[k] * np.float32(2) + c, frag[k + 1] * np.float32(2) + (c + np.float32(1))
+        return v0, v1, max(nh.abs_bits(v0), nh.abs_bits(v1))
+
+    return TileEpilogue(gather, pair)
+
+
+@pytest.mark.parametrize("dtype, stsm, sts", [("bf16", 4, 0), ("f32", 0, 16), ("e4m3", 0, 16)])
+def test_tile_store_hooks_map_every_pair(dtype, stsm, sts):
+    """The sub-tile parts with hooks: acquire, write (16 columns a sub-tile), commit_3d."""
+    store = make_tile_store(64, dtype, buffers=2, cols=16 if dtype != "e4m3" else 32,
+                            epilogue=_scaled_pairs(dtype))
+    chunks = 64 // store.cols
+
+    @cuda.jit(launch_bounds=(128, 1))
+    def kernel(map_out, amax, x):
+        t = np.int32(cuda.threadIdx.x)
+        acc = nh.wgmma_accumulator(64, "f32")
+        frag = nh.tuple_as_array(acc)
+        for r in range(32):
+            frag[r] = x[r]
+        row, m = thread_rows(t)[0], np.uint32(0)
+        smem = nh.dynamic_shared_base()
+        for q in range(chunks):
+            buf = smem + (q % 2) * (store.buffer_bytes // 2)
+            store.acquire(t == 0, 1)
+            m = max(m, store.write(frag, buf, q, row, t % 32, 64))
+            store.commit_3d(buf, t == 0, 1, nh.tensormap_param_address(map_out), 64 + q * store.cols, 0, 0)
+        store.drain(t)
+        amax[t] = m
+
+    r = inspect_kernel(kernel, (TENSORMAP_ARG, types.uint32[::1], types.float32[::1]))
+    _clean(r)
+    stores = r.count("STS.64") if dtype == "f32" else r.count("STS.U16")
+    assert r.count("STSM") == stsm and (stsm or stores == sts), r.opcodes
+    assert r.count("UTMASTG") == chunks and r.count("BAR.SYNC") == 2 * chunks, r.opcodes

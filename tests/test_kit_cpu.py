@@ -16,7 +16,7 @@ from _ref import operand_image, swizzle as ref_swizzle
 from numba_hopper import kit
 from numba_hopper.kit import fragments, layouts
 from numba_hopper.kit.barriers import NamedBarriers, make_ordered_barrier
-from numba_hopper.kit.epilogue import make_tile_store
+from numba_hopper.kit.epilogue import OUT_DTYPES as OUT_BYTES, make_tile_store
 from numba_hopper.kit.layouts import SmemPlan, make_mma, operand_layout, swizzle_host
 from numba_hopper.kit.pipeline import make_ring
 from numba_hopper.kit.scheduler import grouped_tile_host, make_tile_scheduler
@@ -196,6 +196,11 @@ def test_mma_checks_its_tiles():
         make_mma(operand_layout("K", 128, "bf16", mn=32, k=64), A)
     with pytest.raises(ValueError, match=r"\[8, 256\]"):
         make_mma(A, operand_layout("MN", 128, "bf16", mn=512, k=64))
+    B192 = operand_layout("MN", 128, "bf16", mn=192, k=64)  # three whole 64-column boxes
+    make_mma(A, B192, n=160)  # N = 160 reads the tile's first 160 columns
+    for n in (164, 200, 0):
+        with pytest.raises(ValueError, match="at most the B tile"):
+            make_mma(A, B192, n=n)
 
 
 def test_swizzle_matches_the_reference():
@@ -299,12 +304,33 @@ def test_tile_store_sub_tiles(n, dtype, span, box):
     assert store.buffer_bytes == 2 * max(1024, 64 * span)
 
 
-@pytest.mark.parametrize("args, message", [
-    ((40, "bf16"), "multiple of 16"), ((64, "e4m3"), "out_dtype"), ((64, "bf16", 3), "buffers"),
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((40, "bf16"), {}, "multiple of 16"), ((64, "s8"), {}, "out_dtype"), ((64, "bf16", 3), {}, "buffers"),
+    ((64, "bf16"), {"cols": 24}, "cols must divide"), ((64, "e4m3"), {"cols": 16}, "cols must divide"),
+    ((96, "bf16"), {"cols": 64}, "cols must divide"), ((64, "bf16"), {"epilogue": (1, 2)}, "TileEpilogue"),
 ])
-def test_tile_store_names_the_broken_rule(args, message):
+def test_tile_store_names_the_broken_rule(args, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        make_tile_store(*args)
+        make_tile_store(*args, **kwargs)
+
+
+@pytest.mark.parametrize("n, dtype, cols, span", [(256, "e4m3", None, 128), (256, "e4m3", 64, 64),
+                                                   (256, "bf16", 32, 64), (112, "f32", 16, 64), (128, "e5m2", 32, 32)])
+def test_tile_store_sub_tiles_of_a_chosen_width(n, dtype, cols, span):
+    store = make_tile_store(n, dtype, cols=cols)
+    assert (store.cols, store.span, store.box, store.swizzle) == (span // OUT_BYTES[dtype], span,
+                                                                 (64, span // OUT_BYTES[dtype]), span)
+    assert (store.direct is None) == (OUT_BYTES[dtype] == 1)  # (an fp8 element alone has no conversion)
+
+
+@pytest.mark.parametrize("span", [32, 64, 128])
+def test_box_address_per_chunk_is_the_tma_swizzle(span):
+    address = layouts.make_box_address(span).py_func  # (plain integer arithmetic: runs on the host)
+    for row in range(64):
+        for byte in range(span):
+            assert address(4096, row, byte) == 4096 + swizzle_host(row * span + byte, span)
+    with pytest.raises(ValueError, match="span"):
+        layouts.make_box_address(16)
 
 
 def test_grouped_raster_order():

@@ -20,6 +20,7 @@ from numba_hopper.kit import (NamedBarriers, a_operand, acc_col, acc_row, exp2_r
                               make_descriptors, make_mma, make_ordered_barrier, make_ring, make_tile_loads,
                               make_tile_scheduler, make_tile_store, mask_cols, operand_layout, row_max, row_sum,
                               scale_rows, thread_rows, warp_specialization)
+from numba_hopper.kit.epilogue import TileEpilogue
 from numba_hopper.kit.fragments import accumulator_coords
 from numba_hopper.kit.host import operand_tensor_map, persistent_grid, tensor_map_arg
 from numba_hopper.kit.scheduler import grouped_tile_host
@@ -461,6 +462,91 @@ def test_tile_store_and_direct_store(n, dtype):
                                   np.asarray(want).view(np.uint32 if dtype == "f32" else np.uint16))
     np.testing.assert_array_equal(direct.copy_to_host().view(np.uint32 if dtype == "f32" else np.uint16),
                                   np.asarray(want).view(np.uint32 if dtype == "f32" else np.uint16))
+
+
+def _doubled_plus_column(out_dtype, cols):
+    """Hooks of a store: v = 2x + (its tile column) (fp8: v = x / 2), the bits of |v| tracked."""
+    per_block, fp8 = out_dtype in ("bf16", "f16"), out_dtype in ("e4m3", "e5m2")
+
+    @cuda.jit(device=True, forceinline=True)
+    def gather(buf, addr, row, col, q, col0):
+        c = np.float32(0) if fp8 else np.float32(col0 + q * cols + col)
+        if per_block:  # the block's pairs x = 2h + j are columns col + 8h
+            return c, c, c + np.float32(8), c + np.float32(8)
+        return c
+
+    @cuda.jit(device=True, forceinline=True)
+    def pair(frag, k, row, j, col, c, col0):
+        if fp8:
+            v0, v1 = frag[k] * np.float32(0.5), frag[k + 1] * np.float32(0.5)
+        else:
+            v0, v1 = frag[k] * np.float32(2) + c, frag[k + 1] * np.float32(2) + (c + np.float32(1))
+        return v0, v1, max(nh.abs_bits(v0), nh.abs_bits(v1))
+
+    return TileEpilogue(gather, pair)
+
+
+@functools.lru_cache(maxsize=None)
+def _hooked_store_kernel(dtype, cols):
+    store = make_tile_store(64, dtype, buffers=2, cols=cols, epilogue=_doubled_plus_column(dtype, cols))
+    chunks = 64 // cols
+
+    @cuda.jit(launch_bounds=(128, 1))
+    def kernel(map_out, amax, x, tiles_n):
+        t = np.int32(cuda.threadIdx.x)
+        row0, col0 = (cuda.blockIdx.x // tiles_n) * 64, (cuda.blockIdx.x % tiles_n) * 64
+        acc = nh.wgmma_accumulator(64, "f32")
+        frag = nh.tuple_as_array(acc)
+        rows, cols_x = x.shape
+        for r in range(32):
+            i, j = row0 + acc_row(t, r), col0 + acc_col(t, r)
+            frag[r] = x[i, j] if i < rows and j < cols_x else np.float32(0)
+        smem, row, m = nh.dynamic_shared_base(), thread_rows(t)[0], np.uint32(0)
+        for q in range(chunks):
+            buf = smem + (q % 2) * (store.buffer_bytes // 2)
+            store.acquire(t == 0, 1)
+            m = max(m, store.write(frag, buf, q, row, t % 32, col0))
+            store.commit_3d(buf, t == 0, 1, nh.tensormap_param_address(map_out), col0 + q * cols, row0, 0)
+        store.drain(t)
+        amax[cuda.blockIdx.x, t] = m
+
+    return store, kernel
+
+
+@pytest.mark.parametrize("dtype, cols", [("bf16", 64), ("f16", 16), ("f32", 32), ("f32", 16), ("e4m3", 64),
+                                         ("e5m2", 32)])
+def test_tile_store_hooks_map_every_pair(dtype, cols):
+    """The sub-tile parts (acquire, write through hooks, commit_3d) against numpy, with the
+    hooks' running max of |v| per thread (padding included: the hooks see the whole tile)."""
+    rng = np.random.default_rng()
+    M, N = 100, 120  # partial tiles: TMA clips the stores
+    tiles_n = -(-N // 64)
+    x = rng.uniform(-8, 8, (M, N)).astype(np.float32)
+    padded = np.zeros((-(-M // 64) * 64, tiles_n * 64), np.float32)
+    padded[:M, :N] = x
+    fp8 = dtype in ("e4m3", "e5m2")
+    v = padded * np.float32(0.5) if fp8 else padded * np.float32(2) + np.arange(padded.shape[1], dtype=np.float32)
+    store, kernel = _hooked_store_kernel(dtype, cols)
+    np_t = {"f32": np.float32, "bf16": np.uint16, "f16": np.uint16}.get(dtype, np.uint8)
+    out = cuda.to_device(np.full((1, M, N), 0xFF if fp8 else 0x7FC0 if dtype != "f32" else np.nan, np_t))
+    amax = cuda.to_device(np.zeros((-(-M // 64) * tiles_n, 128), np.uint32))
+    tmap = tensor_map_arg(out, (1,) + store.box, swizzle=store.swizzle, dtype={"bf16": "bf16", "f16": "f16"}.get(dtype))
+    launch(kernel, -(-M // 64) * tiles_n, 128, (tmap, amax, cuda.to_device(x), tiles_n),
+           shared_mem=store.buffer_bytes)
+    got = out.copy_to_host()[0]
+    want = v[:M, :N]
+    if dtype == "f32":
+        np.testing.assert_array_equal(got, want)
+    elif dtype == "bf16":
+        np.testing.assert_array_equal(got, f32_to_bf16_bits(want))
+    elif dtype == "f16":
+        np.testing.assert_array_equal(got, want.astype(np.float16).view(np.uint16))
+    else:  # a nearest finite code (|v| <= 4 here; either one at a tie)
+        codes = np.arange(256, dtype=np.uint8)
+        table = fp8_to_f64(codes[(codes & 0x7F) < (0x7F if dtype == "e4m3" else 0x7C)], dtype)
+        gap = np.abs(want[..., None].astype(np.float64) - table).min(-1)
+        np.testing.assert_array_equal(np.abs(fp8_to_f64(got, dtype) - want), gap)
+    assert np.abs(v).max().astype(np.float32).view(np.uint32) == amax.copy_to_host().max()
 
 
 # --- the tile scheduler ---------------------------------------------------------------------------

@@ -35,8 +35,15 @@ def h100(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def bf16_set():
-    return prebuild.kernel_set(("bf16",))
+def bf16_walk():
+    """``(the kernel set, the cases refused)`` of the bf16 shape walk: one walk for the module."""
+    refused = []
+    return prebuild.kernel_set(("bf16",), refused=refused), refused
+
+
+@pytest.fixture(scope="module")
+def bf16_set(bf16_walk):
+    return bf16_walk[0]
 
 
 GEMMS = {  # (M, N, K, A row-major, B row-major)
@@ -67,11 +74,9 @@ def test_the_set_holds_what_bmm_plans(batch, M, N, K, bf16_set, h100):
     assert {spec.cfg for spec in plan.specs} <= bf16_set
 
 
-def test_the_heuristics_plan_every_shape_of_the_walk():
+def test_the_heuristics_plan_every_shape_of_the_walk(bf16_walk):
     """No shape of the walk is refused (batched 64-row tiles were once given a cluster they cannot run)."""
-    refused = []
-    prebuild.kernel_set(("bf16",), refused=refused)
-    assert refused == []
+    assert bf16_walk[1] == []
 
 
 def test_the_set_is_plain_kernels_of_16_bit_inputs(bf16_set):

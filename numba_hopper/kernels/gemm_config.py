@@ -15,10 +15,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..kit.barriers import NamedBarriers
+from ..kit.layouts import OperandLayout, operand_layout, tma_box
 from ..kit.pipeline import pipeline_barrier_bytes
 from .epilogue_config import EpilogueConfig
 
-__all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "WG_ROWS", "KBLOCK_BYTES",
+__all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "BarrierIds", "WG_ROWS", "KBLOCK_BYTES",
            "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES",
            "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N", "GATED_NS"]
 
@@ -268,6 +270,12 @@ class GemmConfig:
         return 128 * (1 + self.consumers)
 
     @property
+    def barrier_ids(self) -> "BarrierIds":
+        """The kernel's named barriers (allocated by the kit's :class:`NamedBarriers`)."""
+        ids = NamedBarriers()
+        return BarrierIds(ids.allocate("consumer", self.consumers), ids.allocate("turns", self.consumers))
+
+    @property
     def mma_depth(self):
         """k-blocks whose wgmmas a consumer keeps in flight behind the one it just issued
         (``wgmma.wait_group(mma_depth)``); each holds its ring slot until done, so the
@@ -323,7 +331,31 @@ class GemmConfig:
         """Elements of one k-block: a 128-byte swizzle row of ``in_dtype`` (64, or 128 for fp8)."""
         return KBLOCK_BYTES // INPUT_BYTES[self.in_dtype]
 
-    # --- TMA boxes (numpy order, batch outermost) ---
+    # --- the ring's operand tiles (kit layouts) and their TMA boxes (numpy order, batch outermost) ---
+    @property
+    def a_layout(self) -> OperandLayout:
+        """A's tile in a ring slot: ``block_m`` x ``block_k``, 128-byte swizzle, K-major (one box
+        of ``block_m`` rows) or M-major (64 x 64 boxes along M)."""
+        return operand_layout("K" if self.a_major == "K" else "MN", 128, self.in_dtype, mn=self.block_m,
+                              k=self.block_k)
+
+    @property
+    def b_layout(self) -> OperandLayout:
+        """B's tile in a ring slot as the wgmmas read it: ``block_n`` K-major rows (gated: B's
+        ``block_n / 2`` then B_up's), or N-major whole 64-column boxes (160 columns take three;
+        a 32-wide tile one box of 64-byte swizzle)."""
+        if self.b_major == "K":
+            return operand_layout("K", 128, self.b_type, mn=self.block_n, k=self.block_k)
+        mn = self.block_n if self.block_n < 64 else -(-self.block_n // 64) * 64
+        return operand_layout("MN", self.b_swizzle, self.b_type, mn=mn, k=self.block_k)
+
+    @property
+    def b_load_layout(self) -> OperandLayout:
+        """What one of B's loads fills: the whole tile, or gated each half (B's rows, B_up's)."""
+        if self.gated:
+            return operand_layout("K", 128, self.b_type, mn=self.block_n // 2, k=self.block_k)
+        return self.b_layout
+
     @property
     def a_box(self):
         """Box of A's tensor map: the part of an A tile one CTA of the cluster loads.
@@ -331,16 +363,12 @@ class GemmConfig:
         CTAs of a cluster that share a tile row (same A tile) each load 1/cluster_n of it
         and multicast it to all of them.
         """
-        if self.a_major == "K":
-            return (1, self.block_m // self.cluster_n, self.block_k)
-        return (1, self.block_k, 64)
+        return (1,) + tma_box(self.a_layout, self.cluster_n)
 
     @property
     def b_box(self):
         """Box of B's tensor map (gated: also B_up's, each half the tile's rows)."""
-        if self.b_major == "K":
-            return (1, self.block_n // (2 if self.gated else self.cluster_m), self.block_k)
-        return (1, self.block_k, min(self.block_n, 64))
+        return (1,) + tma_box(self.b_load_layout, 1 if self.gated else self.cluster_m)
 
     @property
     def b_swizzle(self):
@@ -374,14 +402,12 @@ class GemmConfig:
     # --- shared memory ---
     @property
     def a_tile_bytes(self):
-        return self.block_m * KBLOCK_BYTES
+        return self.a_layout.tile_bytes
 
     @property
     def b_tile_bytes(self):
         """K-major: ``block_n`` rows of one k-block; N-major: whole 64-wide boxes (160 loads 192)."""
-        if self.b_major == "K" or self.block_n < 64:
-            return self.block_n * KBLOCK_BYTES
-        return -(-self.block_n // 64) * 64 * KBLOCK_BYTES
+        return self.b_layout.tile_bytes
 
     @property
     def a_scales_box(self):
@@ -510,6 +536,16 @@ class GemmParams(NamedTuple):
     tpc_order: int = 0
     cluster_claims: int = 0
     b_scales: object = 0
+
+
+class BarrierIds(NamedTuple):
+    """First ids of the kernel's named barriers: ``consumer``, one per consumer warpgroup
+    (``consumer + cw``: its epilogue's sub-tile hand-offs, stream-K's partial sums), then
+    ``turns``, one per consumer (the ordered barrier of consumers that take turns to issue
+    wgmmas)."""
+
+    consumer: int
+    turns: int
 
 
 class Consumer(NamedTuple):

@@ -48,7 +48,9 @@ from .epilogue import make_epilogue
 from .epilogue_config import EpilogueArgs, epilogue_argument_type
 from .gemm_config import KBLOCK_SCALE, Consumer, GemmConfig, GemmParams
 from .mainloop import make_mainloop
+from ..kit.fragments import thread_rows
 from ..kit.pipeline import make_tma_pipeline, pipeline_start
+from ..kit.warpspec import WarpSpecialization, warp_specialization, warpgroup_index
 from ..runtime.tensormap import TENSORMAP_ARG
 from .scheduler import make_tile_scheduler
 
@@ -93,25 +95,31 @@ def gemm_argument_types(cfg: GemmConfig, epilogue_types=None) -> tuple:
     return params, epilogue_argument_type(cfg.epilogue, epilogue_types)
 
 
-def register_budget(cfg: GemmConfig):
-    """``(producer, consumer)`` registers per thread after ``setmaxnreg``. The warpgroups only
-    trade the registers the CTA got at launch (``launch_bounds(threads, 1)``: 64K / threads a
-    thread, rounded down to 8), so a consumer gets its share of what the producer gives back
-    (counts are multiples of 8; PTX ISA, "setmaxnreg"). A larger request never completes:
-    ``setmaxnreg.inc`` waits for registers that no warp will free."""
+def warp_roles(cfg: GemmConfig) -> WarpSpecialization:
+    """The kernel's producer/consumer split (the kit's :func:`warp_specialization`): one
+    producer warpgroup, ``cfg.consumers`` consumer warpgroups, the producer's registers after
+    ``setmaxnreg`` chosen here. The warpgroups only trade the registers the CTA got at launch,
+    so a consumer gets its share of what the producer gives back; a larger request never
+    completes (``setmaxnreg.inc`` waits for registers that no warp will free)."""
     if cfg.epilogue is None:
         producer = PRODUCER_REGS_CLUSTER if cfg.cluster_size > 1 else PRODUCER_REGS
     elif cfg.grouped is not None and not cfg.block_scaled:
         producer = PRODUCER_REGS_FUSED_GROUPED
     else:
         producer = PRODUCER_REGS_FUSED_CLUSTER if cfg.cluster_size > 1 else PRODUCER_REGS_FUSED
-    at_launch = 65536 // cfg.threads // 8 * 8
-    return producer, (at_launch * (1 + cfg.consumers) - producer) // cfg.consumers // 8 * 8
+    return warp_specialization(cfg.consumers, producer, cfg.cluster_size)
+
+
+def register_budget(cfg: GemmConfig):
+    """``(producer, consumer)`` registers per thread after ``setmaxnreg`` (:func:`warp_roles`)."""
+    roles = warp_roles(cfg)
+    return roles.producer_regs, roles.consumer_regs
 
 
 @functools.lru_cache(maxsize=None)
 def _build_gemm_kernel(cfg: GemmConfig):
-    THREADS, CLUSTER = cfg.threads, cfg.cluster_size
+    CLUSTER = cfg.cluster_size
+    LAUNCH_BOUNDS = warp_roles(cfg).launch_bounds
     PINGPONG = cfg.pingpong
     # A decode kernel (the narrow tiles of a swapped product) runs for a few microseconds, about
     # one of them waiting for its first k-blocks from DRAM. A consumer thread, idle until they
@@ -141,7 +149,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
         if item.tile < work.num_tiles:
             mainloop.prefetch(tensormaps(p), p, item, scheduler.origin(work, item, cta.rm, cta.rn))
 
-    @cuda.jit(launch_bounds=(THREADS, 1))
+    @cuda.jit(launch_bounds=LAUNCH_BOUNDS)
     def gemm_kernel(p, ep):
         tid = cuda.threadIdx.x
         smem = nh.dynamic_shared_base()
@@ -244,12 +252,13 @@ def _schedules(cfg: GemmConfig, scheduler):
 def _producer(cfg: GemmConfig, mainloop, scheduler, tensormaps, role_schedule):
     """``producer(p, smem, tid, cta, work)``: warpgroup 0, whose elected thread loads the
     k-blocks of the CTA's work items."""
-    CONSUMERS, BARRIERS = cfg.consumers, cfg.layout.barriers
-    PRODUCER_REGS, _ = register_budget(cfg)
+    BARRIERS = cfg.layout.barriers
+    roles = warp_roles(cfg)
+    TRADES, PRODUCER_REGS = roles.trades, roles.producer_regs
 
     @cuda.jit(device=True, forceinline=True)
     def producer(p, smem, tid, cta, work):
-        if CONSUMERS > 1:
+        if TRADES:
             nh.setmaxnreg_dec(PRODUCER_REGS)
         if tid < 32 and nh.elect_sync():
             tmaps, work = tensormaps(p), role_schedule(p, work)
@@ -270,25 +279,25 @@ def _producer(cfg: GemmConfig, mainloop, scheduler, tensormaps, role_schedule):
 def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps, role_schedule):
     """``(consumer, pingpong_consumer)``, each ``(p, ep, smem, tid, cta, work)``: the consumer
     warpgroups' roles, cooperative (each its 64 rows of every tile) or ping-pong."""
-    BN, CONSUMERS, BARRIERS = cfg.block_n, cfg.consumers, cfg.layout.barriers
-    _, CONSUMER_REGS = register_budget(cfg)
+    BN, BARRIERS = cfg.block_n, cfg.layout.barriers
+    roles = warp_roles(cfg)
+    TRADES, CONSUMER_REGS = roles.trades, roles.consumer_regs
 
     @cuda.jit(device=True, forceinline=True)
     def consumer_of(tid):
         """This thread's :class:`Consumer`, after ``setmaxnreg``."""
-        if CONSUMERS > 1:
+        if TRADES:
             nh.setmaxnreg_inc(CONSUMER_REGS)
-        # Unless ptxas sees that the warpgroup index is warp-uniform, as it does for lane 0's
-        # thread index broadcast by shfl.sync (PTX ISA, "shfl.sync"), it computes A's wgmma
-        # descriptors (which depend on it) in vector registers and moves them to uniform ones
-        # (R2UR) before every wgmma: 16 more instructions per k-block of every consumer warp.
-        # Grouped kernels, which branch on a warpgroup's rows, also lose the k-block loop's
-        # uniform registers (WARPSYNC before each k-block): measured 1-16% slower, and 192-wide
-        # block-scaled ones spilled.
-        wg = cuda.shfl_sync(0xFFFFFFFF, tid, 0) // 128
+        # The warpgroup index is the kit's warp-uniform one: computed from the thread index
+        # alone, ptxas keeps A's wgmma descriptors (which depend on it) in vector registers and
+        # moves them to uniform ones (R2UR) before every wgmma, 16 more instructions per
+        # k-block of every consumer warp; grouped kernels, which branch on a warpgroup's rows,
+        # also lose the k-block loop's uniform registers (WARPSYNC before each k-block):
+        # measured 1-16% slower, and 192-wide block-scaled ones spilled.
+        wg = warpgroup_index()
         t = tid - 128 * wg
         # (a 32-bit lane: the k-block loop's release test stays a 32-bit compare)
-        return Consumer(wg - 1, t, np.int32(t % 32), 16 * (t // 32) + (t % 32) // 4, t == 0)
+        return Consumer(wg - 1, t, np.int32(t % 32), thread_rows(t)[0], t == 0)
 
     @cuda.jit(device=True, forceinline=True)
     def consumer(p, ep, smem, tid, cta, work):

@@ -3,7 +3,8 @@
 A persistent CTA walks work items: whole tiles ``cta, cta + ctas, ...`` (data-parallel),
 then, with stream-K, pieces of the K loops of the last tiles. The walk gives a CTA's items
 (a tile and a k-block range each) one after another, and maps a linear tile id to
-output-tile coordinates. Producer and consumers call the same functions on the same ids,
+output-tile coordinates (the kit's grouped raster, :func:`numba_hopper.kit.scheduler.grouped_tile`,
+over cluster tiles). Producer and consumers call the same functions on the same ids,
 so they agree on every item without communicating. A stream-K tile's pieces meet in the
 fix-up: partial sums passed from CTA to CTA through a global workspace.
 
@@ -19,8 +20,7 @@ tile and where that group's tiles start) and moves it forward over the groups' t
 counts: each CTA reads each group's size at most once per launch.
 
 :func:`make_tile_scheduler` is the component the kernel calls; the walks are also built
-for the host (:func:`host_work_walk`, :func:`host_grouped_tile`, :func:`host_group_walk`),
-for tests and planning.
+for the host (:func:`host_work_walk`, :func:`host_group_walk`), for tests and planning.
 """
 
 import functools
@@ -31,37 +31,12 @@ import numpy as np
 from numba import cuda
 
 from .. import intrinsics as nh
+from ..kit.barriers import warpgroup_sync
+from ..kit.scheduler import OutputTile, grouped_tile, grouped_tile_host
 
-__all__ = ["TileScheduler", "Work", "WorkItem", "OutputTile", "GroupWork", "GroupItem", "GroupTile",
-           "make_tile_scheduler", "grouped_tile", "host_grouped_tile", "device_work_walk", "host_work_walk",
+__all__ = ["TileScheduler", "Work", "WorkItem", "GroupWork", "GroupItem", "GroupTile",
+           "make_tile_scheduler", "device_work_walk", "host_work_walk",
            "host_group_walk"]
-
-
-def _grouped(div):
-    """``grouped_tile`` with integer division ``div``."""
-
-    def grouped_tile(tile, tiles_m, tiles_n, group_m):
-        """Tile ``(pm, pn)`` of linear id ``tile`` in grouped (L2-friendly) order.
-
-        Ids run down ``group_m`` tile-rows before moving one tile-column right, so a wave of
-        CTAs reads ``group_m`` row panels of A and a few column panels of B instead of one row
-        panel and every column panel (Triton's "grouped ordering").
-        """
-        per_group = group_m * tiles_n
-        group = div(tile, per_group)
-        first_m = group * group_m
-        size_m = min(tiles_m - first_m, group_m)
-        local = tile - group * per_group
-        pn = div(local, size_m)
-        return first_m + local - pn * size_m, pn
-
-    return grouped_tile
-
-
-# The device version divides in 32 bits (a 64-bit division is a subroutine call, whose
-# return address spilled in the fused cluster kernel); host code and tests use the other.
-grouped_tile = cuda.jit(device=True, forceinline=True)(_grouped(nh.div_u32))
-host_grouped_tile = _grouped(operator.floordiv)
 
 
 def _work_walk(div, stream_k, wrap):
@@ -134,7 +109,6 @@ def host_work_walk():
 
 Work = namedtuple("Work", ["ctiles_m", "ctiles_n", "per_batch", "num_tiles", "k_blocks", "cta", "ctas", "dp_tiles"])
 WorkItem = namedtuple("WorkItem", ["tile", "k_begin", "k_end"])
-OutputTile = namedtuple("OutputTile", ["batch", "m0", "n0"])
 TileScheduler = namedtuple("TileScheduler", ["nominate", "claim", "work", "first", "next", "origin", "fixup"])
 
 
@@ -166,6 +140,7 @@ def make_tile_scheduler(cfg) -> TileScheduler:
     STREAM_K = cfg.stream_k
     BK = cfg.block_k
     PARTIAL_BYTES = cfg.partial_bytes
+    OWN_BARRIER = cfg.barrier_ids.consumer  # (+ cw: each consumer warpgroup's own)
     PARTIAL_QUADS = BN // 8  # float4s per thread: 4 * PARTIAL_QUADS = BN / 2 accumulators
     first_item, next_item = device_work_walk(STREAM_K)
     nominate, claim = _cluster_slots(cfg)
@@ -210,7 +185,7 @@ def make_tile_scheduler(cfg) -> TileScheduler:
         base = workspace + slot * PARTIAL_BYTES + 16 * c.t
         for q in range(PARTIAL_QUADS):
             nh.st_global_v4_f32(base + 2048 * q, frag[4 * q], frag[4 * q + 1], frag[4 * q + 2], frag[4 * q + 3])
-        nh.named_barrier_sync(1 + c.cw, 128)
+        warpgroup_sync(OWN_BARRIER + c.cw)
         if c.leader:
             nh.st_release_gpu_u32(workspace + cuda.gridDim.x * 2 * PARTIAL_BYTES + 4 * slot, 1)
 
@@ -229,7 +204,7 @@ def make_tile_scheduler(cfg) -> TileScheduler:
             while nh.ld_acquire_gpu_u32(flag) == 0:
                 pass
             nh.st_global_u32(flag, 0)
-        nh.named_barrier_sync(1 + c.cw, 128)
+        warpgroup_sync(OWN_BARRIER + c.cw)
         base = workspace + slot * PARTIAL_BYTES + 16 * c.t
         for q in range(PARTIAL_QUADS):
             p = nh.ld_global_cg_v4_f32(base + 2048 * q)
@@ -423,4 +398,4 @@ def host_group_walk(mode, block_m, block_n, group_m=8):
     """``(first, next, origin)`` of the grouped walk of ``mode`` ("contiguous"/"masked") as
     plain Python functions over a :class:`GroupWork` whose ``group_rows`` is a sequence (tests)."""
     return _group_walk(operator.getitem, lambda f: f, mode == "masked", block_m, block_n,
-                       group_m, host_grouped_tile)
+                       group_m, grouped_tile_host)

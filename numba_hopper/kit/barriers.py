@@ -72,7 +72,7 @@ class NamedBarriers:
     __repr__ = __str__
 
 
-@cuda.jit(device=True, forceinline=True)
+@cuda.jit(device=True, inline="always", forceinline=True)
 def warpgroup_sync(barrier_id):
     """Wait until the 128 threads of this warpgroup reach named barrier ``barrier_id``."""
     named_barrier_sync(barrier_id, 128)
@@ -104,17 +104,24 @@ def make_ordered_barrier(first, members=2, threads=128) -> OrderedBarrier:
         raise ValueError(f"threads per member must be a multiple of 32 (a barrier counts whole warps); got {threads}")
     PAIR = 2 * threads  # the member's own threads and its predecessor's arrival
 
-    @cuda.jit(device=True, forceinline=True)
+    @cuda.jit(device=True, inline="always", forceinline=True)
     def start(member):
         if member == members - 1:
             named_barrier_arrive(first, PAIR)
 
-    @cuda.jit(device=True, forceinline=True)
+    @cuda.jit(device=True, inline="always", forceinline=True)
     def wait(member):
         named_barrier_sync(first + member, PAIR)
 
     @cuda.jit(device=True, forceinline=True)
+    def successor(member):
+        """The barrier of the member after ``member``."""
+        if members == 2:  # (no modulo: one subtraction)
+            return first + 1 - member
+        return first + (member + 1) % members
+
+    @cuda.jit(device=True, inline="always", forceinline=True)
     def arrive(member):
-        named_barrier_arrive(first + (member + 1) % members, PAIR)
+        named_barrier_arrive(successor(member), PAIR)
 
     return OrderedBarrier(members, first, start, wait, arrive)

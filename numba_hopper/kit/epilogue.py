@@ -51,32 +51,82 @@ import numpy as np
 from numba import cuda
 
 from ..intrinsics import (bulk_commit_group, bulk_wait_group, bulk_wait_group_read, f32_to_bf16, f32_to_f16,
-                          fence_proxy_async, named_barrier_sync, pack_tuple, st_shared_v2_f32, stmatrix_x4,
-                          tma_store_2d, tma_store_3d, tuple_as_array)
-from .fragments import x4_lane_offset
-from .layouts import box_address
+                          fence_proxy_async, pack_bf16x2, pack_e4m3x2, pack_e5m2x2, pack_f16x2, pack_tuple, st_shared_u16,
+                          st_shared_v2_f32, stmatrix_x4, tma_store_2d, tma_store_3d, tuple_as_array)
+from .barriers import warpgroup_sync
+from .fragments import thread_rows, x4_lane_offset
+from .layouts import make_box_address
 
-__all__ = ["TileStore", "make_tile_store", "OUT_DTYPES"]
+__all__ = ["TileStore", "TileEpilogue", "make_tile_store", "OUT_DTYPES", "NO_MAX"]
 
-OUT_DTYPES = {"bf16": 2, "f16": 2, "f32": 4}
+OUT_DTYPES = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1}
 ROWS = 64  # a warpgroup's accumulator rows
+NO_MAX = np.uint32(0)  # what a pair hook returns as its m when it tracks nothing
+_PACK = {"bf16": pack_bf16x2, "f16": pack_f16x2, "e4m3": pack_e4m3x2, "e5m2": pack_e5m2x2}
 
-TileStore = namedtuple("TileStore", ["n", "out_dtype", "buffers", "span", "box", "swizzle", "buffer_bytes", "tile",
-                                     "tile_3d", "drain", "direct"])
-TileStore.__doc__ = """The store of one warpgroup's ``64 x n`` tile (:func:`make_tile_store`): host numbers
-``span`` (bytes of a sub-tile row), ``box`` (the output tensor map's box, numpy order) and
-``swizzle`` (its swizzle, = ``span``), ``buffer_bytes`` (shared memory per warpgroup, 1024-byte
-aligned buffers); device functions ``tile(acc, buf, t, barrier_id, tmap, row0, col0, stores) ->
-stores``, ``tile_3d(..., col0, batch, stores)``, ``drain(t)`` and ``direct(acc, out, row0, col0, t)``."""
+TileStore = namedtuple("TileStore", ["n", "out_dtype", "buffers", "cols", "span", "box", "swizzle", "buffer_bytes",
+                                     "address", "write", "acquire", "commit", "commit_3d", "tile", "tile_3d", "drain",
+                                     "direct"])
+TileStore.__doc__ = """The store of one warpgroup's ``64 x n`` tile (:func:`make_tile_store`).
+
+Host numbers: ``cols`` (columns of a sub-tile), ``span`` (bytes of a sub-tile row), ``box``
+(the output tensor map's box, numpy order) and ``swizzle`` (its swizzle, = ``span``),
+``buffer_bytes`` (shared memory per warpgroup, 1024-byte aligned buffers).
+
+Device functions, whole tiles: ``tile(acc, buf, t, barrier_id, tmap, row0, col0, stores) ->
+stores``, ``tile_3d(..., col0, batch, stores)``, ``drain(t)`` and ``direct(acc, out, row0, col0,
+t)``. A sub-tile at a time (what ``tile`` runs, for kernels that do more around each sub-tile):
+``acquire(leader, barrier_id)`` (the buffer's last TMA store has read it, the warpgroup met),
+``write(frag, buf, q, row, lane, ctx) -> m`` (sub-tile ``q`` of the fragment ``frag``, a local
+array of the accumulator, into the buffer; ``row``: the thread's first fragment row, ``lane``:
+its lane; ``ctx`` goes to the epilogue hooks; ``m``: the hooks' max), ``commit(buf, leader,
+barrier_id, tmap, col, row)`` and ``commit_3d(..., row, batch)`` (the writes made visible to TMA,
+the warpgroup met, the leader's TMA store of the buffer to (``row``, ``col``)), and
+``address(buf, row, byte)``, where the swizzle puts byte ``byte`` of row ``row`` of a sub-tile."""
+
+TileEpilogue = namedtuple("TileEpilogue", ["gather", "pair"])
+TileEpilogue.__doc__ = """Hooks that map the accumulator on its way to the output (``make_tile_store(...,
+epilogue=)``): device functions the store calls for every group of values it writes.
+
+- ``gather(buf, addr, row, col, q, ctx) -> items``: once per group, before its values: what
+  each pair of it needs besides the accumulator (a residual staged in the output's layout, read
+  at ``addr + offset``; column terms). A 16-bit output's group is one ``stmatrix.x4``, the
+  16 x 16 block whose pairs ``x = 2h + j`` are rows ``row + 8j`` and columns ``col + 8h``
+  (``addr``: this lane's row address in it): ``items`` is a 4-tuple, one per pair. An f32 or fp8
+  output's group is one pair, at (``row``, ``col``) and ``addr``: ``items`` is its item. ``col``
+  counts from the first column of sub-tile ``q``.
+- ``pair(frag, k, row, j, col, item, ctx) -> (v0, v1, m)``: the values to store for
+  accumulator registers ``k`` and ``k + 1`` (row ``row + 8j`` of the warpgroup's tile, ``row`` the
+  thread's first; columns ``col``, ``col + 1`` of the sub-tile; ``item`` from ``gather``), and ``m``,
+  a uint32 that the store keeps the maximum of (:data:`NO_MAX` when unused; e.g. the bits of
+  ``|v|``, which order as the floats do, for an amax)."""
 
 
-def make_tile_store(n, out_dtype="bf16", buffers=2) -> TileStore:
+@cuda.jit(device=True, forceinline=True)
+def _nothing_per_pair(buf, addr, row, col, q, ctx):
+    return 0
+
+
+@cuda.jit(device=True, forceinline=True)
+def _nothing_per_block(buf, addr, row, col, q, ctx):
+    return 0, 0, 0, 0
+
+
+@cuda.jit(device=True, forceinline=True)
+def _stored_as_is(frag, k, row, j, col, item, ctx):
+    return frag[k], frag[k + 1], NO_MAX
+
+
+def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None) -> TileStore:
     """The :class:`TileStore` of a ``64 x n`` f32 accumulator (``n`` the wgmma N: a multiple
-    of 16 up to 256) to ``out_dtype`` ("bf16", "f16" or "f32") through ``buffers`` (1 or 2)
-    sub-tile buffers per warpgroup. Checked here: the rule and the fix in each error."""
+    of 16 up to 256) to ``out_dtype`` ("bf16", "f16", "f32", or "e4m3"/"e5m2": fp8 pairs,
+    scaled by an ``epilogue`` hook where they need a scale) through ``buffers`` (1 or 2)
+    sub-tile buffers per warpgroup. ``cols``: columns of a sub-tile (default: the widest
+    swizzle span, 128, 64 or 32 bytes, that divides a row of the tile); ``epilogue``: None (the
+    accumulator as it is), or a :class:`TileEpilogue` of hooks. Checked here: the rule and the
+    fix in each error."""
     if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype must be one of {tuple(OUT_DTYPES)} (fp8 outputs need a scale: write them with "
-                         f"pack_e4m3x4 and a direct store); got {out_dtype!r}")
+        raise ValueError(f"out_dtype must be one of {tuple(OUT_DTYPES)}; got {out_dtype!r}")
     if not isinstance(n, int) or n % 16 or not 16 <= n <= 256:
         raise ValueError(f"n must be a multiple of 16 in [16, 256] (stmatrix stores 16 x 16 blocks; wgmma N <= 256); "
                          f"got {n!r}")
@@ -84,68 +134,131 @@ def make_tile_store(n, out_dtype="bf16", buffers=2) -> TileStore:
         raise ValueError(f"buffers must be 1 or 2 (2: a sub-tile is written while the last one drains); got "
                          f"{buffers!r}")
     E = OUT_DTYPES[out_dtype]
-    SPAN = next(s for s in (128, 64, 32) if (n * E) % s == 0)
-    COLS = SPAN // E  # columns of a sub-tile
-    SUBTILES = n // COLS
+    if cols is None:
+        cols = next(s for s in (128, 64, 32) if (n * E) % s == 0) // E
+    if not isinstance(cols, int) or cols * E not in (32, 64, 128) or n % cols or cols % (16 if E == 2 else 8):
+        raise ValueError(f"cols must divide n = {n} in sub-tile rows of 32, 64 or 128 bytes (a TMA swizzle span) of "
+                         f"whole {16 if E == 2 else 8}-column groups; got {cols!r}")
+    if epilogue is not None and not isinstance(epilogue, TileEpilogue):
+        raise ValueError(f"epilogue must be None or a TileEpilogue(gather, pair) of device functions; got {epilogue!r}")
+    SPAN = cols * E
+    COLS, SUBTILES = cols, n // cols
     SUB_BYTES = ROWS * SPAN
     BUF_STRIDE = -(-SUB_BYTES // 1024) * 1024  # (each buffer on the swizzle's 1024-byte period)
     BUFFERS = buffers
     IN_FLIGHT = buffers - 1  # stores that may still read a buffer when the next is written
-    F32 = out_dtype == "f32"
-    GROUPS = COLS // 16  # 16-bit: stmatrix.x4 16-column groups per sub-tile
-    PAIRS = COLS // 8  # f32: 8-column groups per sub-tile
-    PACK = "f16" if out_dtype == "f16" else "bf16"
+    STMATRIX = E == 2  # 16-bit: stmatrix.x4 16 x 16 blocks; f32 and fp8: one store a pair
+    FP8 = E == 1
+    GROUPS = COLS // 16  # stmatrix blocks of a 16-bit sub-tile
+    PAIR_GROUPS = COLS // 8  # 8-column groups of an f32 or fp8 sub-tile
+    pack = _PACK.get(out_dtype)
+    # Without hooks a 16-bit tile is converted whole before its stores (pack_tuple): per pair in
+    # the stores, ptxas left the k-step loop of the guide's GEMMs rolled (a padded wgmma each).
+    PACKED, PACK = epilogue is None and E == 2, "f16" if out_dtype == "f16" else "bf16"
+    if epilogue is None:
+        epilogue = TileEpilogue(_nothing_per_block if E == 2 else _nothing_per_pair, _stored_as_is)
+    gather, pair = epilogue
+
+    address = make_box_address(SPAN)
 
     @cuda.jit(device=True, forceinline=True)
-    def write_16bit(packed, buf, q, t):
+    def write(frag, buf, q, row, lane, ctx):
+        """Sub-tile ``q`` of the fragment into ``buf``: register 4i + 2j + c holds row row + 8j,
+        column 8i + 2(lane % 4) + c (:func:`~numba_hopper.kit.fragments.acc_col`)."""
+        m_max = NO_MAX
+        if not STMATRIX:  # a pair is 8 (f32) or 2 (fp8) bytes, stored at its place in the swizzled row
+            for ii in range(PAIR_GROUPS):
+                i = PAIR_GROUPS * q + ii
+                for j in range(2):
+                    r = row + 8 * j
+                    col = 8 * ii + 2 * (lane % 4)
+                    addr = address(buf, r, col * E)
+                    k = 4 * i + 2 * j
+                    v0, v1, m = pair(frag, k, row, j, col, gather(buf, addr, r, col, q, ctx), ctx)
+                    m_max = max(m_max, m)
+                    if FP8:
+                        st_shared_u16(addr, pack(v0, v1))
+                    else:
+                        st_shared_v2_f32(addr, v0, v1)
+        else:
+            # stmatrix.x4: matrix m (its row addresses from lanes 8m..8m+7) is the 8x8 block at rows
+            # 8(m%2), columns 8(m//2) of a 16x16 block = registers 8P+2m, 8P+2m+1
+            # (:func:`~numba_hopper.kit.fragments.x4_lane_offset`).
+            r = (row - lane // 4) + x4_lane_offset(lane)[0]  # (row - lane // 4: the warp's first row)
+            for p in range(GROUPS):  # 16-column groups of this sub-tile
+                base = 8 * (GROUPS * q + p)
+                # this lane's 16-byte chunk of the block: x4_lane_offset's column / 8
+                addr = address(buf, r, 16 * (2 * p + (lane // 8) // 2))
+                col = 16 * p + 2 * (lane % 4)
+                items = gather(buf, addr, row, col, q, ctx)
+                # register pair x = 2h + j: row row + 8j, column col + 8h
+                v = (
+                    pair(frag, base + 0, row, 0, col, items[0], ctx),
+                    pair(frag, base + 2, row, 1, col, items[1], ctx),
+                    pair(frag, base + 4, row, 0, col + 8, items[2], ctx),
+                    pair(frag, base + 6, row, 1, col + 8, items[3], ctx),
+                )
+                regs = (pack(v[0][0], v[0][1]), pack(v[1][0], v[1][1]), pack(v[2][0], v[2][1]),
+                        pack(v[3][0], v[3][1]))
+                m_max = max(m_max, v[0][2], v[1][2], v[2][2], v[3][2])
+                stmatrix_x4(addr, regs[0], regs[1], regs[2], regs[3])
+        return m_max
+
+    @cuda.jit(device=True, inline="always", forceinline=True)
+    def acquire(leader, barrier_id):
+        if leader:
+            bulk_wait_group_read(IN_FLIGHT)  # the store that last read the buffer has read it
+        warpgroup_sync(barrier_id)
+
+    @cuda.jit(device=True, inline="always", forceinline=True)
+    def commit(buf, leader, barrier_id, tmap, col, row):
+        fence_proxy_async()  # the generic-proxy writes, visible to TMA
+        warpgroup_sync(barrier_id)
+        if leader:
+            tma_store_2d(tmap, buf, col, row)
+            bulk_commit_group()
+
+    @cuda.jit(device=True, inline="always", forceinline=True)
+    def commit_3d(buf, leader, barrier_id, tmap, col, row, batch):
+        fence_proxy_async()
+        warpgroup_sync(barrier_id)
+        if leader:
+            tma_store_3d(tmap, buf, col, row, batch)
+            bulk_commit_group()
+
+    @cuda.jit(device=True, forceinline=True)
+    def write_packed(packed, buf, q, t):
+        """Sub-tile ``q`` of a 16-bit accumulator converted up front (``packed``)."""
         regs = tuple_as_array(packed)
         lane = t % 32
         r, c = x4_lane_offset(lane)
         row = 16 * (t // 32) + r
         for g in range(GROUPS):
             p = q * GROUPS + g
-            addr = box_address(buf, row, 2 * (16 * g + c), SPAN)
-            stmatrix_x4(addr, regs[4 * p], regs[4 * p + 1], regs[4 * p + 2], regs[4 * p + 3])
-
-    @cuda.jit(device=True, forceinline=True)
-    def write_f32(acc, buf, q, t):
-        frag = tuple_as_array(acc)
-        row = 16 * (t // 32) + (t % 32) // 4
-        for g in range(PAIRS):
-            i = q * PAIRS + g
-            byte = 4 * (8 * g + 2 * (t % 4))
-            st_shared_v2_f32(box_address(buf, row, byte, SPAN), frag[4 * i], frag[4 * i + 1])
-            st_shared_v2_f32(box_address(buf, row + 8, byte, SPAN), frag[4 * i + 2], frag[4 * i + 3])
-
-    @cuda.jit(device=True, forceinline=True)
-    def stage(regs, buf0, t, barrier_id, q, stores):
-        """Sub-tile ``q`` into its buffer; returns the buffer's address once it is ready for TMA."""
-        buf = buf0 + (stores % BUFFERS) * BUF_STRIDE
-        if t == 0:
-            bulk_wait_group_read(IN_FLIGHT)  # the store that last read buf has read it
-        named_barrier_sync(barrier_id, 128)
-        if F32:
-            write_f32(regs, buf, q, t)
-        else:
-            write_16bit(regs, buf, q, t)
-        fence_proxy_async()
-        named_barrier_sync(barrier_id, 128)
-        return buf
+            stmatrix_x4(address(buf, row, 2 * (16 * g + c)), regs[4 * p], regs[4 * p + 1], regs[4 * p + 2],
+                        regs[4 * p + 3])
 
     @cuda.jit(device=True, forceinline=True)
     def converted(acc):
-        if F32:
-            return acc
-        return pack_tuple(acc, PACK)
+        if PACKED:
+            return pack_tuple(acc, PACK)
+        return acc
+
+    @cuda.jit(device=True, forceinline=True)
+    def write_tile(regs, buf, q, t):
+        if PACKED:
+            write_packed(regs, buf, q, t)
+        else:
+            write(tuple_as_array(regs), buf, q, thread_rows(t)[0], t % 32, None)
 
     @cuda.jit(device=True, forceinline=True)
     def tile(acc, buf0, t, barrier_id, tmap, row0, col0, stores):
         regs = converted(acc)
         for q in range(SUBTILES):
-            buf = stage(regs, buf0, t, barrier_id, q, stores)
-            if t == 0:
-                tma_store_2d(tmap, buf, col0 + q * COLS, row0)
-                bulk_commit_group()
+            buf = buf0 + (stores % BUFFERS) * BUF_STRIDE
+            acquire(t == 0, barrier_id)
+            write_tile(regs, buf, q, t)
+            commit(buf, t == 0, barrier_id, tmap, col0 + q * COLS, row0)
             stores = np.int32(stores + 1)
         return stores
 
@@ -153,10 +266,10 @@ def make_tile_store(n, out_dtype="bf16", buffers=2) -> TileStore:
     def tile_3d(acc, buf0, t, barrier_id, tmap, row0, col0, batch, stores):
         regs = converted(acc)
         for q in range(SUBTILES):
-            buf = stage(regs, buf0, t, barrier_id, q, stores)
-            if t == 0:
-                tma_store_3d(tmap, buf, col0 + q * COLS, row0, batch)
-                bulk_commit_group()
+            buf = buf0 + (stores % BUFFERS) * BUF_STRIDE
+            acquire(t == 0, barrier_id)
+            write_tile(regs, buf, q, t)
+            commit_3d(buf, t == 0, barrier_id, tmap, col0 + q * COLS, row0, batch)
             stores = np.int32(stores + 1)
         return stores
 
@@ -165,6 +278,7 @@ def make_tile_store(n, out_dtype="bf16", buffers=2) -> TileStore:
         if t == 0:
             bulk_wait_group(0)
 
+    F32 = out_dtype == "f32"
     to_bits = f32_to_f16 if out_dtype == "f16" else f32_to_bf16
 
     @cuda.jit(device=True, forceinline=True)
@@ -196,11 +310,13 @@ def make_tile_store(n, out_dtype="bf16", buffers=2) -> TileStore:
     direct_groups = _chained([group_store(i) for i in range(n // 8)])
 
     @cuda.jit(device=True, forceinline=True)
-    def direct(acc, out, row0, col0, t):
+    def direct_store(acc, out, row0, col0, t):
         direct_groups(out, tuple_as_array(acc), row0 + 16 * (t // 32) + (t % 32) // 4, col0 + 2 * (t % 4))
 
-    return TileStore(n, out_dtype, buffers, SPAN, (ROWS, COLS), SPAN, BUFFERS * BUF_STRIDE, tile, tile_3d, drain,
-                     direct)
+    direct = None if FP8 else direct_store  # (an fp8 element alone has no conversion: pairs only)
+
+    return TileStore(n, out_dtype, buffers, COLS, SPAN, (ROWS, COLS), SPAN, BUFFERS * BUF_STRIDE, address, write, acquire,
+                     commit, commit_3d, tile, tile_3d, drain, direct)
 
 
 def _chained(steps):

@@ -265,7 +265,7 @@ def make_a_operand_fp8(dtype):
     return a_operand_fp8
 
 
-@cuda.jit(device=True, forceinline=True)
+@cuda.jit(device=True, inline="always", forceinline=True)
 def x4_lane_offset(lane):
     """``(row, col)`` in a 16 x 16 block of 16-bit elements that ``lane`` addresses for
     ``ldmatrix_x4`` / ``stmatrix_x4`` so that their four registers are a packed fragment's
@@ -274,7 +274,8 @@ def x4_lane_offset(lane):
     ``row = 8((lane//8)%2) + lane%8``, ``col = 8(lane//16)``. The same registers are a k16 A
     operand: ``ldmatrix_x4`` of a K-contiguous 16-bit tile so addressed gives
     ``wgmma_mma_async_rs``'s A."""
-    return 8 * ((lane // 8) % 2) + lane % 8, 8 * (lane // 16)
+    m = lane // 8
+    return 8 * (m % 2) + lane % 8, 8 * (m // 2)
 
 
 def make_a_loader(layout: OperandLayout):

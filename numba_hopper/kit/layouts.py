@@ -65,7 +65,8 @@ import numpy as np
 from numba import cuda
 
 from ..intrinsics import (matrix_descriptor, tma_load_2d, tma_load_3d, tma_load_multicast_2d, tma_load_multicast_3d,
-                          wgmma_accumulator, wgmma_commit_group, wgmma_fence, wgmma_fence_operand, wgmma_mma_async)
+                          tma_prefetch_2d, tma_prefetch_3d, wgmma_accumulator, wgmma_commit_group, wgmma_fence,
+                          wgmma_fence_operand, wgmma_mma_async)
 
 __all__ = [
     "OperandLayout",
@@ -80,6 +81,7 @@ __all__ = [
     "swizzle",
     "swizzle_host",
     "box_address",
+    "make_box_address",
     "SmemPlan",
     "MAX_DYNAMIC_SHARED",
     "OPERAND_SWIZZLES",
@@ -198,8 +200,9 @@ def make_descriptors(layout: OperandLayout) -> OperandDescriptors:
     STEP16 = 16 * SWIZZLE // 16  # MN-major: a k16 step in 16-byte units
     BOX16 = layout.box_bytes // 16
     PER_BOX = SWIZZLE // WGMMA_K_BYTES  # K-major: k-steps per box
+    ONE_BOX = layout.boxes == 1
 
-    @cuda.jit(device=True, forceinline=True)
+    @cuda.jit(device=True, inline="always", forceinline=True)
     def at(addr):
         return matrix_descriptor(addr, LBO, SBO, SWIZZLE, 0)
 
@@ -207,6 +210,8 @@ def make_descriptors(layout: OperandLayout) -> OperandDescriptors:
     def k_step(desc, kk):
         if MN_MAJOR:
             return desc + np.uint64(kk * STEP16)
+        if ONE_BOX:  # (the same offsets, in the form LLVM unrolls a k-loop around best)
+            return desc + np.uint64(kk * WGMMA_K_BYTES // 16)
         return desc + np.uint64((kk // PER_BOX) * BOX16 + (kk % PER_BOX) * (WGMMA_K_BYTES // 16))
 
     @cuda.jit(device=True, forceinline=True)
@@ -232,15 +237,21 @@ def tma_box(layout: OperandLayout, parts=1) -> tuple:
     return layout.mn // parts, layout.box[1]
 
 
-TileLoads = namedtuple("TileLoads", ["parts", "box", "load", "load_3d", "load_part", "load_part_3d"])
+TileLoads = namedtuple("TileLoads", ["parts", "box", "load", "load_3d", "load_part", "load_part_3d", "prefetch",
+                                     "prefetch_3d"])
 TileLoads.__doc__ = """The TMA loads of one operand tile (:func:`make_tile_loads`): ``load(dst, tmap, mn0, k0,
 bar)`` for a 2-D tensor map and ``load_3d(dst, tmap, mn0, k0, batch, bar)`` for a 3-D one (batch
 outermost): the tile's boxes, box ``i`` to ``dst + i * box_bytes``, each completing on the
 mbarrier ``bar`` (arm it for ``layout.tile_bytes``). In a cluster whose ``parts`` CTAs share the
 tile, ``load_part(dst, tmap, mn0, k0, bar, part, mask)`` (and ``load_part_3d(..., batch, bar, part,
 mask)``) loads this CTA's ``part`` of it and multicasts it to the CTAs in ``mask``, landing at
-the same place in each and completing on each one's ``bar``. ``box``: the tensor map's box for
-these loads (numpy order: a K-major tile's part is ``mn / parts`` rows)."""
+the same place in each and completing on each one's ``bar``; with ``parts == 1`` they are
+``load`` and ``load_3d`` (``part`` and ``mask`` unused), so one call serves a kernel compiled with
+or without a cluster. ``prefetch(tmap, mn0, k0)`` and ``prefetch_3d(tmap, mn0, k0, batch)`` bring
+the tile's boxes into L2 (``cp.async.bulk.prefetch.tensor``: no shared memory, no barrier), for a
+load that will come before the data could arrive (the first k-blocks of a kernel that waits on
+the one before it). ``box``: the tensor map's box for these loads (numpy order: a K-major tile's
+part is ``mn / parts`` rows)."""
 
 
 def make_tile_loads(layout: OperandLayout, parts=1) -> TileLoads:
@@ -253,29 +264,43 @@ def make_tile_loads(layout: OperandLayout, parts=1) -> TileLoads:
     SPAN = SWIZZLE // layout.element_bytes
     K_MAJOR = layout.major == "K"
     box = tma_box(layout, parts)
-    PART_ROWS, PART_BOXES = layout.mn // parts, BOXES // parts
+    SHARED, PART_ROWS, PART_BOXES = parts, layout.mn // parts, BOXES // parts
 
+    # A K-major tile of one box (the usual: k spans the swizzle) takes no loop: LLVM keeps the
+    # address arithmetic of a one-trip loop in 64 bits. (MN-major tiles keep theirs, whatever
+    # the count.)
     @cuda.jit(device=True, forceinline=True)
     def load(dst, tmap, mn0, k0, bar):
-        for i in range(BOXES):
-            if K_MAJOR:
-                tma_load_2d(dst + i * BOX_BYTES, tmap, k0 + i * SPAN, mn0, bar)
-            else:
+        if not K_MAJOR:
+            for i in range(BOXES):
                 tma_load_2d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, bar)
+        elif BOXES == 1:
+            tma_load_2d(dst, tmap, k0, mn0, bar)
+        else:
+            for i in range(BOXES):
+                tma_load_2d(dst + i * BOX_BYTES, tmap, k0 + i * SPAN, mn0, bar)
 
     @cuda.jit(device=True, forceinline=True)
     def load_3d(dst, tmap, mn0, k0, batch, bar):
-        for i in range(BOXES):
-            if K_MAJOR:
-                tma_load_3d(dst + i * BOX_BYTES, tmap, k0 + i * SPAN, mn0, batch, bar)
-            else:
+        if not K_MAJOR:
+            for i in range(BOXES):
                 tma_load_3d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, batch, bar)
+        elif BOXES == 1:
+            tma_load_3d(dst, tmap, k0, mn0, batch, bar)
+        else:
+            for i in range(BOXES):
+                tma_load_3d(dst + i * BOX_BYTES, tmap, k0 + i * SPAN, mn0, batch, bar)
 
+    # A K-major part is rows part * PART_ROWS on of every box; an MN-major part, whole boxes.
     @cuda.jit(device=True, forceinline=True)
     def load_part(dst, tmap, mn0, k0, bar, part, mask):
-        if K_MAJOR:
+        if SHARED == 1:
+            load(dst, tmap, mn0, k0, bar)
+        elif K_MAJOR and BOXES == 1:
+            tma_load_multicast_2d(dst + part * PART_ROWS * SWIZZLE, tmap, k0, mn0 + part * PART_ROWS, bar, mask)
+        elif K_MAJOR:
             for i in range(BOXES):
-                tma_load_multicast_2d(dst + i * BOX_BYTES + part * PART_ROWS * SWIZZLE, tmap, k0 + i * SPAN,
+                tma_load_multicast_2d(dst + part * PART_ROWS * SWIZZLE + i * BOX_BYTES, tmap, k0 + i * SPAN,
                                       mn0 + part * PART_ROWS, bar, mask)
         else:
             for j in range(PART_BOXES):
@@ -284,16 +309,42 @@ def make_tile_loads(layout: OperandLayout, parts=1) -> TileLoads:
 
     @cuda.jit(device=True, forceinline=True)
     def load_part_3d(dst, tmap, mn0, k0, batch, bar, part, mask):
-        if K_MAJOR:
+        if SHARED == 1:
+            load_3d(dst, tmap, mn0, k0, batch, bar)
+        elif K_MAJOR and BOXES == 1:
+            tma_load_multicast_3d(dst + part * PART_ROWS * SWIZZLE, tmap, k0, mn0 + part * PART_ROWS, batch, bar, mask)
+        elif K_MAJOR:
             for i in range(BOXES):
-                tma_load_multicast_3d(dst + i * BOX_BYTES + part * PART_ROWS * SWIZZLE, tmap, k0 + i * SPAN,
+                tma_load_multicast_3d(dst + part * PART_ROWS * SWIZZLE + i * BOX_BYTES, tmap, k0 + i * SPAN,
                                       mn0 + part * PART_ROWS, batch, bar, mask)
         else:
             for j in range(PART_BOXES):
                 i = part * PART_BOXES + j
                 tma_load_multicast_3d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, batch, bar, mask)
 
-    return TileLoads(parts, box, load, load_3d, load_part, load_part_3d)
+    @cuda.jit(device=True, forceinline=True)
+    def prefetch(tmap, mn0, k0):
+        if not K_MAJOR:
+            for i in range(BOXES):
+                tma_prefetch_2d(tmap, mn0 + i * SPAN, k0)
+        elif BOXES == 1:
+            tma_prefetch_2d(tmap, k0, mn0)
+        else:
+            for i in range(BOXES):
+                tma_prefetch_2d(tmap, k0 + i * SPAN, mn0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def prefetch_3d(tmap, mn0, k0, batch):
+        if not K_MAJOR:
+            for i in range(BOXES):
+                tma_prefetch_3d(tmap, mn0 + i * SPAN, k0, batch)
+        elif BOXES == 1:
+            tma_prefetch_3d(tmap, k0, mn0, batch)
+        else:
+            for i in range(BOXES):
+                tma_prefetch_3d(tmap, k0 + i * SPAN, mn0, batch)
+
+    return TileLoads(parts, box, load, load_3d, load_part, load_part_3d, prefetch, prefetch_3d)
 
 
 Mma = namedtuple("Mma", ["accumulator", "step", "k_block"])
@@ -305,18 +356,23 @@ ptxas may sink the zeroing into the wgmma loop and serialize its wgmmas, warning
 first overwriting ``acc`` if ``first``) and ``wgmma.commit_group``: one group to wait for."""
 
 
-def make_mma(a: OperandLayout, b: OperandLayout) -> Mma:
-    """The :class:`Mma` of A tiles ``a`` and B tiles ``b`` (same dtype family and K extent;
-    the accumulator, a ``wgmma_accumulator(b.mn, "f32")`` tuple, gives N). Types, transpose
+def make_mma(a: OperandLayout, b: OperandLayout, n=None) -> Mma:
+    """The :class:`Mma` of A tiles ``a`` and B tiles ``b`` (same dtype family and K extent).
+    ``n``: the wgmma's N, the B tile's ``mn`` unless the tile is wider than the product (an
+    MN-major tile of whole boxes: N = 160 reads the first 160 of a 192-wide tile); the
+    accumulator, a ``wgmma_accumulator(n, "f32")`` tuple, gives it (``step`` and ``k_block``
+    take any accumulator: a narrower one computes the tile's first columns). Types, transpose
     bits and k-steps come from the layouts; mismatches raise ``ValueError`` here."""
     if a.k != b.k or a.element_bytes != b.element_bytes:
         raise ValueError(f"A and B tiles must cover the same K with the same element size; got A {a.mn} x {a.k} "
                          f"{a.dtype}, B {b.mn} x {b.k} {b.dtype}")
-    if b.mn % 8 or not 8 <= b.mn <= 256:
-        raise ValueError(f"a wgmma's N (the B tile's mn) is a multiple of 8 in [8, 256]; got {b.mn}: split B")
+    N = b.mn if n is None else n
+    if not isinstance(N, int) or N % 8 or not 8 <= N <= min(256, b.mn):
+        raise ValueError(f"a wgmma's N (the B tile's mn, or n) is a multiple of 8 in [8, 256], at most the B tile's "
+                         f"{b.mn} rows; got {N}: split B")
     if a.mn % 64:
         raise ValueError(f"a wgmma's A is 64 rows (one warpgroup's): A tiles hold a multiple of 64; got {a.mn}")
-    A_T, B_T, TA, TB, STEPS, N = a.dtype, b.dtype, a.tnsp, b.tnsp, a.k_steps, b.mn
+    A_T, B_T, TA, TB, STEPS = a.dtype, b.dtype, a.tnsp, b.tnsp, a.k_steps
     da, db = make_descriptors(a), make_descriptors(b)
 
     @cuda.jit(device=True, forceinline=True)
@@ -361,6 +417,23 @@ def box_address(base, row, byte, span):
     """Shared address of byte ``byte`` (< ``span``) of row ``row`` of a TMA box of
     ``span``-byte rows at ``base`` (1024-byte aligned), swizzled as TMA lays it out."""
     return base + swizzle(row * span + byte, span)
+
+
+def make_box_address(span):
+    """``address(base, row, byte)``: :func:`box_address` for a fixed ``span`` (32, 64 or 128),
+    spelled per 16-byte chunk: chunk ``c`` of row ``r`` lies at chunk ``c ^ ((r >> s) & (span/16 -
+    1))``, ``s`` = log2 of the rows in 128 bytes. The row's part is the same for every chunk of
+    it, so a thread that writes several chunks of its rows computes it once (the tile store's
+    form)."""
+    if span not in OPERAND_SWIZZLES:
+        raise ValueError(f"span must be one of {OPERAND_SWIZZLES} bytes; got {span!r}")
+    MASK, ROW_SHIFT = span // 16 - 1, {128: 0, 64: 1, 32: 2}[span]
+
+    @cuda.jit(device=True, forceinline=True)
+    def address(base, row, byte):
+        return base + row * span + (((byte >> 4) ^ ((row >> ROW_SHIFT) & MASK)) << 4) + (byte & 15)
+
+    return address
 
 
 class SmemPlan:

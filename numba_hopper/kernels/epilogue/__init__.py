@@ -73,10 +73,10 @@ from numba import cuda
 from ... import intrinsics as nh
 from ..epilogue_config import ACTIVATIONS, EpilogueArgs, EpilogueConfig, epilogue_argument_type
 from ..gemm_config import ELEMENT_BYTES, WG_ROWS
-from .fragment import make_subtile_writer
+from .fragment import make_fused_pairs
 from .math import NO_AMAX, epilogue_math
 from .residual import c_box_cols, make_residual
-from .store import EpilogueState, GuardedStore, TileStore, make_subtile_stores
+from .store import EpilogueState, GuardedArgs, TileArgs, make_subtile_stores
 
 __all__ = ["EpilogueConfig", "EpilogueArgs", "ACTIVATIONS", "Epilogue", "EpilogueState", "make_epilogue",
            "epilogue_argument_type", "c_box_cols"]
@@ -113,8 +113,8 @@ def make_epilogue(cfg) -> Epilogue:
     VEC_OFF, VEC_BYTES = cfg.layout.vec, cfg.layout.vec_bytes
     init_c, load_c, c_f32_pair, c_quad = make_residual(cfg) if HAS_C else (None,) * 4
     tile_terms, stage_columns, column_terms, apply = epilogue_math(EPI, BN) if FUSED else (None,) * 4
-    writer = make_subtile_writer(cfg, column_terms, apply, c_f32_pair, c_quad)
-    subtiles, guarded_subtiles, store_transposed = make_subtile_stores(cfg, writer, load_c)
+    fused = make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad)
+    subtiles, guarded_subtiles, store_transposed = make_subtile_stores(cfg, fused, load_c)
 
     @cuda.jit(device=True, forceinline=True)
     def init(smem):
@@ -147,17 +147,17 @@ def make_epilogue(cfg) -> Epilogue:
             return store_transposed(frag, smem, c, row0, tile.n0, tile.batch, tmap_d, state)
         if not GROUPED:
             n0 = tile.n0 // 2 if GATED else tile.n0  # (gated: the kernel's columns are B's and B_up's)
-            return subtiles(state, TileStore(frag, smem, c, row0, n0, tile.batch, tmap_d, tmap_c, p.M, p.N,
-                                             ep, terms))
+            return subtiles(state, TileArgs(frag, smem, c, row0, n0, tile.batch, tmap_d, tmap_c, p.M, p.N,
+                                            ep, terms))
         batch = tile.batch if D_BATCHED else 0
         rows = tile.row_end - row0  # the same for the whole warpgroup: its barriers agree
         if rows >= WG_ROWS:
-            return subtiles(state, TileStore(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M, p.N, ep,
-                                             terms))
+            return subtiles(state, TileArgs(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M, p.N, ep,
+                                            terms))
         if rows > 0:
             d = p.out_address + batch * p.M * p.N * OUT_BYTES
-            return guarded_subtiles(state, GuardedStore(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M,
-                                                        p.N, ep, terms, rows, d))
+            return guarded_subtiles(state, GuardedArgs(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M,
+                                                       p.N, ep, terms, rows, d))
         return state
 
     @cuda.jit(device=True, forceinline=True)

@@ -10,16 +10,16 @@ from collections import namedtuple
 import numpy as np
 from numba import cuda
 
-from ... import intrinsics as nh
 from ...intrinsics import (bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, ld_shared_v2_f32, st_shared_v2_f32,
                            tanh_approx)
+from ...kit.epilogue import NO_MAX
 from ..epilogue_config import EpilogueConfig
 
-__all__ = ["EpilogueMath", "epilogue_math", "PACK", "STORE", "ZERO", "ONE", "NO_AMAX"]
+__all__ = ["EpilogueMath", "epilogue_math", "STORE", "ZERO", "ONE", "NO_AMAX"]
 
 # float32 constants: a Python float would promote the math to float64.
 ZERO, ONE, _HALF = np.float32(0), np.float32(1), np.float32(0.5)
-NO_AMAX = np.uint32(0)  # the bits of +0.0
+NO_AMAX = NO_MAX  # the bits of +0.0: no |value| yet (what the tile store's pair hooks return unused)
 _SQRT_HALF = np.float32(math.sqrt(0.5))
 _GELU_K = np.float32(math.sqrt(2 / math.pi))
 _GELU_KC = np.float32(math.sqrt(2 / math.pi) * 0.044715)
@@ -33,7 +33,6 @@ def _f32(x):
 
 _LOAD = {"bf16": bf16_to_f32, "f16": f16_to_f32, "f32": _f32}
 STORE = {"bf16": f32_to_bf16, "f16": f32_to_f16, "f32": _f32}
-PACK = {"bf16": nh.pack_bf16x2, "f16": nh.pack_f16x2, "e4m3": nh.pack_e4m3x2, "e5m2": nh.pack_e5m2x2}
 
 
 @cuda.jit(device=True, forceinline=True)

@@ -15,6 +15,7 @@ from collections import namedtuple
 from numba import cuda
 
 from ... import intrinsics as nh
+from ...kit.layouts import swizzle
 from ..gemm_config import ELEMENT_BYTES, EPI_ROWS
 
 __all__ = ["Residual", "make_residual", "c_box_cols"]
@@ -49,7 +50,6 @@ def make_residual(cfg) -> Residual:
     C_BOX_ROW = C_BOX_COLS * C_ITEM  # bytes: the box row is also its swizzle span
     C_BOX_BYTES = EPI_ROWS * C_BOX_ROW
     C_BOXES = EPI_COLS // C_BOX_COLS
-    C_SWIZZLE_MASK = C_BOX_ROW // 16 - 1
     C_LIKE_OUT = C_ITEM == ELEMENT_BYTES[cfg.out_dtype]  # C's buffer is laid out as the output's
     unpack = nh.unpack_bf16x2 if cfg.epilogue.c_dtype == "bf16" else nh.unpack_f16x2
 
@@ -72,7 +72,7 @@ def make_residual(cfg) -> Residual:
         """C at (row ``r``, columns ``col``, ``col`` + 1) of the sub-tile in ``cbuf``, as f32."""
         byte = col * C_ITEM
         off = (byte // C_BOX_ROW) * C_BOX_BYTES + r * C_BOX_ROW + byte % C_BOX_ROW
-        addr = cbuf + (off ^ (((off >> 7) & C_SWIZZLE_MASK) << 4))  # the TMA swizzle
+        addr = cbuf + swizzle(off, C_BOX_ROW)
         if C_ITEM == 4:
             return nh.ld_shared_v2_f32(addr)
         return unpack(nh.ld_shared_u32(addr))

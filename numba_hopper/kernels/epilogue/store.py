@@ -11,57 +11,65 @@ from numba import cuda
 
 from ... import intrinsics as nh
 from ...intrinsics import f32_to_bf16, f32_to_f16
+from ...kit.barriers import warpgroup_sync
+from ...kit.epilogue import make_tile_store
+from ...kit.fragments import acc_col
 from ..gemm_config import ELEMENT_BYTES, EPI_BUF_BYTES
 
-__all__ = ["EpilogueState", "TileStore", "GuardedStore", "SubtileStores", "make_subtile_stores"]
+__all__ = ["EpilogueState", "TileArgs", "GuardedArgs", "SubtileStores", "make_subtile_stores"]
 
 EpilogueState = namedtuple("EpilogueState", ["stores", "amax"])
 EpilogueState.__doc__ = """A consumer's epilogue across its tiles: ``stores``, its sub-tile stores so far
 (they pick the buffers and their phases), and ``amax``, the bits of the largest ``|value|``
 it has stored (0 unless the epilogue tracks it)."""
-# What a sub-tile's store reads besides the fragment: a fused epilogue's coordinates and
-# terms (the distance from the output buffer to C's, the sub-tile's first output row and
-# column, the row terms of rows row_in_wg and row_in_wg + 8, the staged column terms).
+# What a sub-tile's store reads besides the fragment (the fused epilogue hooks' context): the
+# distance from the output buffer to C's, the sub-tile's first output row and column, the row
+# terms of rows row_in_wg and row_in_wg + 8, the staged column terms, the output scale.
 _Subtile = namedtuple("_Subtile", ["c_offset", "row0", "col0", "M", "N", "ep", "row_terms", "row_terms_8", "columns",
                                    "out_scale"])
 # One tile's store, passed through the unrolled sub-tile steps.
-TileStore = namedtuple("TileStore", ["frag", "smem", "c", "row0", "n0", "batch", "tmap_d", "tmap_c", "M", "N", "ep",
-                                     "terms"])
+TileArgs = namedtuple("TileArgs", ["frag", "smem", "c", "row0", "n0", "batch", "tmap_d", "tmap_c", "M", "N", "ep",
+                                   "terms"])
 # A grouped tile's store through registers: ``rows`` of its 64 to write, at ``d`` (the first
 # element of the output matrix, row-major with N columns).
-GuardedStore = namedtuple("GuardedStore", TileStore._fields + ("rows", "d"))
+GuardedArgs = namedtuple("GuardedArgs", TileArgs._fields + ("rows", "d"))
 
 SubtileStores = namedtuple("SubtileStores", ["subtiles", "guarded_subtiles", "transposed"])
 
 
-def make_subtile_stores(cfg, writer, load_c) -> SubtileStores:
-    """Device functions that store a consumer's tile of the kernel of ``cfg``, one sub-tile at a time:
+def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
+    """Device functions that store a consumer's tile of the kernel of ``cfg``, one sub-tile at a
+    time, through the kit's tile store (:func:`~numba_hopper.kit.epilogue.make_tile_store`, with
+    the fused epilogue's hooks ``fused``, a :class:`~.fragment.FusedPairs`):
 
-    - ``subtiles(state, ts: TileStore) -> state``: each sub-tile written (``writer``, a
-      :class:`~.fragment.SubtileWriter`) to one of the consumer's ``epi_buffers`` buffers, then
-      stored by one TMA store (TMA clips what lies outside the tensor); with C, each C
-      sub-tile's buffer is refilled (``load_c``) once every thread has read it;
-    - ``guarded_subtiles(state, gs: GuardedStore) -> state``: (grouped kernels) the same
+    - ``subtiles(state, ts: TileArgs) -> state``: each sub-tile written to one of the consumer's
+      ``epi_buffers`` buffers, then stored by one TMA store (TMA clips what lies outside the
+      tensor); with C, each C sub-tile's buffer is refilled (``load_c``) once every thread has
+      read it;
+    - ``guarded_subtiles(state, gs: GuardedArgs) -> state``: (grouped kernels) the same
       sub-tiles' first ``gs.rows`` rows, copied by every thread, 16 bytes each;
     - ``transposed(frag, smem, c, row0, n0, batch, tmap_d, state) -> state``: (column-major
       outputs) the consumer's whole tile in one TMA box.
     """
     BN, OUT_T = cfg.out_block_n, cfg.out_dtype
+    OWN_BARRIER = cfg.barrier_ids.consumer  # (+ cw: each consumer warpgroup's own)
     GROUPED = cfg.grouped is not None
     OUT_BYTES = ELEMENT_BYTES[OUT_T]
     FUSED, HAS_C = cfg.epilogue is not None, cfg.has_c
     EPI_COLS = cfg.epi_cols
     EPI_CHUNKS = BN // EPI_COLS
-    EPI_ROW_BYTES = cfg.epi_swizzle or 128  # (column-major outputs: unswizzled 128-byte rows)
-    ROW_CHUNKS = EPI_ROW_BYTES // 16  # 16-byte chunks of a sub-tile row
+    ROW_CHUNKS = (cfg.epi_swizzle or 128) // 16  # 16-byte chunks of a sub-tile row
     CHUNK_COLS = 16 // ELEMENT_BYTES[OUT_T]
     layout = cfg.layout
     EPI_OFF, VEC_OFF, VEC_BYTES = layout.epi, layout.vec, layout.vec_bytes
     EPI_BUFS = cfg.epi_buffers
-    STORES_IN_FLIGHT = EPI_BUFS - 1  # a consumer's TMA stores that may still read its buffers
     C_OFF, C_BAR_OFF, C_BUF = layout.c, layout.c_barriers, cfg.c_buf_bytes
-    write_subtile, swizzled, out_scale = writer
+    out_scale = fused.out_scale
     to_bits = f32_to_bf16 if OUT_T == "bf16" else f32_to_f16
+    if cfg.out_major == "N":
+        store = make_tile_store(BN, OUT_T, EPI_BUFS, cols=EPI_COLS, epilogue=fused.hooks)
+        acquire, write, commit_3d, address = store.acquire, store.write, store.commit_3d, store.address
+        assert store.span == cfg.epi_swizzle, cfg  # (the output tensor map's swizzle)
 
     @cuda.jit(device=True, forceinline=True)
     def store_transposed(frag, smem, c, row0, n0, batch, tmap_d, state):
@@ -71,14 +79,14 @@ def make_subtile_stores(cfg, writer, load_c) -> SubtileStores:
         buf = smem + EPI_OFF + c.cw * EPI_BUF_BYTES
         if c.leader:
             nh.bulk_wait_group_read(0)  # the previous tile's store has read the buffer
-        nh.named_barrier_sync(1 + c.cw, 128)
+        warpgroup_sync(OWN_BARRIER + c.cw)
         for i in range(BN // 8):
             for j in range(2):
                 for h in range(2):
-                    col = 8 * i + 2 * (c.lane % 4) + h
-                    nh.st_shared_u16(buf + 128 * col + 2 * (c.row_in_wg + 8 * j), to_bits(frag[4 * i + 2 * j + h]))
+                    r = 4 * i + 2 * j + h
+                    nh.st_shared_u16(buf + 128 * acc_col(c.lane, r) + 2 * (c.row_in_wg + 8 * j), to_bits(frag[r]))
         nh.fence_proxy_async()
-        nh.named_barrier_sync(1 + c.cw, 128)
+        warpgroup_sync(OWN_BARRIER + c.cw)
         if c.leader:
             nh.tma_store_3d(tmap_d, buf, row0, n0, batch)
             nh.bulk_commit_group()
@@ -89,9 +97,7 @@ def make_subtile_stores(cfg, writer, load_c) -> SubtileStores:
         """Sub-tile ``q`` of a tile (the consumer's ``state.stores``-th) to global memory; the next state."""
         c, smem, stores = ts.c, ts.smem, state.stores
         buf = smem + EPI_OFF + (EPI_BUFS * c.cw + stores % EPI_BUFS) * EPI_BUF_BYTES
-        if c.leader:
-            nh.bulk_wait_group_read(STORES_IN_FLIGHT)  # the store that last read buf is done
-        nh.named_barrier_sync(1 + c.cw, 128)
+        acquire(c.leader, OWN_BARRIER + c.cw)
         at = None
         if FUSED:
             slot = 2 * c.cw + stores % 2
@@ -99,12 +105,8 @@ def make_subtile_stores(cfg, writer, load_c) -> SubtileStores:
                 nh.mbarrier_wait_parity(smem + C_BAR_OFF + 8 * slot, (stores // 2) % 2)
             at = _Subtile(smem + C_OFF + slot * C_BUF - buf, ts.row0, ts.n0 + q * EPI_COLS, ts.M, ts.N, ts.ep,
                           ts.terms[0], ts.terms[1], smem + VEC_OFF + c.cw * VEC_BYTES, out_scale(ts.ep))
-        amax = write_subtile(ts.frag, buf, q, c.row_in_wg, c.lane, at)
-        nh.fence_proxy_async()
-        nh.named_barrier_sync(1 + c.cw, 128)
-        if c.leader:
-            nh.tma_store_3d(ts.tmap_d, buf, ts.n0 + q * EPI_COLS, ts.row0, ts.batch)
-            nh.bulk_commit_group()
+        amax = write(ts.frag, buf, q, c.row_in_wg, c.lane, at)
+        commit_3d(buf, c.leader, OWN_BARRIER + c.cw, ts.tmap_d, ts.n0 + q * EPI_COLS, ts.row0, ts.batch)
         if HAS_C and c.leader and q + 2 < EPI_CHUNKS:  # every thread has read C sub-tile q: refill its buffer
             load_c(smem, c.cw, stores + 2, ts.tmap_c, ts.row0, ts.n0 + (q + 2) * EPI_COLS, ts.batch)
         return EpilogueState(stores + 1, max(state.amax, amax))
@@ -117,13 +119,13 @@ def make_subtile_stores(cfg, writer, load_c) -> SubtileStores:
         buf = smem + EPI_OFF + (EPI_BUFS * c.cw + stores % EPI_BUFS) * EPI_BUF_BYTES
         if c.leader:
             nh.bulk_wait_group_read(0)  # no TMA store of this consumer still reads either buffer
-        nh.named_barrier_sync(1 + c.cw, 128)
+        warpgroup_sync(OWN_BARRIER + c.cw)
         at = None
         if FUSED:
             at = _Subtile(0, ts.row0, ts.n0 + q * EPI_COLS, ts.M, ts.N, ts.ep, ts.terms[0], ts.terms[1],
                           smem + VEC_OFF + c.cw * VEC_BYTES, out_scale(ts.ep))
-        amax = write_subtile(ts.frag, buf, q, c.row_in_wg, c.lane, at)
-        nh.named_barrier_sync(1 + c.cw, 128)  # the sub-tile is in shared memory
+        amax = write(ts.frag, buf, q, c.row_in_wg, c.lane, at)
+        warpgroup_sync(OWN_BARRIER + c.cw)  # the sub-tile is in shared memory
         col0 = ts.n0 + q * EPI_COLS
         for i in range(ROW_CHUNKS // 2):  # 64 rows x ROW_CHUNKS 16-byte chunks over 128 threads
             idx = c.t + 128 * i
@@ -131,7 +133,7 @@ def make_subtile_stores(cfg, writer, load_c) -> SubtileStores:
             k = idx % ROW_CHUNKS
             col = col0 + k * CHUNK_COLS
             if r < ts.rows and col < ts.N:  # N is a multiple of CHUNK_COLS (the host checks)
-                v = nh.ld_shared_v4_u32(swizzled(buf, r, 16 * k))
+                v = nh.ld_shared_v4_u32(address(buf, r, 16 * k))
                 nh.st_global_v4_u32(ts.d + np.uint64(((ts.row0 + r) * ts.N + col) * OUT_BYTES), v[0], v[1], v[2], v[3])
         return EpilogueState(stores + 1, max(state.amax, amax))
 

@@ -10,9 +10,10 @@ import numpy as np
 from numba import cuda
 
 from ... import intrinsics as nh
+from ...kit.barriers import make_ordered_barrier
+from ...kit.layouts import make_descriptors, make_mma
 from ...kit.pipeline import debug_site
-from ..gemm_config import FP8_DTYPES, WG_ROWS, GemmConfig
-from .loads import MN_BOX_BYTES
+from ..gemm_config import WG_ROWS, GemmConfig
 
 __all__ = ["KBlock", "make_k_block", "Turns", "make_turns", "k_loop"]
 
@@ -22,7 +23,8 @@ Turns = namedtuple("Turns", ["begin", "wait", "pass_on"])
 
 def make_k_block(cfg: GemmConfig) -> KBlock:
     """One k-block's wgmmas (k16 on 16-bit inputs, k32 on fp8, 32 bytes of K each: ``steps`` a
-    k-block) for the kernel of ``cfg``, as device functions:
+    k-block) for the kernel of ``cfg``, as device functions over the kit's descriptors and SS
+    wgmmas (:func:`~numba_hopper.kit.layouts.make_descriptors`, :func:`~numba_hopper.kit.layouts.make_mma`):
 
     - ``descriptors(smem, st, cw) -> (a, b)``: the wgmma descriptors of ring slot ``st``'s A rows
       of consumer ``cw`` and of its B tile;
@@ -31,47 +33,34 @@ def make_k_block(cfg: GemmConfig) -> KBlock:
     - ``issue(acc, descs, first) -> acc``: the k-block's wgmmas, committed as one group (the
       first k-block of an item starts its accumulator afresh: ``scale_d = 0``).
     """
-    IN_T, B_T = cfg.in_dtype, cfg.b_type
-    # wgmmas per k-block: k16 (16-bit) or k32 (fp8), 32 bytes of K each, 4 per 128-byte row.
-    K_STEPS = cfg.block_k // (32 if IN_T in FP8_DTYPES else 16)
-    A_K_MAJOR, B_K_MAJOR = cfg.a_major == "K", cfg.b_major == "K"
-    A_TILE, B_TILE, B_OFF = cfg.a_tile_bytes, cfg.b_tile_bytes, cfg.layout.b
-    B_SWIZZLE = cfg.b_swizzle
-    # wgmma descriptors (128B swizzle). K-major: 8-row groups 1024 B apart (SBO), a k16 step
-    # (k32 for fp8) is 32 B along the swizzled row. MN-major (16-bit only): 64-element MN
-    # atoms one box apart (LBO), 8-k groups 1024 B apart (SBO), a k16 step is 16 rows of 128 B; with 64B swizzle (one
-    # 32-element atom) rows are 64 B: SBO 512, a k16 step 1024 B.
-    A_LBO, A_KSTEP = (16, 32) if A_K_MAJOR else (MN_BOX_BYTES, 2048)
-    B_LBO, B_KSTEP = (16, 32) if B_K_MAJOR else (MN_BOX_BYTES, 16 * B_SWIZZLE)
-    B_SBO = 8 * B_SWIZZLE
-    TNSP_A, TNSP_B = int(not A_K_MAJOR), int(not B_K_MAJOR)
-    A_WG_OFF = WG_ROWS * 128  # consumer 1's 64 rows: 64 K-major rows, or the second M box
+    A, B = cfg.a_layout, cfg.b_layout  # the ring slot's tiles (kit layouts)
+    a_desc, b_desc = make_descriptors(A), make_descriptors(B)
+    mma = make_mma(A, B, cfg.block_n)  # (N-major B tiles are whole 64-column boxes: 160 of 192 read)
+    A_TILE, B_TILE, B_OFF = A.tile_bytes, B.tile_bytes, cfg.layout.b
+    A_WG_OFF = A.mn_offset(WG_ROWS)  # consumer 1's 64 rows: 64 K-major rows, or the second M box
+    # (called by plain names, the descriptors are inlined into this function's numba IR: their
+    # address arithmetic then stays 32-bit where the consumer's index is a constant, ping-pong)
+    a_at, b_at = a_desc.at, b_desc.at
+    step, k_block = mma.step, mma.k_block
 
     @cuda.jit(device=True, forceinline=True)
     def stage_descriptors(smem, st, cw):
         """wgmma descriptors of the slot's A rows of consumer ``cw`` and of its B tile: slot 0's
-        (loop-invariant) advanced by whole slots, one multiply-add each (the address field
-        counts 16 bytes and the ring stays below its 256 KiB span, so nothing carries out)."""
-        stage = np.uint64(st.stage)
-        return (nh.matrix_descriptor(smem + cw * A_WG_OFF, A_LBO, 1024, 128, 0) + stage * np.uint64(A_TILE // 16),
-                nh.matrix_descriptor(smem + B_OFF, B_LBO, B_SBO, B_SWIZZLE, 0) + stage * np.uint64(B_TILE // 16))
+        (loop-invariant) advanced by whole slots, one multiply-add each."""
+        return (a_desc.advance(a_at(smem + cw * A_WG_OFF), st.stage, A_TILE),
+                b_desc.advance(b_at(smem + B_OFF), st.stage, B_TILE))
 
     @cuda.jit(device=True, forceinline=True)
     def k_step(acc, descs, kk, scale_d):
         """The wgmma of k-step ``kk`` of the k-block at ``descs``."""
-        return nh.wgmma_mma_async(acc, descs[0] + np.uint64(kk * A_KSTEP // 16), descs[1] + np.uint64(kk * B_KSTEP // 16),
-                                  scale_d, IN_T, B_T, 1, 1, TNSP_A, TNSP_B)
+        return step(acc, descs[0], descs[1], kk, scale_d)
 
     @cuda.jit(device=True, forceinline=True)
     def mma_block(acc, descs, first):
         """One k-block's wgmmas on the slot at ``descs``, committed as one group."""
-        nh.wgmma_fence()
-        for kk in range(K_STEPS):
-            acc = k_step(acc, descs, kk, 0 if first and kk == 0 else 1)
-        nh.wgmma_commit_group()
-        return acc
+        return k_block(acc, descs[0], descs[1], first)
 
-    return KBlock(K_STEPS, stage_descriptors, k_step, mma_block)
+    return KBlock(A.k_steps, stage_descriptors, k_step, mma_block)
 
 
 def make_turns(cfg: GemmConfig) -> Turns:
@@ -81,8 +70,8 @@ def make_turns(cfg: GemmConfig) -> Turns:
     A block-scaled consumer waits for its k-block's wgmmas before it promotes them, so the
     tensor cores idle while all promote, unless the consumers take turns to issue: consumer 0's
     k-block kb, consumer 1's kb, (consumer 2's kb,) consumer 0's kb + 1, ... so that each
-    promotes while the others' wgmmas run (measured +0 to 7%). Consumer i waits for its turn at
-    named barrier TURN + i (256 threads: its own wait, the previous consumer's arrival).
+    promotes while the others' wgmmas run (measured +0 to 7%). The turns are the kit's ordered
+    barrier over the consumers (named barriers ``cfg.barrier_ids.turns`` on).
 
     - ``begin(c)``: (each consumer, once, before its first turn) the first turn to consumer 0;
     - ``wait(c)``: wait for this consumer's turn;
@@ -92,29 +81,23 @@ def make_turns(cfg: GemmConfig) -> Turns:
     """
     CONSUMERS = cfg.consumers
     TAKE_TURNS = (cfg.block_scaled or cfg.pingpong) and CONSUMERS > 1
-    TURN = 1 + CONSUMERS  # (0: __syncthreads, 1 .. CONSUMERS: each consumer's own)
-
-    @cuda.jit(device=True, forceinline=True)
-    def next_turn(cw):
-        """The named barrier of the consumer whose turn follows consumer ``cw``'s."""
-        if CONSUMERS == 2:
-            return TURN + 1 - cw
-        return TURN + (cw + 1) % CONSUMERS
+    order = make_ordered_barrier(cfg.barrier_ids.turns, max(2, CONSUMERS))  # (one consumer: unused)
+    first_turn, wait_turn, next_turn = order.start, order.wait, order.arrive
 
     @cuda.jit(device=True, forceinline=True)
     def begin(c):
-        if TAKE_TURNS and c.cw == CONSUMERS - 1:
-            nh.named_barrier_arrive(TURN, 256)
+        if TAKE_TURNS:
+            first_turn(c.cw)
 
     @cuda.jit(device=True, forceinline=True)
     def wait(c):
         if TAKE_TURNS:
-            nh.named_barrier_sync(TURN + c.cw, 256)
+            wait_turn(c.cw)
 
     @cuda.jit(device=True, forceinline=True)
     def pass_on(c):
         if TAKE_TURNS:
-            nh.named_barrier_arrive(next_turn(c.cw), 256)
+            next_turn(c.cw)
 
     return Turns(begin, wait, pass_on)
 

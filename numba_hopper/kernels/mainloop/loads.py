@@ -9,15 +9,15 @@ from collections import namedtuple
 from numba import cuda
 
 from ... import intrinsics as nh
+from ...kit.layouts import make_tile_loads
 from ...kit.pipeline import TmaPipeline, debug_site
 from ..gemm_config import GemmConfig
 
-__all__ = ["ClusterCta", "Loads", "make_loads", "MN_BOX_BYTES", "PREFETCH_KBLOCKS"]
+__all__ = ["ClusterCta", "Loads", "make_loads", "PREFETCH_KBLOCKS"]
 
 ClusterCta = namedtuple("ClusterCta", ["rm", "rn", "a_mask", "b_mask", "peers"])
 Loads = namedtuple("Loads", ["cluster_cta", "prefetch", "load"])
 
-MN_BOX_BYTES = 64 * 128  # a 64 x 64 box of an MN-major operand
 # The k-blocks ``prefetch`` brings into L2: graph-replayed decode measured faster with 4 than
 # with 2, 8 or 12.
 PREFETCH_KBLOCKS = 4
@@ -35,17 +35,16 @@ def make_loads(cfg: GemmConfig, pipe: TmaPipeline) -> Loads:
       thread) the loads of work ``item``'s k-blocks of output ``tile`` (``tmaps``: the CTA's
       tensor maps, ``.a``, ``.b`` and, with block-wise scales, ``.a_scales``, gated ``.b_up``).
     """
-    BM, BN = cfg.block_m, cfg.block_n
     BK = cfg.block_k
-    A_K_MAJOR, B_K_MAJOR = cfg.a_major == "K", cfg.b_major == "K"
     CM, CN, CLUSTER = cfg.cluster_m, cfg.cluster_n, cfg.cluster_size
     A_TILE, B_TILE, B_OFF = cfg.a_tile_bytes, cfg.b_tile_bytes, cfg.layout.b
-    # CTAs of a tile row share its A tile, CTAs of a tile column its B tile. A gated tile's B slot
-    # is B's rows n0 / 2 on, then as many of B_up's (kernel column n0 is output column n0 / 2).
+    # CTAs of a tile row share its A tile, CTAs of a tile column its B tile: each loads its part
+    # and multicasts it. A gated tile's B slot is B's rows n0 / 2 on, then as many of B_up's
+    # (kernel column n0 is output column n0 / 2), each half one load of its own.
     GATED = cfg.gated
-    load_a = _operand_loader(A_K_MAJOR, BM, CN)
-    load_b = _operand_loader(B_K_MAJOR, BN // 2 if GATED else BN, CM)
-    prefetch_a, prefetch_b = _operand_prefetcher(A_K_MAJOR, BM), _operand_prefetcher(B_K_MAJOR, BN)
+    a_loads = make_tile_loads(cfg.a_layout, CN)
+    b_loads = make_tile_loads(cfg.b_load_layout, 1 if GATED else CM)
+    b_prefetch = make_tile_loads(cfg.b_layout).prefetch_3d
     DEBUG = cfg.debug
     BLOCK_SCALED = cfg.block_scaled
     A_SCALES, A_SCALES_BYTES = cfg.layout.a_scales, cfg.a_scales_bytes
@@ -69,8 +68,8 @@ def make_loads(cfg: GemmConfig, pipe: TmaPipeline) -> Loads:
         k_first = b * p.k_split
         for kb in range(item.k_begin, min(item.k_end, item.k_begin + PREFETCH_KBLOCKS)):
             k0 = (k_first + kb) * BK
-            prefetch_a(tmaps.a, tile.m0, k0, b * p.a_batched)
-            prefetch_b(tmaps.b, tile.n0, k0, b * p.b_batched)
+            a_loads.prefetch_3d(tmaps.a, tile.m0, k0, b * p.a_batched)
+            b_prefetch(tmaps.b, tile.n0, k0, b * p.b_batched)
 
     @cuda.jit(device=True, forceinline=True)
     def load(smem, bars, st, tmaps, p, item, tile, cta):
@@ -80,14 +79,15 @@ def make_loads(cfg: GemmConfig, pipe: TmaPipeline) -> Loads:
             # Debug builds bound the wait; release builds pass None (compiled out).
             full = pipe.producer_acquire(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             k0 = (k_first + kb) * BK
-            load_a(smem + st.stage * A_TILE, tmaps.a, tile.m0, k0, b * p.a_batched, full, cta.rn, cta.a_mask)
+            a_loads.load_part_3d(smem + st.stage * A_TILE, tmaps.a, tile.m0, k0, b * p.a_batched, full, cta.rn,
+                                 cta.a_mask)
             if GATED:
                 b_slot = smem + B_OFF + st.stage * B_TILE
-                load_b(b_slot, tmaps.b, tile.n0 // 2, k0, b * p.b_batched, full, 0, 0)
-                load_b(b_slot + B_TILE // 2, tmaps.b_up, tile.n0 // 2, k0, b * p.b_batched, full, 0, 0)
+                b_loads.load_3d(b_slot, tmaps.b, tile.n0 // 2, k0, b * p.b_batched, full)
+                b_loads.load_3d(b_slot + B_TILE // 2, tmaps.b_up, tile.n0 // 2, k0, b * p.b_batched, full)
             else:
-                load_b(smem + B_OFF + st.stage * B_TILE, tmaps.b, tile.n0, k0, b * p.b_batched, full, cta.rm,
-                       cta.b_mask)
+                b_loads.load_part_3d(smem + B_OFF + st.stage * B_TILE, tmaps.b, tile.n0, k0, b * p.b_batched, full,
+                                     cta.rm, cta.b_mask)
             if BLOCK_SCALED:  # the tile rows' scales of this k-block, from a 16-byte boundary
                 nh.tma_load_3d(smem + A_SCALES + st.stage * A_SCALES_BYTES, tmaps.a_scales, tile.m0 - tile.m0 % 4,
                                k_first + kb, b * p.a_batched, full)
@@ -96,48 +96,3 @@ def make_loads(cfg: GemmConfig, pipe: TmaPipeline) -> Loads:
 
     return Loads(cluster_cta, prefetch, load)
 
-
-def _operand_loader(k_major, rows, sharers):
-    """``load(dst, tmap, mn0, k0, batch, full, part, mask)``: the TMA loads of one k-block of
-    an operand tile of ``rows`` M (or N) rows, into ``dst``, completing on ``full``.
-
-    K-major: ``rows`` rows of one k-block (128 B each) in one box; MN-major: 64 x 64 boxes stacked
-    along M/N (one 64 x 32 box for a 32-row tile). Shared by ``sharers`` CTAs of a cluster, the CTA loads only its
-    ``part`` (a slice of rows, or of boxes) and multicasts it to the ranks in ``mask``.
-    """
-    boxes = -(-rows // 64)
-    part_rows, part_boxes = rows // sharers, boxes // sharers
-
-    @cuda.jit(device=True, forceinline=True)
-    def load(dst, tmap, mn0, k0, batch, full, part, mask):
-        if sharers == 1:
-            if k_major:
-                nh.tma_load_3d(dst, tmap, k0, mn0, batch, full)
-            else:
-                for i in range(boxes):
-                    nh.tma_load_3d(dst + i * MN_BOX_BYTES, tmap, mn0 + 64 * i, k0, batch, full)
-        elif k_major:
-            nh.tma_load_multicast_3d(dst + part * part_rows * 128, tmap, k0, mn0 + part * part_rows, batch, full,
-                                     mask)
-        else:
-            for i in range(part_boxes):
-                box = part * part_boxes + i
-                nh.tma_load_multicast_3d(dst + box * MN_BOX_BYTES, tmap, mn0 + 64 * box, k0, batch, full, mask)
-
-    return load
-
-
-def _operand_prefetcher(k_major, rows):
-    """``prefetch(tmap, mn0, k0, batch)``: an L2 prefetch of the boxes that ``_operand_loader``
-    loads for one k-block of an operand tile of ``rows`` rows."""
-    boxes = -(-rows // 64)
-
-    @cuda.jit(device=True, forceinline=True)
-    def prefetch(tmap, mn0, k0, batch):
-        if k_major:
-            nh.tma_prefetch_3d(tmap, k0, mn0, batch)
-        else:
-            for i in range(boxes):
-                nh.tma_prefetch_3d(tmap, mn0 + 64 * i, k0, batch)
-
-    return prefetch

@@ -19,6 +19,7 @@ import numpy as np
 from numba import cuda
 
 from ... import intrinsics as nh
+from ...kit.fragments import row_half
 from ...kit.pipeline import debug_site
 from ..gemm_config import KBLOCK_SCALE, WG_ROWS, GemmConfig
 from .issue import KBlock, Turns
@@ -65,7 +66,7 @@ def _promotion(cfg: GemmConfig, kb: KBlock, turns: Turns) -> _Promotion:
     @cuda.jit(device=True, forceinline=True)
     def promote(sums, at, part, begin, end, s0, s1):
         for e in range(begin, end):
-            sums[at + e] += part[e] * (s0 if e % 4 < 2 else s1)
+            sums[at + e] += part[e] * (s1 if row_half(e) else s0)
 
     @cuda.jit(device=True, forceinline=True)
     def take_turn(acc, descs, c):
