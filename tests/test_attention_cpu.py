@@ -13,7 +13,7 @@ import pytest
 from numba_hopper.attention.config import (BLOCK_M, DTYPES, HEAD_DIMS, AttentionConfig, argument_types,
                                            attention_config, l2_section)
 from numba_hopper.attention.kernel import make_attention_kernel, warp_split
-from numba_hopper.attention.scheduler import make_key_blocks, tile_order_host
+from numba_hopper.attention.scheduler import make_key_blocks, walk_host
 from numba_hopper.kit.overlap import make_wait_after, wgmma_stages
 from numba_hopper.tools.sass import inspect_kernel
 
@@ -78,15 +78,27 @@ def test_register_budget_and_shared_memory():
         AttentionConfig(256, block_n=128, stages=2)
 
 
-@pytest.mark.parametrize("m_blocks, pairs, section, causal", [(5, 7, 1, False), (4, 6, 4, True), (9, 3, 2, True),
-                                                              (1, 1, 1, True)])
-def test_tile_walk_covers_every_tile_once(m_blocks, pairs, section, causal):
-    order = tile_order_host(m_blocks, pairs, section, causal)
-    assert sorted(order) == sorted(itertools.product(range(m_blocks), range(pairs)))
-    if causal:  # longest first within each section of pairs
-        for start in range(0, len(order), section * m_blocks):
-            blocks = [m for m, _ in order[start:start + section * m_blocks]]
-            assert blocks == sorted(blocks, reverse=True)
+@pytest.mark.parametrize("m_blocks, pairs, section, causal, ctas", [
+    (5, 7, 1, False, 4), (4, 6, 4, True, 5), (9, 3, 2, True, 4), (1, 1, 1, True, 3), (7, 5, 5, True, 132)])
+def test_walk_covers_every_tile_once(m_blocks, pairs, section, causal, ctas):
+    walks = walk_host(m_blocks, pairs, section, causal, ctas)
+    tiles = [tile for walk in walks for tile in walk]
+    assert sorted(tiles) == sorted(itertools.product(range(m_blocks), range(pairs)))
+
+
+# (m_blocks, pairs, section) of the benchmark's causal launches: d64 / d128 / d256 at 2k and 16k
+# tokens a sequence, MHA and GQA (l2_section's sections).
+CAUSAL_LAUNCHES = [(16, 256, 32), (128, 32, 8), (16, 128, 16), (128, 16, 4), (16, 64, 16), (128, 8, 2),
+                   (16, 128, 128), (128, 16, 16)]
+
+
+@pytest.mark.parametrize("m_blocks, pairs, section", CAUSAL_LAUNCHES)
+def test_causal_walk_balances_the_ctas(m_blocks, pairs, section):
+    """Each CTA's key blocks (what its time goes with) within 5% of the mean of 132 CTAs."""
+    key_blocks = make_key_blocks(128)
+    S = m_blocks * 128
+    loads = [sum(key_blocks(m * 128, S, S, 0)[0] for m, _ in walk) for walk in walk_host(m_blocks, pairs, section, True, 132)]
+    assert max(loads) <= 1.05 * sum(loads) / len(loads)
 
 
 def test_l2_section():

@@ -25,6 +25,7 @@ from ..runtime.tensormap import TensorMapArg, encode_template
 from .checks import addressable, check_call, check_device
 from .config import BLOCK_M, THREADS, AttentionParams, attention_config, l2_section
 from .kernel import make_attention_kernel
+from .scheduler import pair_items
 
 __all__ = ["attention", "PLAN_CACHE_SIZE", "clear_plans", "precompile", "cache_key"]
 
@@ -223,7 +224,7 @@ def _plan(key, problem, views, values, lse_strides) -> _Plan:
     boxes = ((1, 1, BLOCK_M, 64), (1, 1, cfg.block_n, 64), (1, 1, cfg.block_n, 64), (1, 1, 64, 64))
     templates = [encode_template(view, box, swizzle=128) for view, box in zip(views, boxes)]
     m_blocks = max(1, -(-problem.seqlen_q // BLOCK_M))
-    tiles = m_blocks * problem.batch * problem.heads
+    items = pair_items(m_blocks, problem.causal) * problem.batch * problem.heads
     section = (l2_section(problem.batch * problem.heads, problem.seqlen_k, problem.head_dim, problem.kv_group)
                if problem.causal else 1)
     out = views[O]
@@ -232,13 +233,13 @@ def _plan(key, problem, views, values, lse_strides) -> _Plan:
         batch=problem.batch, heads=problem.heads, kv_group=problem.kv_group,
         seqlen_q=problem.seqlen_q, seqlen_k=problem.seqlen_k,
         cu_seqlens_q=values[CU_Q], cu_seqlens_k=values[CU_K],
-        m_blocks=m_blocks, tiles=tiles, section=section,
+        m_blocks=m_blocks, pair_items=pair_items(m_blocks, problem.causal), positions=2 * items, section=section,
         causal=int(problem.causal), bottom_right=int(problem.bottom_right),
         scale_log2=np.float32(problem.scale * LOG2E), scale=np.float32(problem.scale),
         out=values[O], out_row=out.strides[2], out_head=out.strides[1],
         out_batch=out.strides[0] if out.shape[0] > 1 else 0,
         lse=values[LSE], lse_batch=lse_strides[0], lse_head=lse_strides[1])
-    grid = min(tiles, device_limits(key[0] or 0).sm_count)
+    grid = min(items, device_limits(key[0] or 0).sm_count)
     launch = prepare_launch(make_attention_kernel(cfg), grid, THREADS, (params,), shared_mem=cfg.shared_bytes,
                             cache_key=cache_key(cfg))
     fields = launch.leaves[0]

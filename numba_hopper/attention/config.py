@@ -151,10 +151,10 @@ class AttentionParams(NamedTuple):
     offset in ``cu_seqlens_q`` / ``cu_seqlens_k`` (device addresses of ``batch + 1`` int32;
     0 for a dense batch, whose sequences are ``seqlen_q`` and ``seqlen_k`` long).
 
-    ``heads``: query heads; ``kv_group``: query heads per K/V head (GQA). Tiles: ``m_blocks``
-    query tiles per (batch, head) (of ``max_seqlen_q`` rows for a packed batch), ``tiles`` in
-    all, taken in ``section``s of that many (batch, head) pairs (causal: longest tiles first
-    within each section). ``causal``: 0 or 1; ``bottom_right``: the causal diagonal ends at the
+    ``heads``: query heads; ``kv_group``: query heads per K/V head (GQA). The walk
+    (:mod:`.scheduler`): ``m_blocks`` query tiles per (batch, head) (of ``max_seqlen_q`` rows
+    for a packed batch) in ``pair_items`` work items, taken in ``section``s of that many
+    (batch, head) pairs; ``positions``: twice the work items. ``causal``: 0 or 1; ``bottom_right``: the causal diagonal ends at the
     last key (query i sees keys <= i + seqlen_k - seqlen_q), else at the first (keys <= i).
     ``scale_log2``: the softmax scale times log2(e); ``scale``: the scale (for the log-sum-exp).
 
@@ -173,7 +173,8 @@ class AttentionParams(NamedTuple):
     cu_seqlens_q: int
     cu_seqlens_k: int
     m_blocks: int
-    tiles: int
+    pair_items: int
+    positions: int
     section: int
     causal: int
     bottom_right: int

@@ -77,13 +77,13 @@ def make_attention_kernel(cfg: AttentionConfig):
             maps = tensormaps(p)
             st_k, st_v = pipeline_start(), pipeline_start()
             q_phase = 0
-            tile = scheduler.first()
-            while tile < p.tiles:
-                w = scheduler.work(p, tile)
+            pos = scheduler.first()
+            while pos < p.positions:
+                w = scheduler.work(p, pos)
                 if w.valid:
                     st_k, st_v = mainloop.load(maps, smem, w, st_k, st_v, q_phase)
                     q_phase ^= 1
-                tile = scheduler.next(tile)
+                pos = scheduler.next(p, pos)
 
     @cuda.jit(device=True, forceinline=True)
     def consumer(cw, t, args):
@@ -93,17 +93,17 @@ def make_attention_kernel(cfg: AttentionConfig):
             turns.start(cw)
         st_k, st_v = pipeline_start(), pipeline_start()
         q_phase = 0
-        tile = scheduler.first()
-        while tile < p.tiles:
-            w = scheduler.work(p, tile)
+        pos = scheduler.first()
+        while pos < p.positions:
+            w = scheduler.work(p, pos)
             if w.valid:
                 o, m, l, st_k, st_v = mainloop.consume(smem, w, cw, t, st_k, st_v, q_phase, p.scale_log2)
                 # The epilogue's view of the tile, computed again rather than held in registers
                 # through the mainloop (LLVM would reuse the first: the id goes through an opaque mov).
-                w = scheduler.work(p, opaque_u32(tile))
+                w = scheduler.work(p, opaque_u32(pos))
                 epilogue.store(o, m, l, p, maps, smem, w, cw, t, EPILOGUE + cw)
                 q_phase ^= 1
-            tile = scheduler.next(tile)
+            pos = scheduler.next(p, pos)
         epilogue.drain(t)
 
     body = ws.body(init, producer, consumer)

@@ -1,17 +1,21 @@
 """Which query tiles a persistent CTA computes, and each tile's rows, keys and masked blocks.
 
-The grid is one CTA per SM. CTA ``c`` takes tiles ``c, c + gridDim.x, ...`` of the launch's
-``tiles`` (``m_blocks`` 128-row query tiles per (batch, head) pair); its producer and its
-consumers walk the same ids through :func:`make_scheduler`'s ``work`` and agree on every tile
-without talking.
+The grid is one CTA per SM. CTA ``c`` takes work items ``c, c + gridDim.x, ...`` of the
+launch's (one or two of the ``m_blocks`` 128-row query tiles of a (batch, head) pair each); its
+producer and its consumers walk the same positions through :func:`make_scheduler`'s ``work``
+and agree on every tile without talking.
 
-Order (FlashAttention-3's, ``hopper/tile_scheduler.hpp``): the (batch, head) pairs go in
-sections of ``section`` pairs; inside a section the id runs over the pairs first, then over the
-query tiles. Non-causal launches use sections of one pair, so the CTAs of a wave share one
-head's K and V in L2. Causal launches take the query tiles longest first (the last tile of a
-head sees every key, the first only 128 of them), in sections of pairs whose K and V fit in
-L2 together: a static longest-processing-time-first order, which leaves the short tiles to
-even out the CTAs' loads at the end.
+Order: the (batch, head) pairs go in sections of ``section`` pairs (FlashAttention-3's L2
+swizzle, ``hopper/tile_scheduler.hpp``); inside a section the id runs over the pairs first,
+then over the query tiles. Non-causal launches use sections of one pair, so the CTAs of a wave
+share one head's K and V in L2. Causal launches take sections of pairs whose K and V fit in L2
+together, and their work items are pairs of query tiles: the last tile of a head (it sees every
+key) with the first (it sees ``block_n`` of them), the second to last with the second, and so
+on, so that every item costs about the same and CTA ``c``'s items ``c, c + gridDim.x, ...``
+keep the CTAs equally loaded. (One tile per item, longest first, dealt round-robin, leaves the
+CTA that gets the first tile of each wave 20-40% more work than the mean: the walk's length is
+its longest CTA's.) A walk position is ``2 * item + half``: half 0 is the item's long tile,
+half 1 its short one (none in the middle item of an odd tile count, nor without a mask).
 
 Per tile (a :class:`Work`): the sequence lengths (read from ``cu_seqlens`` in a packed batch),
 ``n_blocks`` key blocks to visit (fewer under a causal mask), of which the first
@@ -31,18 +35,19 @@ from numba import cuda
 from .. import intrinsics as nh
 from .config import BLOCK_M, AttentionConfig
 
-__all__ = ["Work", "Scheduler", "make_scheduler", "tile_order_host"]
+__all__ = ["Work", "Scheduler", "make_scheduler", "pair_items", "walk_host"]
 
 Work = namedtuple("Work", ["valid", "m_block", "head", "kv_head", "batch", "q_start", "seqlen_q", "k_start",
                            "seqlen_k", "tma_batch", "diag", "n_blocks", "n_masked"])
-Work.__doc__ = """One query tile: ``valid`` (its first row lies inside its sequence), its ``m_block``,
+Work.__doc__ = """One query tile: ``valid`` (its first row lies inside its sequence, and it is no repeat), its ``m_block``,
 ``head`` (and ``kv_head``), ``batch``, the rows ``q_start`` / ``k_start`` where its sequences begin in
 the tensors (0 unless packed) and their lengths, ``tma_batch`` (the tensor maps' batch coordinate:
 the batch, or 0 when packed), the causal ``diag`` (module doc), and ``n_blocks`` / ``n_masked``
 (int32)."""
 Scheduler = namedtuple("Scheduler", ["first", "next", "work"])
-Scheduler.__doc__ = """Device functions ``first() -> tile``, ``next(tile) -> tile`` and ``work(params, tile) ->
-Work`` (:func:`make_scheduler`); the walk ends once ``tile >= params.tiles``."""
+Scheduler.__doc__ = """Device functions ``first() -> position``, ``next(params, position) -> position`` and
+``work(params, position) -> Work`` (:func:`make_scheduler`); the walk ends once ``position >=
+params.positions``."""
 
 
 def make_scheduler(cfg: AttentionConfig) -> Scheduler:
@@ -52,26 +57,31 @@ def make_scheduler(cfg: AttentionConfig) -> Scheduler:
 
     @cuda.jit(device=True, forceinline=True)
     def first():
-        return np.uint32(cuda.blockIdx.x)
+        return np.uint32(2 * cuda.blockIdx.x)
 
     @cuda.jit(device=True, forceinline=True)
-    def next_tile(tile):
-        return np.uint32(tile + cuda.gridDim.x)
+    def next_position(p, pos):
+        """The item's short tile after its long one (causal), else the CTA's next item."""
+        if p.causal and (pos & 1) == 0:
+            return np.uint32(pos + 1)
+        return np.uint32(((pos >> 1) + cuda.gridDim.x) << 1)
 
     @cuda.jit(device=True, forceinline=True)
-    def coordinates(p, tile):
-        """``(m_block, batch, head)`` of tile id ``tile``."""
-        section, m_blocks = np.uint32(p.section), np.uint32(p.m_blocks)
+    def coordinates(p, pos):
+        """``(m_block, batch, head, repeat)`` of walk position ``pos``; ``repeat``: the short
+        half of the middle item of an odd tile count, which is its long half again."""
+        item, half = pos >> 1, pos & 1
+        section, pair_items, m_blocks = np.uint32(p.section), np.uint32(p.pair_items), np.uint32(p.m_blocks)
         pairs = np.uint32(p.batch * p.heads)
-        sec = nh.div_u32(tile, section * m_blocks)
+        sec = nh.div_u32(item, section * pair_items)
         first_pair = sec * section
         width = min(section, pairs - first_pair)  # the last section may be narrower
-        within = tile - sec * section * m_blocks
-        m_index = nh.div_u32(within, width)
-        pair = first_pair + within - m_index * width
-        m_block = m_blocks - 1 - m_index if p.causal else m_index
+        within = item - sec * section * pair_items
+        j = nh.div_u32(within, width)
+        pair = first_pair + within - j * width
+        m_block = j if half or not p.causal else m_blocks - 1 - j
         batch = nh.div_u32(pair, np.uint32(p.heads))
-        return m_block, batch, np.uint32(pair - batch * np.uint32(p.heads))
+        return m_block, batch, np.uint32(pair - batch * np.uint32(p.heads)), half != 0 and np.uint32(2) * j + np.uint32(1) == m_blocks
 
     @cuda.jit(device=True, forceinline=True)
     def sequence(cu_seqlens, batch, dense_len):
@@ -82,8 +92,8 @@ def make_scheduler(cfg: AttentionConfig) -> Scheduler:
         return start, np.int32(np.int32(nh.ld_global_u32(cu_seqlens + 4 * batch + 4)) - start)
 
     @cuda.jit(device=True, forceinline=True)
-    def work(p, tile):
-        m_block, batch, head = coordinates(p, tile)
+    def work(p, pos):
+        m_block, batch, head, repeat = coordinates(p, pos)
         q_start, seqlen_q = sequence(p.cu_seqlens_q, batch, p.seqlen_q)
         k_start, seqlen_k = sequence(p.cu_seqlens_k, batch, p.seqlen_k)
         m0 = np.int32(m_block * BLOCK_M)
@@ -94,10 +104,10 @@ def make_scheduler(cfg: AttentionConfig) -> Scheduler:
         n_blocks, n_masked = key_blocks(m0, seqlen_q, seqlen_k, diag)
         tma_batch = np.int32(0) if p.cu_seqlens_q != 0 else np.int32(batch)
         kv_head = np.int32(nh.div_u32(np.uint32(head), np.uint32(p.kv_group)))
-        return Work(m0 < seqlen_q, np.int32(m_block), np.int32(head), kv_head, np.int32(batch), q_start, seqlen_q,
+        return Work(m0 < seqlen_q and not repeat, np.int32(m_block), np.int32(head), kv_head, np.int32(batch), q_start, seqlen_q,
                     k_start, seqlen_k, tma_batch, diag, n_blocks, n_masked)
 
-    return Scheduler(first, next_tile, work)
+    return Scheduler(first, next_position, work)
 
 
 def make_key_blocks(block_n):
@@ -118,13 +128,24 @@ def make_key_blocks(block_n):
     return key_blocks
 
 
-def tile_order_host(m_blocks, pairs, section, causal):
-    """Host twin of the walk: ``[(m_block, pair), ...]`` in tile-id order (for tests)."""
-    order = []
-    for tile in range(m_blocks * pairs):
-        sec, within = divmod(tile, section * m_blocks)
-        first_pair = sec * section
-        width = min(section, pairs - first_pair)
-        m_index, offset = divmod(within, width)
-        order.append((m_blocks - 1 - m_index if causal else m_index, first_pair + offset))
-    return order
+def pair_items(m_blocks: int, causal: bool) -> int:
+    """Work items per (batch, head) pair: a causal item is two query tiles (module doc)."""
+    return (m_blocks + 1) // 2 if causal else m_blocks
+
+
+def walk_host(m_blocks: int, pairs: int, section: int, causal: bool, ctas: int) -> list:
+    """Host twin of the walk: for each of ``ctas`` CTAs, its ``[(m_block, pair), ...]`` in order
+    (for tests and for weighing a launch's balance)."""
+    per_pair = pair_items(m_blocks, causal)
+    items = per_pair * pairs
+    walks = []
+    for cta in range(ctas):
+        walk = []
+        for item in range(cta, items, ctas):
+            sec, within = divmod(item, section * per_pair)
+            first_pair = sec * section
+            j, offset = divmod(within, min(section, pairs - first_pair))
+            halves = [m_blocks - 1 - j, j] if causal else [j]
+            walk += [(m, first_pair + offset) for m in dict.fromkeys(halves)]
+        walks.append(walk)
+    return walks
