@@ -15,7 +15,7 @@ from cuda.bindings import driver
 from numba_hopper import GemmConfig, gemm
 from numba_hopper.errors import DeviceOutOfMemoryError
 from numba_hopper.matmul import plan as _plan
-from numba_hopper.runtime.workspace import CLAIMS_BYTES, scratch_pool_bytes
+from numba_hopper.runtime.workspace import CLAIMS_BYTES, bind_primary_context, scratch_pool_bytes
 
 pytestmark = pytest.mark.gpu
 
@@ -34,18 +34,6 @@ def _rel(torch, got, ref):
 
 def _bf16(torch, *shape, gen=None):
     return torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
-
-
-def bind_primary_context(device):
-    """Make ``device``'s primary context (torch's and numba's) current in this thread: a new
-    thread has none for the driver calls made before torch's first call there. (It stays
-    retained: torch holds it for the life of the process anyway.)"""
-    err, dev = driver.cuDeviceGet(device)
-    assert err == OK, err
-    err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
-    assert err == OK, err
-    (err,) = driver.cuCtxSetCurrent(ctx)
-    assert err == OK, err
 
 
 def _new_stream():
@@ -150,6 +138,30 @@ def test_calls_that_take_scratch_never_wait_for_the_gpu(torch):
     torch.cuda.synchronize()
     for got, ref in zip(outs, (a.double() @ b.double(), x.double() @ y.double())):
         assert _rel(torch, got, ref) < 1e-3
+
+
+def test_a_thread_with_no_current_context_takes_scratch(torch):
+    """PyTorch runs backward in threads of its own, where the driver has no current context: a
+    call that takes scratch there (an odd-length row, copied) binds the device's primary one."""
+    a, b = _bf16(torch, 300, 1001), _bf16(torch, 1001, 256)
+    out = torch.full((300, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    seen = []
+
+    def call():
+        try:
+            seen.append(int(driver.cuCtxGetCurrent()[1]))  # 0: none, as in an autograd thread
+            gemm(a, b, out=out)
+            seen.append(None)
+        except Exception as exc:  # reported by the main thread
+            seen.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    assert seen == [0, None], seen
+    torch.cuda.synchronize()
+    assert _rel(torch, out, a.double() @ b.double()) < 1e-2
 
 
 def test_out_of_memory_for_scratch_raises_and_the_next_call_works(torch, monkeypatch):

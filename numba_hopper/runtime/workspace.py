@@ -48,7 +48,8 @@ from cuda.bindings import driver
 
 from ..errors import DeviceOutOfMemoryError
 
-__all__ = ["ALIGN", "CLAIMS_BYTES", "KEEP_BYTES", "alloc_scratch", "free_scratch", "scratch_pool_bytes"]
+__all__ = ["ALIGN", "CLAIMS_BYTES", "KEEP_BYTES", "alloc_scratch", "bind_primary_context", "free_scratch",
+           "scratch_pool_bytes"]
 
 ALIGN = 256  # every region a plan carves out starts on this boundary
 CLAIMS_BYTES = 4 * ALIGN  # a u32 count and 255 slots: 2-CTA clusters on up to 510 SMs
@@ -56,6 +57,7 @@ KEEP_BYTES = 256 << 20  # the pool's release threshold
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _OUT_OF_MEMORY = driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+_NO_CONTEXT = driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
 
 _pools: dict = {}  # device ordinal -> CUmemoryPool
 _lock = threading.Lock()
@@ -70,6 +72,9 @@ def alloc_scratch(device, stream, nbytes, zero_claims) -> int:
         pool = _pool(device)
     asked = CLAIMS_BYTES + nbytes
     err, base = driver.cuMemAllocFromPoolAsync(asked, pool, stream)
+    if err == _NO_CONTEXT:  # a thread the driver has no context for: PyTorch's autograd threads
+        bind_primary_context(device)
+        err, base = driver.cuMemAllocFromPoolAsync(asked, pool, stream)
     if err == _OUT_OF_MEMORY:
         raise DeviceOutOfMemoryError(
             f"out of device memory on device {device}: a GEMM call's scratch needs {asked} bytes "
@@ -83,6 +88,16 @@ def alloc_scratch(device, stream, nbytes, zero_claims) -> int:
             driver.cuMemFreeAsync(base, stream)
             _check(err, "cuMemsetD8Async")
     return base + CLAIMS_BYTES
+
+
+def bind_primary_context(device):
+    """Make ``device``'s primary context (the one PyTorch, CuPy and numba use) current in this
+    thread. Stream-ordered allocation needs a current context, and a thread that has made no
+    runtime-API call has none (PyTorch runs backward in threads of its own). The context stays
+    retained: its users hold it for the life of the process anyway."""
+    dev = _check(driver.cuDeviceGet(device), f"cuDeviceGet({device})")
+    ctx = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 def free_scratch(scratch, stream):
