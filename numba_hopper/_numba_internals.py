@@ -52,6 +52,7 @@ __all__ = [
     "cu_kernel",
     "static_shared_bytes",
     "arg_types",
+    "array_interface_type",
     "has_overload",
     "serialize_kernel",
     "add_serialized_kernel",
@@ -429,6 +430,21 @@ def static_shared_bytes(kernel) -> int:
 def arg_types(dispatcher, args) -> tuple:
     """The numba types ``dispatcher`` would compile ``args`` as."""
     return tuple(dispatcher.typeof_pyval(a) for a in args)
+
+
+def array_interface_type(desc):
+    """The numba type of the argument ``cuda.from_cuda_array_interface(desc)`` makes ("C" or
+    "F" where contiguous and not broadcast, else "A"), without a device: the same
+    ``DeviceNDArray`` over no memory, typed and never used."""
+    from numba.cuda.api_util import prepare_shape_strides_dtype
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.typing.typeof import Purpose, typeof
+
+    shape, strides, dtype = prepare_shape_strides_dtype(desc["shape"], desc.get("strides"), desc["typestr"], order="C")
+    return typeof(DeviceNDArray(shape, strides, dtype, gpu_data=_NO_MEMORY), Purpose.argument)
+
+
+_NO_MEMORY = object()  # (array_interface_type's arrays hold no memory)
 
 
 def has_overload(dispatcher, argtypes) -> bool:

@@ -1,7 +1,9 @@
-"""With the prebuilt kernels, a new process's first gemm compiles nothing (GPU)."""
+"""With the prebuilt kernels, a new process's first gemm, fp8 gemm and grouped gemm compile
+nothing (GPU)."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -72,3 +74,22 @@ def test_first_gemm_of_a_new_process_loads_prebuilt_kernels(tmp_path):
     assert run["kernel_sources"].get("prebuilt", 0) >= 1 and "compiled" not in run["kernel_sources"], run
     assert not (tmp_path / "empty cache").exists() or not list((tmp_path / "empty cache").iterdir()), run
     assert run["first_call_s"] < 1.0, run  # issue 22
+
+
+FIRST_CALL = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "first_call.py"
+
+
+def test_first_fp8_and_grouped_calls_of_a_new_process_load_prebuilt_kernels(tmp_path):
+    pytest.importorskip("torch")
+    if not (kc.PREBUILT_DIR / kc.MANIFEST).exists():
+        pytest.skip(f"no prebuilt kernels in {kc.PREBUILT_DIR}: python -m numba_hopper.tools.prebuild")
+    cases = ["gemm-fp8-tensor", "gemm-fp8-rowwise", "gemm-fp8-blockwise", "grouped-bf16", "grouped-fp8-blockwise"]
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_HOPPER_PREBUILT"}
+    result = tmp_path / "first_call.json"
+    subprocess.run([sys.executable, str(FIRST_CALL), "--out", str(result), "--cases", *cases], env=env, check=True,
+                   timeout=600)
+    cold = [r for r in json.loads(result.read_text())["records"] if r["process"] == "cold"]
+    assert [r["name"] for r in cold] == cases
+    for r in cold:
+        assert r["used_prebuilt"] and "compiled" not in r["kernel_sources"] and not r["wrote_cache_entries"], r
+        assert r["rel_error"] < 1e-2, r  # (each within its dtype's and scaling's bound: bench_fp8.tolerance)

@@ -80,15 +80,15 @@ def make_gemm_kernel(cfg: GemmConfig):
     return _build_gemm_kernel(cfg)
 
 
-def gemm_argument_types(cfg: GemmConfig, epilogue_types=None) -> tuple:
+def gemm_argument_types(cfg: GemmConfig, epilogue_types=None, b_scales=None) -> tuple:
     """The numba types of ``make_gemm_kernel(cfg)``'s arguments ``(params, epilogue)`` as
     ``gemm`` passes them. ``epilogue_types``: the types of the fused epilogue's arguments in
     ``cfg.epilogue.arg_names`` order (None: a plain kernel, whose second argument is ``()``).
-    A block-scaled kernel's ``params.b_scales`` is a float32 array of any layout (2-D, or 3-D
-    grouped)."""
+    ``b_scales``: the type of a block-scaled kernel's ``params.b_scales``, a float32 array (2-D,
+    or 3-D grouped) typed by its layout as a launch passes it (default: any layout, "A")."""
     not_int64 = {"maps": types.UniTuple(TENSORMAP_ARG, cfg.tensormaps)}
     if cfg.block_scaled:
-        not_int64["b_scales"] = types.Array(types.float32, 3 if cfg.grouped else 2, "A")
+        not_int64["b_scales"] = b_scales or types.Array(types.float32, 3 if cfg.grouped else 2, "A")
     params = types.NamedTuple(tuple(not_int64.get(f, types.int64) for f in GemmParams._fields), GemmParams)
     if epilogue_types is None:
         return params, types.Tuple(())

@@ -149,8 +149,10 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       scale), for any output dtype. It is zeroed on the stream before the kernel (one memset:
       a driver call, no wait), then raised by one atomic max per warp; a NaN in ``z`` makes it NaN.
     - not supported yet: ``bmm`` of fp8 operands (``DtypeError``). The
-      per-tensor and row-wise tiles are the 16-bit ones (not yet tuned), and fp8 kernels are
-      not prebuilt (``numba_hopper.tools.prebuild``): they compile on first use, then come from the
+      per-tensor and row-wise tiles are the 16-bit ones (not yet tuned).
+    - first calls: the prebuilt set (``numba_hopper.tools.prebuild``) holds the kernels of
+      e4m3 x e4m3 and e5m2 x e4m3 products with each scaling in ``torch._scaled_mm``'s layouts
+      and a bf16 or f16 output; other fp8 kernels compile on first use, then come from the
       disk cache.
 
     Split-K's K slices produce partial sums, not outputs, so the only fused epilogue it runs

@@ -17,6 +17,7 @@ from numbers import Real
 
 from numba import cuda
 
+from .. import _numba_internals as _internals
 from ..runtime.arrays import DeviceView, device_view, transpose
 from .checks import FP8_DTYPES, check_dtype, check_strides, rows_of
 from ..runtime.operands import describe
@@ -26,7 +27,7 @@ from ..kernels.gemm_config import KBLOCK_SCALE
 from ..kernels.operands import OPERAND, OPERANDS
 
 __all__ = ["NAMES", "VALUE_OPERANDS", "fusion_args", "fusion_key_and_values", "Fusion", "check_fusion", "numba_array",
-           "user_arg", "is_array"]
+           "numba_array_type", "user_arg", "is_array"]
 
 # The call's fused keywords: the operands' and the compile-time choices'.
 NAMES = (*(op.keyword for op in OPERANDS), "bias_dim", "activation", "epilogue")
@@ -232,11 +233,18 @@ def _checked_view(op, x, sizes, device, dtype):
 def numba_array(v: DeviceView, typestr=None):
     """A numba device array over a view (16-bit floats as their uint16 bits, or ``typestr``),
     for a kernel."""
-    return cuda.from_cuda_array_interface(
-        {"shape": tuple(v.shape), "strides": v.byte_strides,
-         "typestr": typestr or ("<f4" if v.itemsize == 4 else "<u2"),
-         "data": (v.ptr, False), "version": 3},
-        owner=None, sync=False)
+    return cuda.from_cuda_array_interface(_interface(v, typestr), owner=None, sync=False)
+
+
+def numba_array_type(v: DeviceView, typestr=None):
+    """The numba type of ``numba_array(v, typestr)`` as a kernel argument (its layout types
+    it: "C" or "F" where contiguous, else "A"), found without a device."""
+    return _internals.array_interface_type(_interface(v, typestr))
+
+
+def _interface(v: DeviceView, typestr):
+    return {"shape": tuple(v.shape), "strides": v.byte_strides,
+            "typestr": typestr or ("<f4" if v.itemsize == 4 else "<u2"), "data": (v.ptr, False), "version": 3}
 
 
 def user_arg(x):

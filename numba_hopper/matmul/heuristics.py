@@ -8,6 +8,7 @@ the choices down.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from ..runtime.arrays import leading_dim, tma_addressable, transpose
@@ -337,6 +338,7 @@ def straddling_tile(M, N, units, sms, a_straddles, b_straddles, a_major="K", b_m
     return dict(block_m=128, block_n=min((256, 128), key=lambda bn: _tile_time(M, N, units, sms, bn)), cluster_m=2)
 
 
+@functools.lru_cache(maxsize=1024)  # (pure; asked the same by every plan, and ~10^5 times by tools.prebuild's walk)
 def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 * 1024, **kw):
     """The deepest ring of a :class:`GemmConfig` (``kw``: its other fields) that fits in
     ``shared_limit`` bytes of shared memory."""

@@ -20,9 +20,10 @@ and overwritten. Like numba's cache the entries are pickles: keep the directory 
 ``NUMBA_HOPPER_CACHE_DIR`` sets the directory (default ``$XDG_CACHE_HOME/numba_hopper``,
 else ``~/.cache/numba_hopper``); set it to an empty string to turn the cache off.
 
-Prebuilt kernels: ``numba_hopper/_prebuilt/`` holds the kernels a default ``gemm``/``bmm``
-call can pick, built without a GPU by ``python -m numba_hopper.tools.prebuild`` and named like
-the cache's entries, as cubins for sm_90a only (no IR or PTX; see
+Prebuilt kernels: ``numba_hopper/_prebuilt/`` holds the kernels that default calls pick
+(16-bit ``gemm``/``bmm``, scaled fp8 ``gemm``, ``grouped_gemm``: the module doc of
+``numba_hopper.tools.prebuild`` says which), built without a GPU by ``python -m
+numba_hopper.tools.prebuild`` and named like the cache's entries, as cubins for sm_90a only (no IR or PTX; see
 ``_numba_internals.serialize_cubin_kernel``). They are used when the cache misses, unless
 its ``manifest.json`` names other package sources or another numba-cuda, or the driver is
 of an older CUDA major version than the nvJitLink that linked them (CUDA's minor version

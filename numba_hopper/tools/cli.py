@@ -9,8 +9,8 @@ flags every script in ``examples/`` shares (:func:`run_example`).
   and key SASS instructions. ``inspect path/to/file.py:name`` does the same for a
   ``@cuda.jit`` kernel of your own (its declared signature, or ``--signature``). No GPU needed.
 - ``bench``: a quick ``gemm`` against cuBLAS (``torch.matmul``) on the GPU.
-- ``prebuild``: compile the kernels a default ``gemm``/``bmm`` can pick into the package
-  (``numba_hopper.tools.prebuild``; no GPU needed).
+- ``prebuild``: compile the kernels default calls pick (16-bit ``gemm``/``bmm``, scaled fp8
+  ``gemm``, ``grouped_gemm``) into the package (``numba_hopper.tools.prebuild``; no GPU needed).
 
 Nothing is compiled and no CUDA context is created before a command runs: ``--help`` and
 ``--version`` are instant. A command that needs a Hopper GPU and finds none says so in one
@@ -339,8 +339,9 @@ COMMANDS = (
      "benchmarks/bench_gemm.py's method when PyTorch and that file are there, else a quick CUDA-event "
      "timing. Needs a Hopper GPU."),
     ("prebuild", _prebuild,
-     "compile the kernels a default gemm/bmm picks into the package, so that no call compiles (no GPU needed)",
-     "python -m numba_hopper prebuild [--out DIR] [--jobs N] [--dtypes bf16 f16]: see "
+     "compile the kernels default gemm, bmm, fp8 gemm and grouped_gemm calls pick into the package, so that "
+     "those calls compile nothing (no GPU needed)",
+     "python -m numba_hopper prebuild [--out DIR] [--jobs N] [--dtypes bf16 f16] [--families ...]: see "
      "`python -m numba_hopper prebuild --help`."),
 )
 TAKES_THE_REST = {"prebuild"}
