@@ -22,8 +22,9 @@ block) over walks of shapes, by family:
 A kernel is its config and the numba types of its launch's arguments (:class:`Kernel`),
 which name its entry together. A scale array's layout types its argument ("C" or "F" where
 contiguous, else "A"), so scales of another layout (a row-major block-wise ``scale_b``, say)
-make another kernel, compiled on first use like those of other fused epilogues, fp8 outputs
-and the other fp8 pairs. Each kernel is compiled in a worker process
+make another kernel, compiled on first use like those of other fused epilogues, fp8 outputs,
+unscaled fp8 products (and number scales whose product is 1: the plain kernel) and the other
+fp8 pairs. Each kernel is compiled in a worker process
 (``numba_hopper._numba_internals.compile_kernel``), linked for sm_90a and written cubin-only
 under the name the kernel cache looks up (``runtime.kernel_cache.entry_name``), with a
 manifest the loader checks (``runtime.kernel_cache.prebuilt_status``). The directory is
