@@ -288,12 +288,12 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
         """This thread's :class:`Consumer`, after ``setmaxnreg``."""
         if TRADES:
             nh.setmaxnreg_inc(CONSUMER_REGS)
-        # The warpgroup index is the kit's warp-uniform one: computed from the thread index
-        # alone, ptxas keeps A's wgmma descriptors (which depend on it) in vector registers and
-        # moves them to uniform ones (R2UR) before every wgmma, 16 more instructions per
-        # k-block of every consumer warp; grouped kernels, which branch on a warpgroup's rows,
-        # also lose the k-block loop's uniform registers (WARPSYNC before each k-block):
-        # measured 1-16% slower, and 192-wide block-scaled ones spilled.
+        # The kit's warp-uniform warpgroup index (lane 0's thread index, broadcast). Computed
+        # from each thread's own index, ptxas would keep A's wgmma descriptors (which depend on
+        # it) in vector registers and move them to uniform ones (R2UR) before every wgmma: 16
+        # more instructions per k-block of every consumer warp. Grouped kernels, which branch
+        # on a warpgroup's rows, would also lose the k-block loop's uniform registers
+        # (WARPSYNC before each k-block): 1-16% slower, and 192-wide block-scaled ones spill.
         wg = warpgroup_index()
         t = tid - 128 * wg
         # (a 32-bit lane: the k-block loop's release test stays a 32-bit compare)

@@ -117,14 +117,9 @@ def _stored_as_is(frag, k, row, j, col, item, ctx):
     return frag[k], frag[k + 1], NO_MAX
 
 
-def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None) -> TileStore:
-    """The :class:`TileStore` of a ``64 x n`` f32 accumulator (``n`` the wgmma N: a multiple
-    of 16 up to 256) to ``out_dtype`` ("bf16", "f16", "f32", or "e4m3"/"e5m2": fp8 pairs,
-    scaled by an ``epilogue`` hook where they need a scale) through ``buffers`` (1 or 2)
-    sub-tile buffers per warpgroup. ``cols``: columns of a sub-tile (default: the widest
-    swizzle span, 128, 64 or 32 bytes, that divides a row of the tile); ``epilogue``: None (the
-    accumulator as it is), or a :class:`TileEpilogue` of hooks. Checked here: the rule and the
-    fix in each error."""
+def _checked_tile_store(n, out_dtype, buffers, cols, epilogue) -> int:
+    """:func:`make_tile_store`'s arguments checked (the rule and the fix in each error); returns
+    the sub-tile's columns (``cols``, or the widest swizzle span that divides a row)."""
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype must be one of {tuple(OUT_DTYPES)}; got {out_dtype!r}")
     if not isinstance(n, int) or n % 16 or not 16 <= n <= 256:
@@ -141,6 +136,19 @@ def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None)
                          f"whole {16 if E == 2 else 8}-column groups; got {cols!r}")
     if epilogue is not None and not isinstance(epilogue, TileEpilogue):
         raise ValueError(f"epilogue must be None or a TileEpilogue(gather, pair) of device functions; got {epilogue!r}")
+    return cols
+
+
+def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None) -> TileStore:
+    """The :class:`TileStore` of a ``64 x n`` f32 accumulator (``n`` the wgmma N: a multiple
+    of 16 up to 256) to ``out_dtype`` ("bf16", "f16", "f32", or "e4m3"/"e5m2": fp8 pairs,
+    scaled by an ``epilogue`` hook where they need a scale) through ``buffers`` (1 or 2)
+    sub-tile buffers per warpgroup. ``cols``: columns of a sub-tile (default: the widest
+    swizzle span, 128, 64 or 32 bytes, that divides a row of the tile); ``epilogue``: None (the
+    accumulator as it is), or a :class:`TileEpilogue` of hooks. Checked here: the rule and the
+    fix in each error."""
+    cols = _checked_tile_store(n, out_dtype, buffers, cols, epilogue)
+    E = OUT_DTYPES[out_dtype]
     SPAN = cols * E
     COLS, SUBTILES = cols, n // cols
     SUB_BYTES = ROWS * SPAN
@@ -278,6 +286,16 @@ def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None)
         if t == 0:
             bulk_wait_group(0)
 
+    direct = None if FP8 else _make_direct_store(n, out_dtype)  # (an fp8 element alone has no conversion)
+
+    return TileStore(n, out_dtype, buffers, COLS, SPAN, (ROWS, COLS), SPAN, BUFFERS * BUF_STRIDE, address, write, acquire,
+                     commit, commit_3d, tile, tile_3d, drain, direct)
+
+
+def _make_direct_store(n, out_dtype):
+    """``direct(acc, out, row0, col0, t)``: a warpgroup's 64 x ``n`` f32 accumulator converted to
+    ``out_dtype`` (16-bit or f32) and stored element by element into the 2-D array ``out`` at
+    ``(row0, col0)``, inside its bounds (no shared memory, no TMA)."""
     F32 = out_dtype == "f32"
     to_bits = f32_to_f16 if out_dtype == "f16" else f32_to_bf16
 
@@ -313,10 +331,7 @@ def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None)
     def direct_store(acc, out, row0, col0, t):
         direct_groups(out, tuple_as_array(acc), row0 + 16 * (t // 32) + (t % 32) // 4, col0 + 2 * (t % 4))
 
-    direct = None if FP8 else direct_store  # (an fp8 element alone has no conversion: pairs only)
-
-    return TileStore(n, out_dtype, buffers, COLS, SPAN, (ROWS, COLS), SPAN, BUFFERS * BUF_STRIDE, address, write, acquire,
-                     commit, commit_3d, tile, tile_3d, drain, direct)
+    return direct_store
 
 
 def _chained(steps):
