@@ -28,6 +28,32 @@ def pytest_configure(config):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache.mkdir("torchinductor")))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--kernel-matrix", action="store_true",
+                     help="run every parameter of the tests marked kernel_matrix (default: the first of each)")
+
+
+def _first_parameters_only(config, items):
+    """A test marked ``kernel_matrix`` compiles one kernel per parameter (a code path each: tile
+    shape, dtype, cluster, variant), 3-6 s of CPU apiece. By default only its first parameter
+    runs, so that the suite on a fresh clone of a 2-core machine takes minutes, not many;
+    ``--kernel-matrix`` runs them all (CI does, after the default run: .ci/run)."""
+    if config.getoption("--kernel-matrix"):
+        return
+    first, kept, deselected = set(), [], []
+    for item in items:
+        if item.get_closest_marker("kernel_matrix") is not None and hasattr(item, "callspec"):
+            key = (item.nodeid.split("::")[0], item.originalname)
+            if key in first:
+                deselected.append(item)
+                continue
+            first.add(key)
+        kept.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
 @pytest.hookimpl(optionalhook=True)  # (an xdist hook: pytest -p no:xdist still loads this file)
 def pytest_xdist_auto_num_workers(config):
     # With a Hopper GPU, `-n auto` is one process: GPU tests time the device and order work on
@@ -74,6 +100,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
+    _first_parameters_only(config, items)
     reason = hopper_device_reason()
     if reason is None:
         return

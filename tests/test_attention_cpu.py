@@ -30,6 +30,7 @@ def compiled(request):
     return cfg, inspect_kernel(make_attention_kernel(cfg), argument_types(cfg))
 
 
+@pytest.mark.kernel_matrix
 def test_kernel_compiles_without_spills_or_serialization(compiled):
     cfg, r = compiled
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
@@ -39,6 +40,7 @@ def test_kernel_compiles_without_spills_or_serialization(compiled):
     assert "CALL" not in r.sass, "a subroutine call (64-bit division, precise reciprocal) in the kernel"
 
 
+@pytest.mark.kernel_matrix
 def test_kernel_has_the_intended_instructions(compiled):
     cfg, r = compiled
     wgmmas = [line.split("HGMMA.")[1] for line in r.sass.splitlines() if "HGMMA." in line]
@@ -53,6 +55,7 @@ def test_kernel_has_the_intended_instructions(compiled):
     assert (r.count("BAR.ARV") >= 2) == cfg.take_turns  # the consumers' turns
 
 
+@pytest.mark.kernel_matrix
 def test_softmax_runs_under_the_p_v_wgmmas(compiled):
     """In both loop bodies every exponential of the block's softmax lies between the P V wgmmas'
     issue and their wait, and nothing writes P's registers while those wgmmas run."""

@@ -38,6 +38,7 @@ USER = (EpilogueConfig(user=_scaled), (types.Tuple((types.float32[::1],)),))
 
 # (Each fusion with one output dtype: the store of the result is the plain kernel's, compiled
 # for both dtypes in test_gemm_cpu.)
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("out_dtype,fusion", [("bf16", BIAS_GELU_C), ("f32", USER)], ids=["bias+gelu_tanh+c", "user-f32"])
 def test_fused_kernels_do_not_spill(fusion, out_dtype):
     ecfg, ep_types = fusion

@@ -28,6 +28,7 @@ def _fp8(in_dtype="e4m3", out_dtype="bf16", block_m=128, block_n=256, epilogue=N
                       epilogue=epilogue, block_scaled=block_scaled)
 
 
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("cfg", [_fp8(), _fp8("e5m2", "f32", block_m=64, block_n=128),
                                  GemmConfig("e4m3", "f32", "K", "K", block_n=128, stream_k=True)],
                          ids=["e4m3-bf16-128x256", "e5m2-f32-64x128", "e4m3-f32-128x128-stream_k"])
@@ -310,6 +311,7 @@ def test_block_wise_wide_tiles():
             GemmConfig(*fp8, block_n=width, epilogue=EpilogueConfig(**columns), block_scaled=True)
 
 
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 128), (128, 192), (64, 192), (128, 256),
                                              (192, 128)])
 def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
@@ -343,6 +345,7 @@ def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
     assert [line for line in loop[first_issue:] if " LD.E " in line or " LDG.E" in line]
 
 
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("block_m,block_n", [(128, 128), (64, 128)])
 def test_block_wise_tiles_promote_in_pairs_only_in_plain_products(block_m, block_n):
     """Paired k-blocks with an fp8 output compile without spills; a fused epilogue whose terms

@@ -27,6 +27,7 @@ _VEC = types.Array(types.float32, 1, "A")
 _BITS = types.Array(types.uint32, 1, "A")
 
 
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("out_dtype", ["e4m3", "e5m2"])
 def test_fp8_output_sass_converts_pairs_and_stores_them_by_tma(out_dtype):
     cfg = GemmConfig("e4m3", out_dtype, "K", "K", block_n=256, stages=4)

@@ -4,7 +4,6 @@ kernel compiles to, the plan's tensor maps, and the option checks."""
 import itertools
 
 import pytest
-from numba.cuda import types
 
 from _fakes import FakeCAI
 from numba_hopper import gemm
@@ -23,6 +22,7 @@ from numba_hopper.tools.sass import inspect_kernel
 SILU = EpilogueConfig(activation="silu")
 
 
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("block_m,block_n,out_dtype", [(128, 256, "bf16"), (64, 128, "f32")])
 def test_gated_sass_gates_half_the_accumulators(block_m, block_n, out_dtype):
     stages = max_stages("bf16", out_dtype, block_n, epilogue=SILU, gated=True, b_major="K", block_m=block_m)

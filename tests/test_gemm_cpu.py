@@ -63,6 +63,7 @@ ALL_CONFIGS = [
 ]
 
 
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}"
                          + ("-colmajor" if c.out_major == "M" else "") + ("-gpc" if c.cluster_order == "gpc" else "")
                          + ("-pingpong" if c.pingpong else "")
@@ -148,6 +149,7 @@ def test_setmaxnreg_trades_only_the_registers_of_the_launch(cfg, budget):
 
 # The fix-up's loads and stores follow block_n; the widest, with the f32 output and the other
 # majors, has the fewest registers to spare.
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("cfg", [*(GemmConfig("bf16", "bf16", "K", "N", block_n=bn, stream_k=True) for bn in (64, 128)),
                                  GemmConfig("bf16", "f32", "M", "K", block_n=192, stream_k=True)],
                          ids=lambda c: f"{c.out_dtype}-{c.a_major}{c.b_major}-n{c.block_n}")

@@ -144,6 +144,7 @@ KERNELS = [
 ]
 
 
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("cfg", KERNELS, ids=lambda c: f"{c.grouped}-{c.out_dtype}-{c.b_major}-{c.block_m}x{c.block_n}"
                          f"{'-silu' if c.epilogue else ''}")
 def test_grouped_sass_has_hopper_instructions_and_no_spills(cfg):
@@ -399,6 +400,7 @@ FP8_KERNELS = [
 ]
 
 
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("cfg,ep_types", FP8_KERNELS, ids=[f"{c.grouped}-{c.block_m}x{c.block_n}"
                                                              f"{'-fused' if c.epilogue.alpha else ''}"
                                                              for c, _ in FP8_KERNELS])

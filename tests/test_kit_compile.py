@@ -192,6 +192,7 @@ def test_ordered_barrier_is_named_barriers():
     assert "bar.sync" in r.ptx and "bar.arrive" in r.ptx
 
 
+@pytest.mark.kernel_matrix
 @pytest.mark.parametrize("n, dtype, stsm, sts64, stores", [(256, "bf16", 16, 0, 4), (96, "f16", 6, 0, 3),
                                                             (64, "f32", 0, 16, 2)])
 def test_tile_store(n, dtype, stsm, sts64, stores):

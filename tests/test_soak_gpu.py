@@ -9,7 +9,8 @@ blocks) is made once, not per operation. The operations: gemm, plain (every layo
 decode tiles, aligned copies, split-K, stream-K) and with fused epilogues (bias per column and
 per row, activations, ``c``/``beta``, ``aux_out``, row and column scales); fp8 gemm with
 per-tensor (numbers and device scalars), row-wise and block-wise scales; grouped GEMMs, bf16
-and fp8, contiguous and masked; bmm; ``numba_hopper.torch.linear`` forward and backward.
+and fp8, contiguous and masked; bmm; ``numba_hopper.torch.linear`` forward and backward;
+``numba_hopper.attention`` (causal and not, GQA and MQA, head dims 64, 128 and 256).
 Every variant runs once before the clock starts (compiling its kernels, or loading them from
 the disk cache). Memory, sampled every second, must stay flat: the device memory held outside
 torch's caching allocator (the scratch pool, modules, descriptors) and the scratch pool may not
@@ -264,6 +265,26 @@ def linear(torch, gen, rng, x_shape, out_features, bias, activation):
     return Case(run, refs)
 
 
+def attention(torch, gen, rng, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, causal):
+    """``numba_hopper.attention`` (causal aligned to the bottom right) against softmax attention
+    in float64."""
+    q = _randn(torch, gen, batch, heads, seqlen_q, head_dim)
+    k, v = (_randn(torch, gen, batch, kv_heads, seqlen_k, head_dim) for _ in range(2))
+
+    def run():
+        return [numba_hopper.attention(q, k, v, causal=causal)]
+
+    def refs():
+        kd, vd = (x.double().repeat_interleave(heads // kv_heads, 1) for x in (k, v))
+        s = q.double() @ kd.transpose(-1, -2) * head_dim ** -0.5
+        if causal:  # (seqlen_q <= seqlen_k: every row sees a key)
+            rows = torch.arange(seqlen_q, device="cuda")[:, None] + (seqlen_k - seqlen_q)
+            s = s.masked_fill(torch.arange(seqlen_k, device="cuda")[None, :] > rows, float("-inf"))
+        return [(torch.softmax(s, -1) @ vd, TOL["bf16"])]
+
+    return Case(run, refs)
+
+
 def _variants(fn, *rows):
     """``fn``'s variants, ``variant(torch, gen, rng)``: one per row of its further arguments (a
     tuple, or a dict of keywords)."""
@@ -319,7 +340,11 @@ OPS = {
         ((4, 33, 512), 768, True, "gelu_tanh"),
         ((257, 1024), 1024, False, None),
         ((7, 256), 128, True, "relu")),
-    # numba_hopper's attention joins here, with its forward and backward, once it exists.
+    "attention": _variants(
+        attention,
+        (2, 8, 2, 1000, 1000, 128, True),  # GQA 4:1
+        (1, 4, 4, 129, 300, 64, True),  # seqlen_q < seqlen_k
+        (3, 4, 1, 257, 257, 256, False)),  # MQA
 }
 
 
