@@ -408,6 +408,7 @@ def _two_rank_checks(rank, world, store):
     return results
 
 
+@pytest.mark.long
 def test_two_ranks(tmp_path):
     """One spawn of two ranks for all four checks (each rank's process takes seconds to start)."""
     ranks = cases.check_ranks(cases.spawn(2, _two_rank_checks, tmp_path))

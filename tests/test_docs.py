@@ -75,6 +75,7 @@ def _needs_sphinx():
             pytest.skip(f"{module} is not installed (pip install -e '.[docs]')")
 
 
+@pytest.mark.long
 def test_docs_build_without_warnings(request, tmp_path):
     """The site builds with warnings as errors: autodoc imports the package (no GPU needed) and
     every docstring it renders, page and cross-reference must be clean. The build is kept in

@@ -230,6 +230,7 @@ def test_inductor_calls_numba_hopper_gemm_directly_for_mm(double):
     assert cases.rel_error(got, x.double() @ w.double().t()) < 1e-2
 
 
+@pytest.mark.long
 def test_inductor_cpp_wrapper_keeps_the_mm_operator(double):
     """A C++ wrapper (AOTInductor's) cannot call Python: the lowering leaves it the operator."""
     from torch._inductor.utils import run_and_get_code
@@ -296,6 +297,7 @@ def test_inductor_fuses_a_gated_mlp_into_one_gemm(double, dynamic):
     assert cases.rel_error(got, ref) < 1e-2
 
 
+@pytest.mark.long
 def test_gated_pass_leaves_products_used_elsewhere(double):
     """A product that something else also reads (here the gate's, returned) must be computed: no fusion."""
     from torch._inductor.utils import run_and_get_code
