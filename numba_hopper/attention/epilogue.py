@@ -27,7 +27,7 @@ from numba import cuda
 from .. import intrinsics as nh
 from ..intrinsics.gmem_f32 import st_global_f32
 from ..intrinsics.opaque import opaque_u32
-from ..kit.fragments import thread_rows, x4_lane_offset
+from ..kit.fragments import scale_rows, thread_rows, x4_lane_offset
 from .config import BLOCK_M, WG_ROWS, AttentionConfig
 from .softmax import finalize
 
@@ -93,20 +93,10 @@ def make_epilogue(cfg: AttentionConfig) -> Epilogue:
                 st_global_f32(at + 4 * r1, lse[1])
 
     @cuda.jit(device=True, forceinline=True)
-    def scaled(o, inv):
-        frag = nh.tuple_as_array(o)
-        for i in range(D // 8):
-            frag[4 * i] *= inv[0]
-            frag[4 * i + 1] *= inv[0]
-            frag[4 * i + 2] *= inv[1]
-            frag[4 * i + 3] *= inv[1]
-        return nh.array_as_tuple(frag, o)
-
-    @cuda.jit(device=True, forceinline=True)
     def store(o, m, l, p, maps, smem, w, cw, t, barrier):
         inv, lse = finalize(m, l, p.scale)
         store_lse(p, w, cw, t, m, l, lse)
-        packed = nh.pack_tuple(scaled(o, inv), T)
+        packed = nh.pack_tuple(scale_rows(o, inv), T)
         base = opaque_u32(smem + O_OFF + cw * O_WG)  # (its addresses stay out of the mainloop's registers)
         first = np.int32(w.m_block * BLOCK_M + cw * WG_ROWS)
         rows = w.seqlen_q - first  # this warpgroup's rows inside the sequence (may be <= 0)

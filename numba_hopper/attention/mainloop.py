@@ -39,7 +39,7 @@ import numpy as np
 from numba import cuda
 
 from .. import intrinsics as nh
-from ..kit.fragments import a_operand
+from ..kit.fragments import a_operand, scale_rows
 from ..kit.layouts import make_descriptors
 from ..kit.overlap import make_wait_after
 from ..kit.pipeline import make_ring
@@ -159,18 +159,8 @@ def make_mainloop(cfg: AttentionConfig, turns) -> Mainloop:
         release(V_RING, smem + V_BARS, st_v, t)
         p = nh.wgmma_fence_operand(p)
         packed = nh.pack_tuple(p, T)
-        o = scale_o(o, corr)
+        o = scale_rows(o, corr)
         return p, packed, o, m, l, K_RING.advance(st_k), V_RING.advance(st_v)
-
-    @cuda.jit(device=True, forceinline=True)
-    def scale_o(o, corr):
-        frag = nh.tuple_as_array(o)
-        for i in range(D // 8):
-            frag[4 * i] *= corr[0]
-            frag[4 * i + 1] *= corr[0]
-            frag[4 * i + 2] *= corr[1]
-            frag[4 * i + 3] *= corr[1]
-        return nh.array_as_tuple(frag, o)
 
     @cuda.jit(device=True, forceinline=True)
     def first_block(smem, descs, w, cw, t, st_k, scale_log2):
