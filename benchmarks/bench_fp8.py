@@ -6,17 +6,20 @@ same float32 scales, and return a new bf16 output: ``gemm(a, b, scale_a=, scale_
 (one-element scale tensors) and "rowwise" (M and N values; ``_scaled_mm`` takes them shaped
 (M, 1) and (1, N)), and "blockwise" (DeepSeek-V3's 1 x 128 / 128 x 128: scale_a (M, K/128)
 with strides (1, M), scale_b (K/128, N/128) with strides (1, K/128), the layouts
-``_scaled_mm`` takes). Block-wise records also carry the error of the promotion
-(``promoted_f32_error``: our block-wise kernel with unit scales and an f32 output, against
-float64) and without it (``unpromoted_f32_error``: the per-tensor kernel, same operands).
+``_scaled_mm`` takes).
+
+Like with like: each point runs in the accumulation pairings of ``--accumulate``:
+"promoted" (our default, which adds each 128-deep k-block's sum into f32 registers) against
+``_scaled_mm``'s default (``use_fast_accum=False``: cuBLASLt promotes too), and "fast"
+(``use_fast_accum=True`` on both sides: the tensor cores' fp8 accumulator throughout;
+per-tensor and row-wise only: block-wise products always promote). Each record carries both
+libraries' relative errors against float64 of the dequantized operands with an f32 output
+(``ours_error``, ``ref_error``: the accumulation's error, which a bf16 output's rounding
+would hide) and with the timed output (``ours_out_error``, ``ref_out_error``).
 
 ``--out-dtype e4m3`` times fp8 outputs instead: ``gemm(..., out_dtype="e4m3", scale_out=s,
 amax_out=amax)`` against ``_scaled_mm(..., out_dtype=torch.float8_e4m3fn, scale_result=s)``
 (cuBLASLt computes no amax there: ours does more work).
-
-The reference runs ``_scaled_mm``'s default (``use_fast_accum=False``: cuBLASLt promotes
-the fp8 accumulator into f32, which this kernel does for block-wise scales only);
-``--fast-accum`` times its unpromoted variant, the like-for-like one for the others.
 
 Method: bench_gemm.py's (docs/performance.md), with its helpers: input sets rotated to
 exceed twice the L2, CUDA events over ``reps`` calls, rounds interleaved and reversed every
@@ -34,6 +37,7 @@ dequantized operands before it is timed.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 
 import torch
@@ -54,11 +58,11 @@ SCALINGS = ("tensor", "rowwise", "blockwise")
 ROUNDING = {"bf16": 5e-3, "e4m3": 5e-2}  # the output's (e4m3: 3 mantissa bits, RMS about 2^-4 / sqrt(3))
 
 
-def tolerance(K, scaling, out_dtype="bf16"):
+def tolerance(K, fast, out_dtype="bf16"):
     """Relative error bound of an fp8 product: the output's rounding plus fp8 wgmma's ~14-bit
-    accumulation, which grows with K unless promoted every 128 K (block-wise;
-    tests/test_fp8_gpu.py derives the terms)."""
-    return ROUNDING[out_dtype] + (3e-4 if scaling == "blockwise" else 6.4e-7 * K)
+    accumulation, which grows with K unless promoted every 128 K (tests/test_fp8_gpu.py
+    derives the terms)."""
+    return ROUNDING[out_dtype] + (6.4e-7 * K if fast else 3e-4)
 
 
 def _operands(M, N, K):
@@ -92,23 +96,28 @@ def _reference(a, b, sa, sb):
     return (a.double() * sa) @ (b.double() * sb)
 
 
-def _promotion_errors(a, b):
-    """f32-output errors against float64 of ``a @ b`` with and without the promotion."""
-    K, N = b.shape
-    ref = a.double() @ b.double()
-    ones = (torch.ones(a.shape[0], -(-K // 128), device="cuda"), torch.ones(-(-K // 128), -(-N // 128), device="cuda"))
-    return {"promoted_f32_error": _rel(gemm(a, b, scale_a=ones[0], scale_b=ones[1], out_dtype="f32"), ref),
-            "unpromoted_f32_error": _rel(gemm(a, b, out_dtype="f32"), ref)}
+def _f32_errors(a, b, s, t, ref, fast):
+    """``(ours, _scaled_mm's)`` relative errors against float64 with an f32 output (None where
+    ``_scaled_mm`` refuses one)."""
+    ours = _rel(gemm(a, b, scale_a=s[0], scale_b=s[1], out_dtype="f32", use_fast_accum=fast), ref)
+    try:
+        theirs = _rel(torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], out_dtype=torch.float32,
+                                       use_fast_accum=fast), ref)
+    except (RuntimeError, NotImplementedError):
+        theirs = None
+    return ours, theirs
 
 
 def _rel(got, ref):
     return ((got.double() - ref).norm() / ref.norm()).item()
 
 
-def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accum=False, configs=("default",),
+def bench_shape(M, N, K, scaling, accumulate, rounds, l2_bytes, device_time=False, configs=("default",),
                 out_dtype="bf16"):
     """Our TFLOP/s (the first of ``configs``: bench_gemm's names; all of them under
-    ``configs_tflops``) and ``_scaled_mm``'s, timed in interleaved rounds."""
+    ``configs_tflops``) and ``_scaled_mm``'s, both with ``accumulate``'s accumulation, timed in
+    interleaved rounds."""
+    fast = accumulate == "fast"
     fp8_out = out_dtype == "e4m3"
     set_bytes = M * K + K * N + (1 if fp8_out else 2) * M * N  # fp8 operands and the output
     nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
@@ -123,25 +132,26 @@ def bench_shape(M, N, K, scaling, rounds, l2_bytes, device_time=False, fast_accu
     ref_kw = {"out_dtype": torch.float8_e4m3fn, "scale_result": out_scale} if fp8_out else {"out_dtype": torch.bfloat16}
 
     def ours(config):
-        return lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1], config=config, **fp8_kw)
+        return lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1], config=config, use_fast_accum=fast, **fp8_kw)
 
     fns = {name: ours(_config(name, "RC")) for name in configs}  # fp8 operands are K-major
     fns["ours"] = fns.pop(configs[0])
-    fns["ref"] = (lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], use_fast_accum=fast_accum,
+    fns["ref"] = (lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], use_fast_accum=fast,
                                                       **ref_kw))
 
     a, b, s, t = sets[0]
     ref = _reference(a, b, *s) * (out_scale.item() if fp8_out else 1.0)
     errors = {name: _rel(fn(a, b, s, t), ref) for name, fn in fns.items()}
-    if not max(e for name, e in errors.items() if name != "ref") < tolerance(K, scaling, out_dtype):
-        raise AssertionError(f"{M}x{N}x{K} {scaling}: relative errors {errors}")
-    extra = _promotion_errors(a, b) if scaling == "blockwise" else {}
+    if not max(e for name, e in errors.items() if name != "ref") < tolerance(K, fast, out_dtype):
+        raise AssertionError(f"{M}x{N}x{K} {scaling} {accumulate}: relative errors {errors}")
+    ours_error, ref_error = _f32_errors(a, b, s, t, _reference(a, b, *s), fast)
     times = interleaved_rounds(fns, sets, rounds, "ref", device_time)
     med = medians(times)
     flops = 2.0 * M * N * K
-    return {**extra, "ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
+    return {"ours_tflops": flops / med["ours"] / 1e9, "ref_tflops": flops / med["ref"] / 1e9,
             "ratio": paired_ratio(times, "ref", "ours"), "ratio_of_medians": med["ref"] / med["ours"],
-            "rel_error": errors["ours"], "ref_rel_error": errors["ref"],
+            "ours_error": ours_error, "ref_error": ref_error,
+            "ours_out_error": errors["ours"], "ref_out_error": errors["ref"],
             "ours_ms": med["ours"], "ref_ms": med["ref"],
             **({"configs_tflops": {c: flops / med["ours" if c == configs[0] else c] / 1e9 for c in configs}}
                if len(configs) > 1 else {})}
@@ -153,9 +163,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--device-time", action="store_true",
                    help="time the GPU alone (the host enqueues ahead during a sleep kernel)")
-    p.add_argument("--fast-accum", action="store_true",
-                   help="time _scaled_mm with use_fast_accum=True (no promotion of the fp8 accumulator, like ours) "
-                        "rather than its default")
+    p.add_argument("--accumulate", default="promoted,fast",
+                   help="comma-separated pairings: promoted (the defaults), fast (use_fast_accum=True on both sides)")
     p.add_argument("--configs", nargs="+", default=["default"],
                    help="our kernels (bench_gemm.py's names, e.g. default m64-n128 n64; n192 is the opt-in 128x192 "
                         "tile, which block-wise products never get by default); the first is the record's")
@@ -170,38 +179,45 @@ def main(argv=None):
     names = args.shapes or (QUICK if args.quick else None)
     suite = [s for s in SUITE if names is None or s[0] in names]
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
-    scalings = args.scalings.split(",")
+    scalings, pairings = args.scalings.split(","), args.accumulate.split(",")
     records = []
-    for name, M, N, K in suite:
-        for scaling in scalings:
-            try:
-                r = bench_shape(M, N, K, scaling, args.rounds, l2, args.device_time, args.fast_accum, args.configs,
-                                args.out_dtype)
-            except (RuntimeError, NotImplementedError) as e:  # _scaled_mm refuses some scalings with fp8 outputs
-                print(f"{name:24s} {scaling:8s} skipped: {str(e).splitlines()[0]}", flush=True)
-                continue
-            records.append({"name": name, "M": M, "N": N, "K": K, "scaling": scaling, "out_dtype": args.out_dtype,
-                            **r})
-            print(f"{name:24s} {scaling:8s} ours {r['ours_tflops']:7.1f}  _scaled_mm {r['ref_tflops']:7.1f} TFLOP/s"
-                  f"  ratio {r['ratio']:.3f}  err {r['rel_error']:.2e}"
-                  + "".join(f"  {c} {t:.1f}" for c, t in r.get("configs_tflops", {}).items()), flush=True)
+    for (name, M, N, K), scaling, accumulate in itertools.product(suite, scalings, pairings):
+        if scaling == "blockwise" and accumulate == "fast":  # (always promoted)
+            continue
+        try:
+            r = bench_shape(M, N, K, scaling, accumulate, args.rounds, l2, args.device_time, args.configs,
+                            args.out_dtype)
+        except (RuntimeError, NotImplementedError) as e:  # _scaled_mm refuses some scalings with fp8 outputs
+            print(f"{name:24s} {scaling:8s} {accumulate:8s} skipped: {str(e).splitlines()[0]}", flush=True)
+            continue
+        records.append({"name": name, "M": M, "N": N, "K": K, "scaling": scaling, "accumulate": accumulate,
+                        "out_dtype": args.out_dtype, **r})
+        print(f"{name:24s} {scaling:8s} {accumulate:8s} ours {r['ours_tflops']:7.1f}  _scaled_mm "
+              f"{r['ref_tflops']:7.1f} TFLOP/s  ratio {r['ratio']:.3f}  f32 err {r['ours_error']:.2e} vs "
+              f"{r['ref_error'] if r['ref_error'] is None else format(r['ref_error'], '.2e')}"
+              + "".join(f"  {c} {t:.1f}" for c, t in r.get("configs_tflops", {}).items()), flush=True)
     kind = results_name("fp8", args.out_dtype == "e4m3" and "e4m3-out", args.quick and "quick",
                         args.shapes and "shapes", args.scalings != ",".join(SCALINGS) and "-".join(scalings),
-                        args.configs != ["default"] and "configs", args.fast_accum and "fast-accum",
+                        args.configs != ["default"] and "configs",
+                        args.accumulate != "promoted,fast" and args.accumulate.replace(",", "-"),
                         args.device_time and "device")
     out = save_results(kind, {"timing": "device" if args.device_time else "wall (host call rate included)",
-                              "calls": f"gemm(a, b, scale_a=, scale_b=) vs torch._scaled_mm(..., out_dtype="
-                                       f"{args.out_dtype}, use_fast_accum={args.fast_accum}), e4m3 TN, fresh outputs"
+                              "calls": f"gemm(a, b, scale_a=, scale_b=, use_fast_accum=) vs torch._scaled_mm(..., "
+                                       f"out_dtype={args.out_dtype}, use_fast_accum=), the same accumulation on both "
+                                       "sides, e4m3 TN, fresh outputs"
                                        + (", scale_out/scale_result 0.25, our amax_out" if args.out_dtype == "e4m3"
                                           else ""),
                               "records": records}, args.out)
-    for scaling in scalings:
-        ratios = [r["ratio"] for r in records if r["scaling"] == scaling]
+    for scaling, accumulate in itertools.product(scalings, pairings):
+        ratios = [r["ratio"] for r in records if (r["scaling"], r["accumulate"]) == (scaling, accumulate)]
         if ratios:
-            print(f"geomean ratio, {scaling}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
-    print_table(records, [("name", "shape", "s"), ("scaling", "scaling", "s"), ("ours_tflops", "ours TFLOP/s", ".1f"),
-                          ("ref_tflops", "_scaled_mm TFLOP/s", ".1f"), ("ratio", "ratio", ".3f"),
-                          ("rel_error", "rel. error", ".2e")], out)
+            print(f"geomean ratio, {scaling}, {accumulate}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}"
+                  f" (lowest {min(ratios):.3f})")
+    shown = [{**r, "ref_error": float("nan") if r["ref_error"] is None else r["ref_error"]} for r in records]
+    print_table(shown, [("name", "shape", "s"), ("scaling", "scaling", "s"), ("accumulate", "accumulate", "s"),
+                          ("ours_tflops", "ours TFLOP/s", ".1f"), ("ref_tflops", "_scaled_mm TFLOP/s", ".1f"),
+                          ("ratio", "ratio", ".3f"), ("ours_error", "ours f32 err", ".2e"),
+                          ("ref_error", "cuBLASLt f32 err", ".2e")], out)
 
 
 if __name__ == "__main__":

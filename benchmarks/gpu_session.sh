@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine call: set up, then the steps named (the GPU tests in two groups that each
 # fit a 10-minute call, the soak, the main job, benchmarks).
-#   bash benchmarks/gpu_session.sh [prebuild|tests-gemm|tests-rest|serial|soak|main|ab|quick|bench|fp8|attention|kit]...
+#   bash benchmarks/gpu_session.sh [prebuild|tests-gemm|tests-rest|serial|soak|main|ab|quick|bench|fp8|attention|kit|train]...
 # Logs and results land in $OUT (the device tool brings them back). numba-cuda 0.30.4 needs
 # NumPy < 2.5: the wheels in .whl/ (numpy==2.4.6, expecttest; carried with the call) are
 # installed into .site first. GPU_WORKERS processes share the GPU in the compile-bound test
@@ -39,6 +39,7 @@ for step in ${*:-prebuild tests-gemm}; do
     fp8) python3 benchmarks/bench_fp8.py --out "$OUT/fp8.json" 2>&1 | tee "$OUT/fp8.log" | tail -20 ;;
     attention) python3 benchmarks/bench_attention.py --quick --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log" | tail -30 ;;
     kit) python3 benchmarks/bench_kit_gemm.py --out "$OUT/kit-gemm.json" 2>&1 | tee "$OUT/kit-gemm.log" | tail -5 ;;
+    train) python3 benchmarks/bench_train.py --quick --out "$OUT/train.json" 2>&1 | tee "$OUT/train.log" | tail -16 ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

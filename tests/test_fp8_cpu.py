@@ -251,16 +251,19 @@ def test_block_wise_tile_choice():
     for M, N in itertools.product((1, 128, 1000, 4096), (128, 2112, 7168)):
         assert block_scaled_tile(M, N, K, 132, wide=False)[1] <= 128
         assert block_scaled_tile(M, N, K, 132, units=8, wide=False, paired=False)[1] <= 128
-    with pytest.raises(ValueError, match="need fp8"):
-        GemmConfig("bf16", "bf16", "K", "K", block_n=128, block_scaled=True)
+    for feature in ("block_scaled", "promoted"):
+        with pytest.raises(ValueError, match="needs fp8"):
+            GemmConfig("bf16", "bf16", "K", "K", block_n=128, **{feature: True})
 
 
 @pytest.mark.parametrize("out_dtype,epilogue,tile", [
     ("bf16", EpilogueConfig(), (128, 128, 1, 6)), ("f32", EpilogueConfig(), (128, 128, 1, 6)),
-    ("bf16", EpilogueConfig(col_scale=True), (128, 128, 2, 5))])  # (unpaired)
+    ("bf16", EpilogueConfig(col_scale=True), (128, 128, 1, 6)),
+    ("bf16", EpilogueConfig(bias="col"), (128, 128, 2, 5))])  # (unpaired)
 def test_block_wise_paired_tiles_take_a_sixth_slot(out_dtype, epilogue, tile):
-    """A paired 128 x 128 tile (4096x4096x7168) gives up an output buffer per consumer for a
-    sixth ring slot, three pairs of k-blocks; an unpaired one keeps both."""
+    """A paired 128 x 128 tile (4096x4096x7168; paired with an epilogue that only scales) gives
+    up an output buffer per consumer for a sixth ring slot, three pairs of k-blocks; an unpaired
+    one keeps both."""
     cfg = _choose(4096, 4096, 7168, out_dtype, epilogue)
     assert (cfg.block_m, cfg.block_n, cfg.epi_buffers, cfg.stages) == tile
     assert cfg.promotes_in_pairs == (tile[2] == 1) and cfg.shared_bytes <= 227 * 1024
@@ -304,7 +307,7 @@ def test_block_wise_wide_tiles():
             GemmConfig(*fp8, block_n=256, block_scaled=True, **kw)
     # three consumers (192 rows) take turns too, on tiles up to 128 wide
     assert GemmConfig(*fp8, block_m=192, block_n=128, stages=4, block_scaled=True).block_scaled
-    with pytest.raises(ValueError, match="block-wise scales over 128 columns"):
+    with pytest.raises(ValueError, match="promotion over 128 columns"):
         GemmConfig(*fp8, block_m=192, block_n=192, block_scaled=True)
     for width, columns in itertools.product((192, 256), (dict(col_scale=True), dict(bias="col"))):
         with pytest.raises(ValueError, match="tiles over 128 wide run without column vectors"):
@@ -343,6 +346,28 @@ def test_block_wise_sass_promotes_every_k_block(block_m, block_n):
     first_issue = next(i for i, line in enumerate(loop) if "QGMMA" in line)
     assert not [line for line in loop[:first_issue] if " LD.E " in line or " LDG.E" in line], loop[:first_issue]
     assert [line for line in loop[first_issue:] if " LD.E " in line or " LDG.E" in line]
+
+
+@pytest.mark.kernel_matrix
+@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 256), (192, 128)])
+def test_promoted_sass_adds_every_k_block_without_scales(block_m, block_n):
+    """The default fp8 product (``promoted``, no block-wise scales) runs the block-wise loops with
+    the scales folded away: per k-block one add per accumulator register (FADD, or FFMA by the
+    constant 1 in the 128 x 256 halves), no scale box in the ring (3 tensor maps) and no load of
+    B's scales; the plain output store (no epilogue), no spills."""
+    stages = max_stages("e4m3", "bf16", block_n, a_major="K", b_major="K", block_m=block_m, promoted=True)
+    cfg = GemmConfig("e4m3", "bf16", "K", "K", block_m=block_m, block_n=block_n, stages=stages, promoted=True)
+    assert cfg.epilogue is None and cfg.tensormaps == 3 and cfg.a_scales_bytes == 0
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
+    copies = 3 if cfg.promotes_in_pairs else 1
+    assert cfg.promotes_in_pairs == (block_n <= 128 and block_m <= 128)
+    mma_n = 128 if block_n == 256 else block_n
+    assert r.sass.count(f"QGMMA.64x{mma_n}x32.F32.E4M3.E4M3 ") == copies * 4 * block_n // mma_n, r.summary()
+    assert r.count("FADD") + r.count("FFMA") == copies * block_n // 2, r.summary()
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" in r.sass
+    assert not [w for w in r.warnings if "C7514" in w or "C7517" in w], r.warnings
+    assert not [line for line in _k_block_loop(r.sass) if " LDG.E" in line or " LD.E " in line]
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
 
 
 @pytest.mark.kernel_matrix

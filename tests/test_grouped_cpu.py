@@ -579,5 +579,7 @@ def test_fp8_per_tensor_numbers_fold_into_alpha(fake_device, monkeypatch):
     _fp8_call(scale_a=2.0, scale_b=0.25, out=_t((R, N), "<u2"), out_dtype="bf16")  # same plan, new alpha
     assert len(prepared) == 1 and configs[0].epilogue.alpha and not configs[0].block_scaled
     assert prepared[0][2].alpha == 1.5 and 0.5 in calls[1].values()  # each call's alpha is bound
-    _fp8_call(out=_t((R, N), "<u2"), out_dtype="bf16")  # no scales: the plain fp8 kernel
-    assert len(prepared) == 2 and configs[1].epilogue is None
+    _fp8_call(out=_t((R, N), "<u2"), out_dtype="bf16")  # no scales: the plain fp8 kernel, promoted
+    assert len(prepared) == 2 and configs[1].epilogue is None and configs[1].promoted
+    _fp8_call(out=_t((R, N), "<u2"), out_dtype="bf16", use_fast_accum=True)  # accumulated in the tensor cores
+    assert len(prepared) == 3 and configs[2].epilogue is None and not configs[2].promoted

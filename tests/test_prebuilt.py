@@ -111,13 +111,15 @@ def test_the_fp8_family_is_scaled_tn_kernels(bf16_set):
     assert {(c.a_major, c.b_major, c.out_major) for c in fp8} == {("K", "K", "N")}
     assert all(c.epilogue is not None and not c.debug and c.grouped is None for c in fp8)  # (scaled: never plain)
     assert any(c.block_scaled for c in fp8) and not all(c.block_scaled for c in fp8)
+    assert all(c.promoted for c in fp8)  # (the default accumulation)
 
 
-def test_the_grouped_family_is_both_modes_of_bf16_and_block_scaled_e4m3(bf16_set):
+def test_the_grouped_family_is_both_modes_of_bf16_and_promoted_e4m3(bf16_set):
     grouped = [k.cfg for k in bf16_set if k.family == "grouped"]
-    assert {(c.grouped, c.in_dtype, c.out_dtype, c.block_scaled) for c in grouped} == {
+    assert {(c.grouped, c.in_dtype, c.out_dtype, c.block_scaled, c.promoted) for c in grouped} == {
         (mode, *case) for mode in ("contiguous", "masked")
-        for case in (("bf16", "bf16", False), ("e4m3", "bf16", True), ("e4m3", "f16", True))}
+        for case in (("bf16", "bf16", False, False), *itertools.product(("e4m3",), ("bf16", "f16"), (True, False),
+                                                                         (True,)))}
     assert {c.b_major for c in grouped if c.in_dtype == "bf16"} == {"K", "N"}
 
 

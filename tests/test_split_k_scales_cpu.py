@@ -60,7 +60,8 @@ def test_fp8_scaled_split_k_scales_in_the_reduce(scales):
     fusion = _fusion(alpha=0.5, row_scale=row, col_scale=col)
     gemm, reduce = _steps(_plan.gemm_plan(*_views(M, N, K), fusion, SPLIT, False, split_k=2))
     assert gemm.batch.count == 2 and gemm.grid == 132  # two K slices fill the SMs
-    assert gemm.cfg.epilogue is None and gemm.cfg.out_dtype == "f32"  # the slices run the plain kernel
+    # the slices run the plain kernel (promoted)
+    assert gemm.cfg.epilogue is None and gemm.cfg.promoted and gemm.cfg.out_dtype == "f32"
     assert reduce.alpha == _src("alpha")
     assert (reduce.row_scale and reduce.row_scale.src, reduce.col_scale and reduce.col_scale.src) == (
         row and _src("row_scale"), col and _src("col_scale"))

@@ -39,9 +39,9 @@ BLOCK_MS = (64, 128, 192)
 BLOCK_NS = (8, 16, 32, 64, 112, 128, 144, 160, 176, 192, 224, 256)
 NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a decode product's tokens
 STREAM_K_MAX_BLOCK_N = 192
-# Block-wise scaled tile widths: the promoted sums double the accumulators, which fit in the
-# consumers' registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests); a
-# 256-wide tile accumulates each k-block in two 128-column halves (64 + 128).
+# Promoted tile widths: the f32 sums double the accumulators, which fit in the consumers'
+# registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests); a 256-wide tile
+# accumulates each k-block in two 128-column halves (64 + 128).
 BLOCK_SCALED_NS = (64, 128, 192, 256)
 # A ping-pong consumer holds a 128 x block_n tile's accumulators: block_n f32 registers a thread.
 PINGPONG_MAX_BLOCK_N = 192
@@ -86,17 +86,21 @@ class GemmConfig:
     halves' wgmmas, so that one's epilogue runs under the other's mainloop (CUTLASS's
     ``KernelTmaWarpSpecializedPingpong``); plain 16-bit products only, with no cluster, and
     at most ``PINGPONG_MAX_BLOCK_N`` wide (a consumer holds the whole tile's accumulators).
+    ``promoted``: fp8 two-level accumulation: the mainloop waits for each k-block's wgmmas (128
+    K) and adds their product into an f32 register sum (``kernels/mainloop/promoted.py``), as
+    cuBLASLt's default fp8 kernels promote (the tensor cores' fp8 accumulation keeps about 14
+    bits); fp8 inputs, ``block_n`` in ``BLOCK_SCALED_NS``, no cluster. Without it an fp8
+    product accumulates in the tensor cores throughout (``use_fast_accum=True``).
     ``block_scaled``: fp8 block-wise scales (one per 128 K of each row of A, one per 128 x 128
-    block of B): the mainloop scales each k-block's product into an f32 sum
-    (``kernels/mainloop/promoted.py``); fp8 inputs, ``block_n`` in ``BLOCK_SCALED_NS``, no cluster.
+    block of B), multiplied into each k-block's promoted product (so it implies ``promoted``).
     ``gated``: ``act(A @ B) * (A @ B_up)``, the GLU of SwiGLU and GeGLU MLPs, with a second B:
     each tile's B slot holds ``block_n / 2`` rows of B and as many of B_up, so one wgmma tile
     computes both products side by side and the epilogue writes the ``block_n / 2`` gated
     columns (``out_block_n``), ``act`` being the epilogue's activation (none: the identity);
     16-bit inputs, a K-major B, ``block_n`` in ``GATED_NS``, no cluster or grouping, and no other
-    epilogue term. Both compile the fused epilogue's store (the gating multiply is part of it;
-    the block-scaled tiles' register budgets were fitted with it), so their ``epilogue`` is
-    never None: ``EpilogueConfig()`` where none is given.
+    epilogue term. Block-scaled and gated kernels compile the fused epilogue's store (the gating
+    multiply is part of it; the block-scaled tiles' register budgets were fitted with it), so
+    their ``epilogue`` is never None: ``EpilogueConfig()`` where none is given.
     """
 
     in_dtype: str = "bf16"
@@ -119,10 +123,13 @@ class GemmConfig:
     epi_buffers: int = 2
     cluster_order: str = "launch"
     pingpong: bool = False
+    promoted: bool = False
     block_scaled: bool = False
     gated: bool = False
 
     def __post_init__(self):
+        if self.block_scaled:
+            object.__setattr__(self, "promoted", True)
         if (self.block_scaled or self.gated) and self.epilogue is None:
             object.__setattr__(self, "epilogue", EpilogueConfig())  # (the class doc says why)
         if self.in_dtype not in INPUT_BYTES:
@@ -173,16 +180,16 @@ class GemmConfig:
             # wgmma's 128 accumulators need more (C7602).
             raise ValueError(f"block_m = 192 takes block_n <= 192, got {self.block_n}")
         if self.block_m == 192 and (self.stream_k or self.grouped is not None
-                                    or (self.block_scaled and self.block_n > KBLOCK_SCALE)
+                                    or (self.promoted and self.block_n > KBLOCK_SCALE)
                                     or (self.cluster_n > 1 and self.a_major == "M")):
             # Stream-K's partials are laid out for two consumers, the group walk divides by a
-            # power of two, three consumers' block-wise sums fit beside 128-column accumulators
+            # power of two, three consumers' promoted sums fit beside 128-column accumulators
             # only, and a column-major A tile's three 64-row boxes do not split over 2 CTAs.
-            raise ValueError("block_m = 192 runs without stream_k, grouping, block-wise scales over 128 columns "
+            raise ValueError("block_m = 192 runs without stream_k, grouping, promotion over 128 columns "
                              "or, with a column-major A, cluster_n = 2")
         chained = self.acc_chains == ACC_CHAINS
-        if not (self.acc_chains == 1 or chained and self.block_n <= 64 and not self.block_scaled):
-            raise ValueError(f"acc_chains must be 1, or {ACC_CHAINS} with block_n <= 64 and no block-wise scales; "
+        if not (self.acc_chains == 1 or chained and self.block_n <= 64 and not self.promoted):
+            raise ValueError(f"acc_chains must be 1, or {ACC_CHAINS} with block_n <= 64 and no promotion; "
                              f"got {self.acc_chains} with block_n = {self.block_n}")
         if self.epi_buffers not in (1, 2):
             raise ValueError(f"epi_buffers must be 1 or 2, got {self.epi_buffers}")
@@ -196,25 +203,25 @@ class GemmConfig:
             raise ValueError(f"cluster_order = 'gpc' runs 2-CTA clusters, got {self.cluster_m}x{self.cluster_n}")
         if self.stream_k and (self.cluster_size > 1 or self.epilogue is not None):
             raise ValueError("stream_k runs without a cluster or a fused epilogue")
-        if self.block_scaled and (self.in_dtype not in FP8_DTYPES or self.block_n not in BLOCK_SCALED_NS):
-            raise ValueError(f"block-wise scales need fp8 inputs and block_n in {BLOCK_SCALED_NS}; got "
+        if self.promoted and (self.in_dtype not in FP8_DTYPES or self.block_n not in BLOCK_SCALED_NS):
+            raise ValueError(f"promotion (and block-wise scales) needs fp8 inputs and block_n in {BLOCK_SCALED_NS}; got "
                              f"{self.in_dtype}, block_n = {self.block_n}")
-        if self.block_scaled and self.block_n > KBLOCK_SCALE and self.epilogue.column_bytes(self.block_n):
+        if self.promoted and self.block_n > KBLOCK_SCALE and self.epilogue and self.epilogue.column_bytes(self.block_n):
             # Beside 96 sums and 96 accumulators, the staged column terms' shared-memory
             # addresses (hoisted out of the tile loop) spill: 120 B with col_scale and a
             # column bias (SASS; either alone leaves 3 registers of 240).
-            raise ValueError("block-wise scales on tiles over 128 wide run without column vectors (col_scale, "
+            raise ValueError("promoted tiles over 128 wide run without column vectors (col_scale, "
                              "a column bias)")
-        if self.block_scaled and self.block_n == 256 and (self.block_m != 128 or self.grouped is not None):
+        if self.promoted and self.block_n == 256 and (self.block_m != 128 or self.grouped is not None):
             # (the two-halves k-block is measured on dense 128-row tiles only)
-            raise ValueError("block-wise scales on 256-wide tiles run with block_m = 128, ungrouped")
-        if self.block_m == 192 and self.block_scaled and (ELEMENT_BYTES[self.out_dtype] == 1 or self.epilogue.fuses_more):
+            raise ValueError("promoted 256-wide tiles run with block_m = 128, ungrouped")
+        if self.block_m == 192 and self.promoted and (ELEMENT_BYTES[self.out_dtype] == 1 or self.epilogue and self.epilogue.fuses_more):
             # Three consumers get 160 registers each: 64 sums and 64 accumulators leave too few
             # for more epilogue terms (an fp8 output's amax spills 12 + 20 B).
-            raise ValueError("block-wise scales on 192-row tiles run with no other epilogue term than alpha and a "
+            raise ValueError("promoted 192-row tiles run with no other epilogue term than alpha and a "
                              "16- or 32-bit output")
-        if self.block_scaled and self.cluster_size > 1:  # (measured slower where tried)
-            raise ValueError("block-wise scales run without a cluster")
+        if self.promoted and self.cluster_size > 1:  # (measured slower where tried)
+            raise ValueError("promoted products run without a cluster")
         if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:
             # 128 accumulators per thread leave no registers for a partial's loads: ptxas
             # issues all 32 float4 loads before the adds, and spills (SASS, CPU test).
@@ -283,7 +290,7 @@ class GemmConfig:
         64-row tiles with a ring of 8 or more slots (64 x 64 and 64 x 128 tiles:
         64x10240x8192 +2%; on 5-stage 64 x 256 tiles it cost 6%), else 1. The narrow decode
         tiles (an accumulator per wgmma) keep 1: deeper measured no faster there. Block-wise
-        scaled products wait for every k-block, or every pair (``mainloop/promoted.py``,
+        promoted products wait for every k-block, or every pair (``mainloop/promoted.py``,
         ``promotes_in_pairs``)."""
         return 2 if self.block_m == 64 and self.stages >= 8 and self.acc_chains == 1 else 1
 
@@ -310,16 +317,16 @@ class GemmConfig:
 
     @property
     def promotes_in_pairs(self):
-        """Whether a block-scaled consumer issues its k-blocks two at a time into two
+        """Whether a promoting consumer issues its k-blocks two at a time into two
         accumulators and promotes the first while the second's wgmmas run
         (``mainloop/promoted.py``): tiles of at most 128 x 128, whose consumers have
-        registers for a second accumulator (64 + 64 + 64 a thread), in a plain product (no
-        epilogue term but alpha). A fused epilogue's terms (f32 output with all of them: 76
-        bytes; fp8 output, amax, bias and gelu: 8) or a grouped kernel's bookkeeping (64 x 128:
-        spills; 128 x 128: B's scales pass through the wgmmas' registers, stalling each pair on
-        their load) leave too few."""
-        return (self.block_scaled and self.block_n <= KBLOCK_SCALE and self.consumers <= 2
-                and self.grouped is None and not self.epilogue.fuses_more)
+        registers for a second accumulator (64 + 64 + 64 a thread), in a product whose epilogue
+        only scales (``alpha``, ``row_scale``, ``col_scale``: no spills, SASS). Other epilogue
+        terms (f32 output with all of them: 76 bytes; fp8 output, amax, bias and gelu: 8) or a
+        grouped kernel's bookkeeping (64 x 128: spills; 128 x 128: B's scales pass through the
+        wgmmas' registers, stalling each pair on their load) leave too few."""
+        return (self.promoted and self.block_n <= KBLOCK_SCALE and self.consumers <= 2
+                and self.grouped is None and (self.epilogue is None or self.epilogue.scale_only))
 
     @property
     def partial_bytes(self):

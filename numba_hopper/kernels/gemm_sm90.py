@@ -103,7 +103,7 @@ def warp_roles(cfg: GemmConfig) -> WarpSpecialization:
     completes (``setmaxnreg.inc`` waits for registers that no warp will free)."""
     if cfg.epilogue is None:
         producer = PRODUCER_REGS_CLUSTER if cfg.cluster_size > 1 else PRODUCER_REGS
-    elif cfg.grouped is not None and not cfg.block_scaled:
+    elif cfg.grouped is not None and not cfg.promoted:
         producer = PRODUCER_REGS_FUSED_GROUPED
     else:
         producer = PRODUCER_REGS_FUSED_CLUSTER if cfg.cluster_size > 1 else PRODUCER_REGS_FUSED
@@ -191,10 +191,10 @@ def _tensormap_access(cfg: GemmConfig):
     its parameters, and their prefetch into the descriptor cache."""
     MAPS, HAS_C, SCALED, GATED = cfg.tensormaps, cfg.has_c, cfg.block_scaled, cfg.gated
     C_MAP = 3 if HAS_C else 0
-    # The 192-wide block-scaled grouped kernels' consumers spill (120 + 204 B) when the tensor maps
+    # The 192-wide promoted grouped kernels' consumers spill (120 + 204 B) when the tensor maps
     # are prefetched: ptxas then keeps the maps' addresses live from the kernel's start. They load
     # without the prefetch.
-    AT_REGISTER_LIMIT = cfg.grouped is not None and SCALED and cfg.block_n > KBLOCK_SCALE
+    AT_REGISTER_LIMIT = cfg.grouped is not None and cfg.promoted and cfg.block_n > KBLOCK_SCALE
 
     @cuda.jit(device=True, forceinline=True)
     def tensormaps(p):

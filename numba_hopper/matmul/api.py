@@ -58,8 +58,8 @@ _WRITTEN = tuple((op.keyword, op.name, VALUE_INDEX[op.name]) for op in VALUE_OPE
 
 def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, activation=None,
          out_dtype=None, aux_out=None, epilogue=None, epilogue_args=(), row_scale=None, col_scale=None,
-         scale_a=None, scale_b=None, scale_out=None, amax_out=None, up=None, dtype=None, stream=None, config=None,
-         split_k=None, debug=None):
+         scale_a=None, scale_b=None, scale_out=None, amax_out=None, up=None, use_fast_accum=False, dtype=None,
+         stream=None, config=None, split_k=None, debug=None):
     """Return ``a @ b`` for ``a`` of shape (M, K) and ``b`` of shape (K, N), or with a fused
     epilogue ``act(alpha * row_scale[:, None] * col_scale[None, :] * (a @ b) + beta * c + bias)``.
 
@@ -131,12 +131,15 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       ``scale_b``'s blocks; not with ``col_scale`` or a column bias); any
       K (a partial last block reads its scale like the others), a row-major output, and the
       rest of the fused epilogue (``row_scale``/``col_scale`` included) after it.
-    - accuracy: products are exact in float32, but FP8 wgmma accumulates in about 14 bits.
-      Per-tensor and row-wise products do not promote the accumulator into an f32 sum per
-      k-block (like ``torch._scaled_mm(use_fast_accum=True)``): the tests bound the relative
-      Frobenius error against float64 of the dequantized operands by the output rounding
-      (5e-3 bf16, 1e-3 f16/f32) plus 6.4e-7 * K. Block-wise products promote every 128 K, so
-      their bound is the rounding plus 3e-4, whatever K (measured 1.2e-4 at K = 16384).
+    - accuracy: products are exact in float32, but FP8 wgmma accumulates in about 14 bits. So
+      every fp8 product adds each 128-deep k-block's sum into an f32 register sum (two-level
+      accumulation, as ``torch._scaled_mm``'s default, cuBLASLt's): the relative Frobenius
+      error against float64 of the dequantized operands is bounded by the output rounding
+      (5e-3 bf16, 1e-3 f16/f32) plus 3e-4, whatever K (measured about 1.2e-4 at K = 16384).
+      ``use_fast_accum=True`` (per-tensor, row-wise and unscaled products; block-wise ones
+      always promote) accumulates in the tensor cores throughout, as
+      ``torch._scaled_mm(use_fast_accum=True)``: faster where promotion costs, with an error
+      that grows with K, bounded by the rounding plus 6.4e-7 * K.
     - fp8 outputs (``out_dtype="e4m3"``/``"e5m2"``; torch float8 tensors, or uint8 arrays
       with ``out_dtype``), from any inputs: ``out = fp8(scale_out * z)``, where ``z`` is the
       whole fused epilogue's value, converted with round-to-nearest and saturation to the
@@ -180,6 +183,8 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     """
     if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1):
         raise ValueError(f"split_k must be None or an int >= 1, got {split_k!r}")  # (before the key: True == 1)
+    if not isinstance(use_fast_accum, bool):
+        raise TypeError(f"use_fast_accum must be a bool, got {use_fast_accum!r}")
     sig_a, pa = describe(a)
     sig_b, pb = describe(b)
     sig_o, po = describe(out) if out is not None else (None, 0)
@@ -193,8 +198,8 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
         # fp8's usual call: the scales alone, looked up by their layouts (fold_scales checks them once).
         (kind_a, value_a), (kind_b, value_b) = scale_signature(scale_a), scale_signature(scale_b)
         scale = (value_a if kind_a in (None, NUMBER) else 1.0) * (value_b if kind_b in (None, NUMBER) else 1.0)
-        scaled_key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, split_k, "scales", kind_a, kind_b,
-                      scale != 1.0)
+        scaled_key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, split_k, use_fast_accum, "scales", kind_a,
+                      kind_b, scale != 1.0)
         entry = plans.get(scaled_key)
         if entry is not None:
             return run(entry, out, pa, pb, po, entry.bind(scale, value_a, value_b), stream)
@@ -209,10 +214,11 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
         f = fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale,
                         col_scale, block_scales, scale_out, amax_out, up)
         fkey, fvalues = fusion_key_and_values(f)
-    key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, split_k, fkey)
+    key = ("gemm", sig_a, sig_b, sig_o, out_dtype, dtype, config, split_k, use_fast_accum, fkey)
     entry = None if debug else plans.get(key)
     if entry is None:
-        result = _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, split_k, debug)
+        result = _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, split_k, use_fast_accum,
+                             debug)
         entry = None if debug else plans.get(key)
     else:
         result = run(entry, out, pa, pb, po, fvalues, stream)
@@ -245,7 +251,7 @@ def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None)
     return run(entry, out, pa, pb, po, (), stream)
 
 
-def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, split_k, debug):
+def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, split_k, fast_accum, debug):
     """A call with a new layout: check everything, build its plan, run it, keep it."""
     va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
     a_shape, rows = va.shape, va.shape[:-1]  # the output's leading dimensions: a (..., K) is read as (rows, K)
@@ -280,7 +286,7 @@ def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, sp
         if K == 0:  # the epilogue of a zero product: the kernel on zeros, or no epilogue at all
             zero = fusion and fusion.of_zero_product()
             return gemm_plan(va, vb, vo, zero, config, debug) if zero else zero_fill_plan(vo)
-        return gemm_plan(va, vb, vo, fusion, config, debug, split_k)
+        return gemm_plan(va, vb, vo, fusion, config, debug, split_k, fast_accum)
 
     return first_run(key, plan_for, a, out, vo, (*rows, N), out_dtype, va, (va.ptr, vb.ptr), fvalues,
                      stream, overlap_pairs(_spans(written), _spans(read), in_place), cache=not debug)

@@ -45,7 +45,7 @@ GROUPED_INPUT_DTYPES = ("bf16", "f16", *FP8_DTYPES)
 
 
 def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None, row_scale=None, activation=None,
-                 scale_a=None, scale_b=None, dtype=None, stream=None, config=None, debug=None):
+                 scale_a=None, scale_b=None, use_fast_accum=False, dtype=None, stream=None, config=None, debug=None):
     """Grouped ``out[rows of g] = act(row_scale * (a[rows of g] @ b[g]))`` for every group g, in one launch.
 
     Contiguous (``offsets``): ``a`` (rows, K) row-major, ``b`` (G, K, N) with each ``b[g]``
@@ -82,9 +82,11 @@ def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None,
       of each ``b[g]`` (K, N). Each 128-deep k-block's product is scaled and added to an f32
       sum (tiles at most 128 wide by default; 192-wide ones, not yet measured here, as an
       opt-in ``config``); the accuracy is ``gemm``'s block-wise one.
-    - per-tensor: Python numbers, multiplied into the output (any input dtype). Without
-      scales an fp8 product is unscaled and not promoted (``gemm``'s fast accumulation).
-      Not supported: row-wise and one-element device-array scales, a number beside a
+    - per-tensor: Python numbers, multiplied into the output (any input dtype).
+    - accumulation: as ``gemm``'s, each 128-deep k-block's sum is added into an f32 register
+      sum (promoted, ``torch._scaled_grouped_mm``'s default); ``use_fast_accum=True``
+      accumulates products without block-wise scales in the tensor cores throughout.
+    - not supported: row-wise and one-element device-array scales, a number beside a
       block-wise array, mixed e4m3 x e5m2 and fp8 outputs.
 
     Layouts: inputs bf16 or fp16 (both the same), or fp8 as above; ``a`` and ``out``
@@ -102,6 +104,8 @@ def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None,
     """
     if debug is None:
         debug = _debug.DEFAULT
+    if not isinstance(use_fast_accum, bool):
+        raise TypeError(f"use_fast_accum must be a bool, got {use_fast_accum!r}")
     if (offsets is None) == (masked_m is None):
         raise ValueError("grouped_gemm takes exactly one of offsets (contiguous groups) and masked_m (masked groups)")
     masked = offsets is None
@@ -118,11 +122,11 @@ def grouped_gemm(a, b, offsets=None, *, masked_m=None, out=None, out_dtype=None,
         alpha = fa * fb
     values = _values(alpha, pr, psa, psb, ps)
     key = ("grouped", masked, sig_a, sig_b, sig_s, sig_o, sig_r, sig_sa, sig_sb, alpha != 1.0, activation, out_dtype,
-           dtype, config)
+           dtype, config, use_fast_accum)
     entry = None if debug else plans.get(key)
     if entry is None:
         return _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activation, (scale_a, scale_b),
-                              dtype, stream, config, debug, values, alpha != 1.0)
+                              dtype, stream, config, debug, values, alpha != 1.0, use_fast_accum)
     return run(entry, out, pa, pb, po, values, stream)
 
 
@@ -138,7 +142,7 @@ def _scale_arg(x):
 
 
 def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activation, scales, dtype, stream, config,
-                   debug, values, alpha):
+                   debug, values, alpha, fast_accum):
     """A call with a new layout: check everything, build its plan, run it, keep it (``alpha``:
     whether the call's alpha value multiplies the output)."""
     name = "masked_m" if masked else "offsets"
@@ -207,7 +211,7 @@ def _first_grouped(key, masked, a, b, sizes, out, out_dtype, row_scale, activati
                                                    vr.framework)
         strides = (sa, sb, rows * N) if masked else (0, sb, 0)
         return grouped_plan("masked" if masked else "contiguous", ma, mb, mo, G, strides, flat, activation, config,
-                            debug, alpha=alpha, block_scales=block_scales)
+                            debug, alpha=alpha, block_scales=block_scales, fast_accum=fast_accum)
 
     read = [("a", A, va), ("b", B, vb), (name, GROUP_ROWS, vs)] + \
         ([("row_scale", VALUE_INDEX["row_scale"], vr)] if vr else [])

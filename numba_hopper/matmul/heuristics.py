@@ -348,15 +348,18 @@ def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 
     return stages
 
 
-def _tiling(va, vb, vo, a_major, b_major, epilogue, block_scaled, units, limits):
+def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits):
     """:func:`choose_config`'s default tiling (a :class:`GemmConfig` of tile and cluster) of an
-    ungated product."""
+    ungated product; ``promoted``: fp8 two-level accumulation (block-wise scaled or not), whose
+    tiles :func:`block_scaled_tile` chooses."""
     M, N = vo.shape
     plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
-    if block_scaled:
-        paired = not epilogue.fuses_more
-        block_m, block_n = block_scaled_tile(M, N, va.shape[1], limits.sm_count, wide=not epilogue.column_bytes(192),
-                                             tall=paired and ELEMENT_BYTES[vo.dtype] > 1, paired=paired)
+    if promoted:
+        terms = epilogue or EpilogueConfig()
+        paired = terms.scale_only  # (GemmConfig.promotes_in_pairs)
+        block_m, block_n = block_scaled_tile(M, N, va.shape[1], limits.sm_count, wide=not terms.column_bytes(192),
+                                             tall=not terms.fuses_more and ELEMENT_BYTES[vo.dtype] > 1,
+                                             paired=paired)
         if paired and (block_m, block_n) == (128, 128):
             return GemmConfig(block_m=block_m, block_n=block_n, epi_buffers=PAIRED_TILE_EPI_BUFFERS)
     else:
@@ -392,10 +395,11 @@ def gated_tile(M, N, K, units, sms):
     return GemmConfig(block_m=block_m, block_n=256 if block_m == 128 else 128)
 
 
-def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None, block_scaled=False, gated=False):
+def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None, block_scaled=False, gated=False,
+                  promoted=False):
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's, with
-    the call's fused ``epilogue`` and mainloop features (``block_scaled``: fp8 block-wise
-    scales; ``gated``: a second B, ``up``).
+    the call's fused ``epilogue`` and mainloop features (``promoted``: fp8 two-level
+    accumulation; ``block_scaled``: fp8 block-wise scales, promoted; ``gated``: a second B, ``up``).
 
     Default: the tile :func:`tile_shape` picks for ``units`` products, the deepest ring
     that fits, and a 1x2 cluster of 128x256 tiles where :func:`cluster_pays`, or of narrower
@@ -404,6 +408,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     :func:`gated_tile`'s for those features. ``limits``: the device's
     :class:`~numba_hopper.runtime.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
     """
+    promoted = promoted or block_scaled
     if (block_scaled or gated) and epilogue is None:  # (as GemmConfig has it)
         epilogue = EpilogueConfig()
     # fp8 operands are K-major (the caller checked): a (1, K) or (K, 1) view would pass both tests.
@@ -419,36 +424,38 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         if gated:
             base = gated_tile(M, N, va.shape[1], units, limits.sm_count)
         else:
-            base = _tiling(va, vb, vo, a_major, b_major, epilogue, block_scaled, units, limits)
+            base = _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epi_buffers=base.epi_buffers,
-                            epilogue=epilogue, block_scaled=block_scaled, gated=gated)
+                            epilogue=epilogue, promoted=promoted, block_scaled=block_scaled, gated=gated)
     else:
         base, stages = config, config.stages
     cfg = dataclasses.replace(base, in_dtype=va.dtype, b_dtype=vb.dtype if vb.dtype != va.dtype else None,
                               out_dtype=vo.dtype, a_major=a_major, b_major=b_major, stages=stages, debug=debug,
-                              epilogue=epilogue, block_scaled=block_scaled, gated=gated)
+                              epilogue=epilogue, promoted=promoted, block_scaled=block_scaled, gated=gated)
     if cfg.shared_bytes > limits.max_shared_per_block_optin:
         raise ValueError(f"config needs {cfg.shared_bytes} bytes of shared memory with these operands, more than "
                          f"the device's {limits.max_shared_per_block_optin}: give it fewer stages")
     return cfg
 
 
-def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limits=None, block_scaled=False):
+def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limits=None, block_scaled=False,
+                   promoted=False):
     """The kernel of a grouped GEMM (:func:`choose_config`'s, with ``grouped=mode``).
 
     The group sizes are on the device, so the tile is chosen for their mean (contiguous:
     ``rows / groups``) or their bound (masked: M per group) as :func:`tile_shape` chooses
     it for ``groups`` products of that many rows: 64-row tiles for groups of <= 128 rows,
-    where a 128-row tile would be mostly padding. Block-wise scaled fp8 groups take
+    where a 128-row tile would be mostly padding. Promoted fp8 groups (block-wise scaled or not) take
     :func:`block_scaled_tile`'s (at most 128 wide: 192-wide grouped tiles are unmeasured)
     for ``groups`` such products. 16-bit groups never take ``GROUPED_SLOW_WIDTHS`` (H100 timings).
     """
     limits = limits or device_limits(mo.device)
+    promoted = promoted or block_scaled
     if config is None:
         M, N = mo.shape
         rows = M if mode == "masked" else max(1, _ceil(M, groups))
-        if block_scaled:
+        if promoted:
             block_m, block_n = block_scaled_tile(rows, N, ma.shape[1], limits.sm_count, units=groups, wide=False, paired=False)
         else:
             block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
@@ -457,8 +464,9 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
         b_major = "N" if ma.dtype not in FP8_DTYPES and tma_addressable(mb, row_major=True) else "K"
         config = GemmConfig(block_m=block_m, block_n=block_n, stages=max_stages(
             ma.dtype, mo.dtype, block_n, limits.max_shared_per_block_optin, a_major="K", b_major=b_major,
-            block_m=block_m, epilogue=epilogue, block_scaled=block_scaled))
-    cfg = choose_config(ma, mb, mo, config, debug, epilogue, limits=limits, block_scaled=block_scaled)
+            block_m=block_m, epilogue=epilogue, promoted=promoted, block_scaled=block_scaled))
+    cfg = choose_config(ma, mb, mo, config, debug, epilogue, limits=limits, block_scaled=block_scaled,
+                        promoted=promoted)
     return dataclasses.replace(cfg, grouped=mode)
 
 

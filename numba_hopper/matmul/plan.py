@@ -407,7 +407,7 @@ def _stacked(op: Operand, count, stride):
 _SWAPPED = {"row_scale": "col_scale", "col_scale": "row_scale"}
 
 
-def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None):
+def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None, fast_accum=False):
     """The plan of ``out = a @ b`` (with ``fusion``) for these checked views.
 
     A column-major ``out`` is computed as ``out.T = b.T @ a.T``: the same kernel on swapped,
@@ -417,7 +417,8 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None):
     ``amax_out`` is zeroed (a memset on the stream) before the kernel raises it. ``split_k``:
     the K slices (None: :func:`~.heuristics.split_count`'s, for plain calls without a config;
     the call checked it). K == 0 (an epilogue of a zero product): the kernel runs on one
-    k-block of zeros (:func:`_zero_k_block`), unsplit.
+    k-block of zeros (:func:`_zero_k_block`), unsplit. fp8 products promote their sums into f32
+    every 128 K unless ``fast_accum`` (block-wise scaled ones always do).
     """
     a, b, d = Operand(va, Src(A)), Operand(vb, Src(B)), Operand(vo, Src(OUT))
     scratch, copies, zeros = _Scratch(), [], []
@@ -467,7 +468,8 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None):
         raise ValueError("split_k > 1 cannot run a fused epilogue other than alpha, row_scale and col_scale "
                          "(its K slices write partial sums, not outputs)")
     cfg = choose_config(a.view, b.view, d.view, config, debug, None if forced_split else ecfg,
-                        block_scaled=bool(fusion and fusion.block_scaled), gated=bool(fusion and fusion.gated))
+                        block_scaled=bool(fusion and fusion.block_scaled), gated=bool(fusion and fusion.gated),
+                        promoted=va.dtype in FP8_DTYPES and not fast_accum)
     record = DebugRecord() if debug else None
     M, N, K = d.view.shape[0], d.view.shape[1], a.view.shape[1]
     sms = device_limits(vo.device).sm_count
@@ -590,7 +592,7 @@ def bmm_plan(ma, mb, mo, batch, strides, config):
 
 
 def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, config, debug, alpha=False,
-                 block_scales=None):
+                 block_scales=None, fast_accum=False):
     """The plan of a grouped GEMM (``numba_hopper.matmul.grouped``): ``groups`` products over the
     2-D views of item 0 of each operand and their batch strides ``(a, b, out)`` in elements.
 
@@ -599,13 +601,15 @@ def grouped_plan(mode, ma, mb, mo, groups, strides, row_scale, activation, confi
     ``row_scale``: a 1-D f32 view (rows, or G * M for masked) or None; ``alpha``: whether
     the call's alpha value multiplies the output; ``block_scales``: fp8 block-wise ``(scale_a,
     scale_b)`` f32 views (A's (rows, K/128), or (G, M, K/128) masked; B's (G, K/128, N/128)),
-    or None. The launch takes the persistent grid: min(SMs, the host's bound on the tiles),
-    whatever the sizes are.
+    or None; ``fast_accum``: fp8 products without block-wise scales accumulate in the tensor
+    cores throughout, not promoted every 128 K. The launch takes the persistent grid: min(SMs,
+    the host's bound on the tiles), whatever the sizes are.
     """
     ecfg = None
     if row_scale is not None or activation is not None or alpha:
         ecfg = EpilogueConfig(alpha=alpha, row_scale=row_scale is not None, activation=activation)
-    cfg = grouped_config(ma, mb, mo, mode, groups, config, debug, ecfg, block_scaled=block_scales is not None)
+    cfg = grouped_config(ma, mb, mo, mode, groups, config, debug, ecfg, block_scaled=block_scales is not None,
+                         promoted=ma.dtype in FP8_DTYPES and not fast_accum)
     M, N = mo.shape
     tiles_m = -(-M // cfg.block_m)
     bound = (groups * tiles_m if mode == "masked" else tiles_m + groups) * -(-N // cfg.block_n)

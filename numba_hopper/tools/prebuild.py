@@ -13,11 +13,12 @@ block) over walks of shapes, by family:
   e4m3 ones (a gradient times an e4m3 operand: the backward products of the hybrid recipe),
   output bf16 (the default) or f16, with each scaling as ``torch._scaled_mm`` takes it:
   per-tensor (one-element float32 arrays; also Python numbers), row-wise (vectors) and
-  block-wise (``scale_b`` (K/128, N/128) column-major);
+  block-wise (``scale_b`` (K/128, N/128) column-major), each promoted (the default
+  accumulation: ``use_fast_accum=True`` kernels compile on first use);
 - "grouped": ``grouped_gemm`` of 16-bit groups (``--dtypes``, each ``b[g]`` row- or
-  column-major, output the input dtype) and of e4m3 groups with block-wise scales (each
-  group's ``scale_b`` column-major, as ``torch._scaled_mm`` and DeepGEMM lay them out; output
-  bf16 or f16), contiguous and masked, without a fused epilogue.
+  column-major, output the input dtype) and of e4m3 groups, unscaled or with block-wise scales
+  (each group's ``scale_b`` column-major, as ``torch._scaled_mm`` and DeepGEMM lay them out),
+  promoted, output bf16 or f16; contiguous and masked, without a fused epilogue.
 
 A kernel is its config and the numba types of its launch's arguments (:class:`Kernel`),
 which name its entry together. A scale array's layout types its argument ("C" or "F" where
@@ -247,7 +248,8 @@ def _fp8_kernels(limits):
                 if not tma_addressable(out, True):
                     out = aligned_layout(out)[0]
                 yield choose_config(_view(M, K, a_dtype, True), _view(K, N, b_dtype, False), out, None, False,
-                                    fusion.config(False), limits=limits, block_scaled=fusion.block_scaled), arrays
+                                    fusion.config(False), limits=limits, block_scaled=fusion.block_scaled,
+                                    promoted=True), arrays
 
 
 # --- grouped_gemm -----------------------------------------------------------------------
@@ -264,9 +266,10 @@ def _grouped_kernels(dtypes, limits):
                                  G, None, False, limits=limits), ()
         kb, nb = -(-K // KBLOCK_SCALE), -(-N // KBLOCK_SCALE)
         scales = _array_types({"b_block_scales": DeviceView(0, (G, kb, nb), (kb * nb, 1, kb), "f32", 4, 0, "numba")})
-        for out_dtype in FP8_OUTS:  # (each group's scale_b column-major)
+        for out_dtype, block_scaled in itertools.product(FP8_OUTS, (True, False)):  # (scale_b column-major)
             yield grouped_config(_view(M, K, "e4m3", True), _view(K, N, "e4m3", False), _view(M, N, out_dtype, True),
-                                 mode, G, None, False, limits=limits, block_scaled=True), scales
+                                 mode, G, None, False, limits=limits, block_scaled=block_scaled,
+                                 promoted=True), scales if block_scaled else ()
 
 
 def kernel_set(dtypes=("bf16", "f16"), limits=H100, refused=None, families=FAMILIES) -> set:

@@ -25,10 +25,10 @@ The consumers' variants, one each:
 - one accumulator (the default), or one per wgmma of a k-block (``cfg.acc_chains``): :mod:`.mma`;
 - ping-pong (``cfg.pingpong``): a consumer issues both 64-row halves of a whole tile, in turns
   with the other consumer, and passes over the other's k-blocks in the ring: :mod:`.mma`;
-- block-wise fp8 scales (``cfg.block_scaled``): a slot also holds A's scales of the tile's rows
-  for its k-block (one more TMA box), and each k-block's product is waited for and added,
-  scaled, into an f32 register sum; tiles of at most 128 x 128 have room for a second
-  accumulator and run k-blocks in pairs: :mod:`.promoted`.
+- fp8 promotion (``cfg.promoted``): each k-block's product is waited for and added into an f32
+  register sum, times its block-wise scales with ``cfg.block_scaled`` (a slot then also holds
+  A's scales of the tile's rows for its k-block, one more TMA box); tiles of at most 128 x 128
+  have room for a second accumulator and run k-blocks in pairs: :mod:`.promoted`.
 
 The parts they share, a k-block's wgmmas, the consumers' turns and the K loop, are
 :mod:`.issue`'s; the producer's loads are :mod:`.loads`'.
@@ -55,20 +55,20 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
     device functions.
 
     - ``cluster_cta``, ``prefetch``, ``load``: the producer's (:func:`~.loads.make_loads`);
-    - ``begin(consumer)``: (each consumer warpgroup, once, before its first ``mma``) with
-      block-wise scales and two or three consumers, or ping-pong, hand the first turn to issue
+    - ``begin(consumer)``: (each consumer warpgroup, once, before its first ``mma``) promoted
+      with two or three consumers, or ping-pong, hand the first turn to issue
       wgmmas to consumer 0;
     - ``mma(acc, smem, bars, st, params, item, consumer, peers, tile) -> (acc, st)``: (a
       consumer warpgroup) its 64 rows of the tile's product over the item's k-blocks, in the
       accumulator tuple ``acc`` (ping-pong: the whole tile in the consumer's turn, ``acc`` the
-      upper and lower rows' accumulators); with block-wise scales (``cfg.block_scaled``, B's
-      read from ``params.b_scales``) each k-block's product is scaled into an f32 sum, returned
-      in ``acc``'s place; with ``cfg.acc_chains`` > 1 the k-block's wgmmas go to separate
+      upper and lower rows' accumulators); promoted (``cfg.promoted``) each k-block's product
+      is added (times its block-wise scales with ``cfg.block_scaled``, B's read from
+      ``params.b_scales``) into an f32 sum, returned in ``acc``'s place; with ``cfg.acc_chains`` > 1 the k-block's wgmmas go to separate
       accumulators, whose sum is returned.
     """
     cluster_cta, prefetch, load = make_loads(cfg, pipe)
     kb, turns = make_k_block(cfg), make_turns(cfg)
-    if cfg.block_scaled:
+    if cfg.promoted:
         variant = promoted_pairs_mma if cfg.promotes_in_pairs else promoted_mma
     elif cfg.pingpong:
         variant = pingpong_mma

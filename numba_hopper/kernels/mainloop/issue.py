@@ -64,10 +64,10 @@ def make_k_block(cfg: GemmConfig) -> KBlock:
 
 
 def make_turns(cfg: GemmConfig) -> Turns:
-    """The consumers' turns to issue wgmmas, where they take them: block-wise scaled products of
-    two or three consumers, and ping-pong ones (each turn a whole tile).
+    """The consumers' turns to issue wgmmas, where they take them: promoted products of two or
+    three consumers, and ping-pong ones (each turn a whole tile).
 
-    A block-scaled consumer waits for its k-block's wgmmas before it promotes them, so the
+    A promoting consumer waits for its k-block's wgmmas before it promotes them, so the
     tensor cores idle while all promote, unless the consumers take turns to issue: consumer 0's
     k-block kb, consumer 1's kb, (consumer 2's kb,) consumer 0's kb + 1, ... so that each
     promotes while the others' wgmmas run (measured +0 to 7%). The turns are the kit's ordered
@@ -80,7 +80,7 @@ def make_turns(cfg: GemmConfig) -> Turns:
     Without turns all three compile to nothing.
     """
     CONSUMERS = cfg.consumers
-    TAKE_TURNS = (cfg.block_scaled or cfg.pingpong) and CONSUMERS > 1
+    TAKE_TURNS = (cfg.promoted or cfg.pingpong) and CONSUMERS > 1
     order = make_ordered_barrier(cfg.barrier_ids.turns, max(2, CONSUMERS))  # (one consumer: unused)
     first_turn, wait_turn, next_turn = order.start, order.wait, order.arrive
 

@@ -1,9 +1,16 @@
-"""The consumers' K loops of block-wise scaled fp8 products (``cfg.block_scaled``): two-level
-accumulation, each k-block's product waited for and added, times its scales, into f32 register
-sums. :func:`promoted_mma` promotes one k-block at a time (a 256-wide tile's in two 128-column
-halves); :func:`promoted_pairs_mma`, for tiles of at most 128 x 128, two at a time.
+"""The consumers' K loops of promoted fp8 products (``cfg.promoted``): two-level accumulation,
+each k-block's product (128 K, four k32 wgmmas) waited for and added, times its block-wise
+scales (``cfg.block_scaled``), into f32 register sums. :func:`promoted_mma` promotes one k-block
+at a time (a 256-wide tile's in two 128-column halves); :func:`promoted_pairs_mma`, for tiles of
+at most 128 x 128, two at a time.
 
-A ring slot holds A's scales of the tile's rows for its k-block (a TMA box beside the k-block's);
+Why: the tensor cores add fp8 products into an accumulator that keeps about 14 bits, so an
+unpromoted sum's error grows with K (``use_fast_accum=True``); added into f32 every 128 K, the
+error is that of 128-term sums, whatever K is (cuBLASLt's default fp8 kernels promote too).
+Without block-wise scales the scales below are the constant 1, which the compiler folds away:
+the promotion is one FADD per accumulator register per k-block.
+
+With block-wise scales, a ring slot holds A's scales of the tile's rows for its k-block (a TMA box beside the k-block's);
 B's scales, one per 128 x 128 block of B, are loaded from global memory (``GemmParams.b_scales``)
 ``SCALE_AHEAD`` k-blocks ahead, so the L2's latency hides behind wgmmas. The sums double the
 accumulators, so block-scaled tiles are at most 192 wide (96 + 96 registers per thread), or 256
@@ -48,11 +55,14 @@ def _promotion(cfg: GemmConfig, kb: KBlock, turns: Turns) -> _Promotion:
       this consumer's turn.
     """
     A_SCALES_BYTES = cfg.a_scales_bytes
+    SCALED = cfg.block_scaled
     B_SCALES_BY_GROUP = cfg.grouped is not None  # grouped kernels: B's scales are (G, K/128, N/128)
     mma_block, wait_turn, pass_turn = kb.issue, turns.wait, turns.pass_on
 
     @cuda.jit(device=True, forceinline=True)
     def load_b_scale(p, g, n_block, k_begin, i, k_blocks):
+        if not SCALED:
+            return np.float32(1)
         k = np.uint32(k_begin + i) if i < k_blocks else np.uint32(0)
         if B_SCALES_BY_GROUP:
             return p.b_scales[np.uint64(g), k, n_block]
@@ -60,6 +70,8 @@ def _promotion(cfg: GemmConfig, kb: KBlock, turns: Turns) -> _Promotion:
 
     @cuda.jit(device=True, forceinline=True)
     def a_scales(row_scales, st):
+        if not SCALED:
+            return np.float32(1), np.float32(1)
         at = row_scales + st.stage * A_SCALES_BYTES
         return nh.ld_shared_f32(at), nh.ld_shared_f32(at + 32)
 
@@ -92,6 +104,7 @@ def promoted_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
     BN = cfg.block_n
     DEBUG = cfg.debug
     A_SCALES = cfg.layout.a_scales
+    SCALED = cfg.block_scaled
     # A 192- or 256-wide tile spans two of B's 128-column scale blocks; a 64- or 128-wide one, at
     # a multiple of its width, lies in one (and compiles none of the second block's code).
     TWO_B_BLOCKS = BN > KBLOCK_SCALE
@@ -132,7 +145,9 @@ def promoted_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
             # the next, and its middle 64 in the next iff n0 % 128 == 64; a 256-wide tile's
             # halves lie in this block and the next. Past B's last block the columns are
             # padding (TMA clips their stores): they take the last block's scale.
-            n_next = np.uint32(min(n_block + 1, p.b_scales.shape[-1] - 1))
+            n_next = n_block
+            if SCALED:
+                n_next = np.uint32(min(n_block + 1, p.b_scales.shape[-1] - 1))
             mid_next = n0 % KBLOCK_SCALE != 0
             b_next_scales = first_b_scales(p, tile.batch, n_next, k_begin, k_blocks)
         part_acc = part_accumulator(acc)
