@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 from bench_gemm import paired_ratio, print_table, save_results  # noqa: E402
+from bench_model import _time_ms  # noqa: E402
 
 import numba_hopper.torch as nht  # noqa: E402
 
@@ -86,15 +87,6 @@ def train_step(model, opt, ids):
     opt.zero_grad(set_to_none=True)
     model(input_ids=ids, labels=ids).loss.backward()
     opt.step()
-
-
-def _time_ms(fn):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
 
 
 def _rel(got, ref):
