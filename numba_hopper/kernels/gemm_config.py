@@ -204,7 +204,8 @@ class GemmConfig:
         if self.stream_k and (self.cluster_size > 1 or self.epilogue is not None):
             raise ValueError("stream_k runs without a cluster or a fused epilogue")
         if self.promoted and (self.in_dtype not in FP8_DTYPES or self.block_n not in BLOCK_SCALED_NS):
-            raise ValueError(f"promotion (and block-wise scales) needs fp8 inputs and block_n in {BLOCK_SCALED_NS}; got "
+            raise ValueError(f"promotion (and block-wise scales) needs fp8 inputs and block_n in {BLOCK_SCALED_NS}; "
+                             f"got "
                              f"{self.in_dtype}, block_n = {self.block_n}")
         if self.promoted and self.block_n > KBLOCK_SCALE and self.epilogue and self.epilogue.column_bytes(self.block_n):
             # Beside 96 sums and 96 accumulators, the staged column terms' shared-memory
@@ -215,7 +216,8 @@ class GemmConfig:
         if self.promoted and self.block_n == 256 and (self.block_m != 128 or self.grouped is not None):
             # (the two-halves k-block is measured on dense 128-row tiles only)
             raise ValueError("promoted 256-wide tiles run with block_m = 128, ungrouped")
-        if self.block_m == 192 and self.promoted and (ELEMENT_BYTES[self.out_dtype] == 1 or self.epilogue and self.epilogue.fuses_more):
+        if self.block_m == 192 and self.promoted and (ELEMENT_BYTES[self.out_dtype] == 1
+                                                      or self.epilogue and self.epilogue.fuses_more):
             # Three consumers get 160 registers each: 64 sums and 64 accumulators leave too few
             # for more epilogue terms (an fp8 output's amax spills 12 + 20 B).
             raise ValueError("promoted 192-row tiles run with no other epilogue term than alpha and a "
@@ -289,8 +291,8 @@ class GemmConfig:
         consumer holds ``mma_depth + 1`` slots and the producer loads into the rest. 2 on
         64-row tiles with a ring of 8 or more slots (64 x 64 and 64 x 128 tiles:
         64x10240x8192 +2%; on 5-stage 64 x 256 tiles it cost 6%), else 1. The narrow decode
-        tiles (an accumulator per wgmma) keep 1: deeper measured no faster there. Block-wise
-        promoted products wait for every k-block, or every pair (``mainloop/promoted.py``,
+        tiles (an accumulator per wgmma) keep 1: deeper measured no faster there. Promoted
+        products wait for every k-block, or every pair (``mainloop/promoted.py``,
         ``promotes_in_pairs``)."""
         return 2 if self.block_m == 64 and self.stages >= 8 and self.acc_chains == 1 else 1
 

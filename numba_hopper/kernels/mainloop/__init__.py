@@ -63,8 +63,9 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
       accumulator tuple ``acc`` (ping-pong: the whole tile in the consumer's turn, ``acc`` the
       upper and lower rows' accumulators); promoted (``cfg.promoted``) each k-block's product
       is added (times its block-wise scales with ``cfg.block_scaled``, B's read from
-      ``params.b_scales``) into an f32 sum, returned in ``acc``'s place; with ``cfg.acc_chains`` > 1 the k-block's wgmmas go to separate
-      accumulators, whose sum is returned.
+      ``params.b_scales``) into an f32 sum, returned in ``acc``'s place; with
+      ``cfg.acc_chains`` > 1 the k-block's wgmmas go to separate accumulators, whose sum is
+      returned.
     """
     cluster_cta, prefetch, load = make_loads(cfg, pipe)
     kb, turns = make_k_block(cfg), make_turns(cfg)

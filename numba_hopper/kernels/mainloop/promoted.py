@@ -10,12 +10,12 @@ error is that of 128-term sums, whatever K is (cuBLASLt's default fp8 kernels pr
 Without block-wise scales the scales below are the constant 1, which the compiler folds away:
 the promotion is one FADD per accumulator register per k-block.
 
-With block-wise scales, a ring slot holds A's scales of the tile's rows for its k-block (a TMA box beside the k-block's);
-B's scales, one per 128 x 128 block of B, are loaded from global memory (``GemmParams.b_scales``)
-``SCALE_AHEAD`` k-blocks ahead, so the L2's latency hides behind wgmmas. The sums double the
-accumulators, so block-scaled tiles are at most 192 wide (96 + 96 registers per thread), or 256
-wide in two 128-column halves per k-block (64 + 128); 192- and 256-wide tiles take B's scales of
-two 128-column blocks.
+With block-wise scales, a ring slot holds A's scales of the tile's rows for its k-block (a TMA
+box beside the k-block's); B's scales, one per 128 x 128 block of B, are loaded from global
+memory (``GemmParams.b_scales``) ``SCALE_AHEAD`` k-blocks ahead, so the L2's latency hides
+behind wgmmas; 192- and 256-wide tiles take B's scales of two 128-column blocks. The sums double
+the accumulators, so promoted tiles are at most 192 wide (96 + 96 registers per thread), or 256
+wide in two 128-column halves per k-block (64 + 128).
 """
 
 from __future__ import annotations
