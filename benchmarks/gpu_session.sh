@@ -5,7 +5,9 @@
 # Logs and results land in $OUT (the device tool brings them back). numba-cuda 0.30.4 needs
 # NumPy < 2.5: the wheels in .whl/ (numpy==2.4.6, expecttest; carried with the call) are
 # installed into .site first. GPU_WORKERS processes share the GPU in the compile-bound test
-# steps; the tests marked serial (they time the host or order streams) run alone after them.
+# steps, tests dealt to them by file (GPU_DIST=loadfile) or one by one (GPU_DIST=load: the fp8
+# files took 132 s on 16 workers, against more than 280 s by file); the tests marked serial
+# (they time the host or order streams) run alone after them.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --upgrade --target .site .whl/*.whl >/dev/null 2>&1
@@ -17,7 +19,7 @@ GEMM_TESTS="tests/test_gemm_gpu.py tests/test_epilogue_gpu.py tests/test_fp8_gpu
   tests/test_cluster_gpu.py tests/test_call_path_gpu.py tests/test_call_path_edges_gpu.py tests/test_torch_gpu.py"
 pytest_group() {  # name, files...
   local name=$1; shift
-  python3 -m pytest -m "gpu and not serial and not soak" -n "${GPU_WORKERS:-12}" --dist loadfile -q -rfEs \
+  python3 -m pytest -m "gpu and not serial and not soak" -n "${GPU_WORKERS:-12}" --dist "${GPU_DIST:-loadfile}" -q -rfEs \
     -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu-tests-$name.log" | tail -15
   return "${PIPESTATUS[0]}"
 }
