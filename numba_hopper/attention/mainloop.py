@@ -194,6 +194,11 @@ def make_mainloop(cfg: AttentionConfig, turns) -> Mainloop:
             for i in range(np.int32(nb - 1 - masked)):
                 s, packed, o, m, l, st_k, st_v = step(s, packed, o, m, l, st_k, st_v, smem, descs, w, cw, t, 0,
                                                       scale_log2, False)
+        if not O_ALIASES_Q and t % 32 == 0:
+            # Every S = Q K^T is done (each block's wgmmas were waited for): the next tile's Q
+            # loads under the last P V and the epilogue.
+            nh.mbarrier_arrive(smem + Q_EMPTY)
+        if nb > 0:
             V_RING.wait(smem + V_BARS, st_v)
             nh.wgmma_fence()
             o = pv(o, packed, vd.advance(descs[2], st_v.stage, V_TILE))
@@ -201,8 +206,6 @@ def make_mainloop(cfg: AttentionConfig, turns) -> Mainloop:
             o = nh.wgmma_fence_operand(o)
             release(V_RING, smem + V_BARS, st_v, t)
             st_v = V_RING.advance(st_v)
-        if not O_ALIASES_Q and t % 32 == 0:
-            nh.mbarrier_arrive(smem + Q_EMPTY)  # this warp's wgmmas no longer read Q
         return o, m, l, st_k, st_v
 
     return Mainloop(K_RING, V_RING, load, consume)
