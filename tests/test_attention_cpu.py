@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from numba_hopper.attention.config import (BLOCK_M, DTYPES, HEAD_DIMS, AttentionConfig, argument_types,
+from numba_hopper.attention.config import (DTYPES, HEAD_DIMS, AttentionConfig, argument_types,
                                            attention_config, l2_section)
 from numba_hopper.attention.kernel import make_attention_kernel, warp_split
 from numba_hopper.attention.scheduler import make_key_blocks, walk_host
@@ -71,7 +71,8 @@ def test_register_budget_and_shared_memory():
     for head_dim, dtype in itertools.product(HEAD_DIMS, DTYPES):
         cfg = attention_config(head_dim, dtype)
         ws = warp_split(cfg)
-        assert ws.threads == 384 and ws.consumer_regs == cfg.consumer_regs == 240
+        assert ws.threads == cfg.threads == 128 * (1 + cfg.consumers)
+        assert ws.consumer_regs == cfg.consumer_regs == {2: 240, 3: 160}[cfg.consumers]
         assert cfg.shared_bytes <= 232448
         offsets = cfg.smem.offsets
         assert all(offsets[n] % 1024 == 0 for n in ("q", "k", "v")) and offsets["pin"] % 8 == 0
@@ -98,7 +99,7 @@ CAUSAL_LAUNCHES = [(16, 256, 32), (128, 32, 8), (16, 128, 16), (128, 16, 4), (16
 @pytest.mark.parametrize("m_blocks, pairs, section", CAUSAL_LAUNCHES)
 def test_causal_walk_balances_the_ctas(m_blocks, pairs, section):
     """Each CTA's key blocks (what its time goes with) within 5% of the mean of 132 CTAs."""
-    key_blocks = make_key_blocks(128)
+    key_blocks = make_key_blocks(128, 128)
     S = m_blocks * 128
     loads = [sum(key_blocks(m * 128, S, S, 0)[0] for m, _ in walk) for walk in walk_host(m_blocks, pairs, section, True, 132)]
     assert max(loads) <= 1.05 * sum(loads) / len(loads)
@@ -110,16 +111,16 @@ def test_l2_section():
     assert l2_section(3, 1024, 64, 1) == 3
 
 
-@pytest.mark.parametrize("block_n", [80, 128])
-def test_key_blocks_against_brute_force(block_n):
+@pytest.mark.parametrize("block_n,block_m", [(80, 128), (128, 128), (128, 192)])
+def test_key_blocks_against_brute_force(block_n, block_m):
     """The blocks a tile visits cover every key one of its rows sees; the unmasked ones are
     seen whole by every row."""
-    key_blocks = make_key_blocks(block_n)
+    key_blocks = make_key_blocks(block_n, block_m)
     for sq, sk, causal, bottom_right in itertools.product((1, 100, 129, 300), (0, 1, 80, 129, 300), (False, True),
                                                           (False, True)):
         diag = (sk - sq if bottom_right else 0) if causal else sk
-        for m0 in range(0, sq, BLOCK_M):
-            rows = np.arange(m0, min(m0 + BLOCK_M, sq))[:, None]
+        for m0 in range(0, sq, block_m):
+            rows = np.arange(m0, min(m0 + block_m, sq))[:, None]
             keys = np.arange(sk)[None, :]
             visible = (keys <= rows + diag) & (keys < sk)
             n_blocks, n_masked = (int(x) for x in key_blocks(np.int32(m0), np.int32(sq), np.int32(sk),

@@ -23,7 +23,7 @@ from ..runtime.arrays import DeviceView
 from ..runtime.launch import device_limits, prepare_launch
 from ..runtime.tensormap import TensorMapArg, encode_template
 from .checks import addressable, check_call, check_device
-from .config import BLOCK_M, THREADS, AttentionParams, attention_config, l2_section
+from .config import AttentionParams, attention_config, l2_section
 from .kernel import make_attention_kernel
 from .scheduler import pair_items
 
@@ -221,9 +221,9 @@ def _plan(key, problem, views, values, lse_strides) -> _Plan:
     """Build (and cache) the plan of ``key`` (``_attention``'s layout key), prepared at the first
     call's ``values``."""
     cfg = attention_config(problem.head_dim, problem.dtype)
-    boxes = ((1, 1, BLOCK_M, 64), (1, 1, cfg.block_n, 64), (1, 1, cfg.block_n, 64), (1, 1, 64, 64))
+    boxes = ((1, 1, cfg.block_m, 64), (1, 1, cfg.block_n, 64), (1, 1, cfg.block_n, 64), (1, 1, 64, 64))
     templates = [encode_template(view, box, swizzle=128) for view, box in zip(views, boxes)]
-    m_blocks = max(1, -(-problem.seqlen_q // BLOCK_M))
+    m_blocks = max(1, -(-problem.seqlen_q // cfg.block_m))
     items = pair_items(m_blocks, problem.causal) * problem.batch * problem.heads
     section = (l2_section(problem.batch * problem.heads, problem.seqlen_k, problem.head_dim, problem.kv_group)
                if problem.causal else 1)
@@ -240,7 +240,7 @@ def _plan(key, problem, views, values, lse_strides) -> _Plan:
         out_batch=out.strides[0] if out.shape[0] > 1 else 0,
         lse=values[LSE], lse_batch=lse_strides[0], lse_head=lse_strides[1])
     grid = min(items, device_limits(key[0] or 0).sm_count)
-    launch = prepare_launch(make_attention_kernel(cfg), grid, THREADS, (params,), shared_mem=cfg.shared_bytes,
+    launch = prepare_launch(make_attention_kernel(cfg), grid, cfg.threads, (params,), shared_mem=cfg.shared_bytes,
                             cache_key=cache_key(cfg))
     fields = launch.leaves[0]
     binds = [(fields[0][m], v, 0) for m, v in enumerate(_MAP_VALUES)]

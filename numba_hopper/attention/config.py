@@ -22,14 +22,11 @@ from ..kit.layouts import SmemPlan, operand_layout
 from ..kit.pipeline import pipeline_barrier_bytes
 
 __all__ = ["AttentionConfig", "AttentionParams", "attention_config", "argument_types", "HEAD_DIMS", "DTYPES",
-           "BLOCK_M", "CONSUMERS", "THREADS", "WG_ROWS"]
+           "WG_ROWS"]
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bf16", "f16")
 WG_ROWS = 64  # query rows per consumer warpgroup (wgmma M)
-CONSUMERS = 2  # consumer warpgroups, each 64 rows of a 128-row query tile
-BLOCK_M = WG_ROWS * CONSUMERS
-THREADS = 128 * (1 + CONSUMERS)  # the producer warpgroup and the consumers
 SWIZZLE = 128  # every tile: 128-byte swizzled rows of 64 16-bit elements
 
 
@@ -37,8 +34,9 @@ SWIZZLE = 128  # every tile: 128-byte swizzled rows of 64 16-bit elements
 class AttentionConfig:
     """Compile-time configuration of one attention kernel (one per head dim and dtype).
 
+    ``consumers``: consumer warpgroups, each 64 rows of the query tile (``block_m`` rows).
     ``block_n``: keys per K/V block (a multiple of 16: the P @ V wgmma's k16 steps). ``stages``:
-    slots of each of the K and V rings. ``take_turns``: the two consumer warpgroups issue their
+    slots of each of the K and V rings. ``take_turns``: the consumer warpgroups issue their
     wgmmas in turns (named barriers), so that one's softmax runs while the other's GEMMs keep
     the tensor cores busy (FlashAttention-3's inter-warpgroup overlap). ``o_aliases_q``: the
     output tile is staged in Q's buffer (head dim 256, where shared memory has no room for
@@ -49,6 +47,7 @@ class AttentionConfig:
 
     head_dim: int = 128
     dtype: str = "bf16"
+    consumers: int = 2
     block_n: int = 128
     stages: int = 2
     take_turns: bool = True
@@ -60,16 +59,28 @@ class AttentionConfig:
             raise ValueError(f"head_dim must be one of {HEAD_DIMS}; got {self.head_dim}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}; got {self.dtype!r}")
+        if self.consumers not in (2, 3):
+            raise ValueError(f"consumers must be 2 or 3; got {self.consumers}")
         if self.block_n % 16 or not 16 <= self.block_n <= 256:
             raise ValueError(f"block_n must be a multiple of 16 in [16, 256]; got {self.block_n}")
         self.smem  # raises if the buffers do not fit
+
+    @property
+    def block_m(self) -> int:
+        """Query rows per tile: 64 per consumer warpgroup."""
+        return WG_ROWS * self.consumers
+
+    @property
+    def threads(self) -> int:
+        """The producer warpgroup and the consumers."""
+        return 128 * (1 + self.consumers)
 
     # --- operand tiles (numba_hopper.kit.layouts) --------------------------------------------
 
     @property
     def q(self):
-        """Q's tile: BLOCK_M rows, K-major (the A operand of S = Q K^T), D/64 boxes."""
-        return operand_layout("K", SWIZZLE, self.dtype, BLOCK_M, self.head_dim)
+        """Q's tile: ``block_m`` rows, K-major (the A operand of S = Q K^T), D/64 boxes."""
+        return operand_layout("K", SWIZZLE, self.dtype, self.block_m, self.head_dim)
 
     @property
     def k(self):
@@ -118,22 +129,22 @@ class AttentionConfig:
     @property
     def consumer_regs(self) -> int:
         """Registers of a consumer thread after ``setmaxnreg.inc``: the launch gives each thread
-        65536 / THREADS (rounded down to 8); the producer's spare ones go to the consumers."""
-        at_launch = 65536 // THREADS // 8 * 8
-        return (at_launch * THREADS // 128 - self.producer_regs) // CONSUMERS // 8 * 8
+        65536 / ``threads`` (rounded down to 8); the producer's spare ones go to the consumers."""
+        at_launch = 65536 // self.threads // 8 * 8
+        return (at_launch * self.threads // 128 - self.producer_regs) // self.consumers // 8 * 8
 
 
 def attention_config(head_dim: int, dtype: str = "bf16") -> AttentionConfig:
     """The tuned configuration of a head dim (FlashAttention-3's tiles, ``hopper/tile_size.h``).
 
-    - 64: 128 x 128 tiles, three K and V slots (80 KB of K/V leaves room).
+    - 64: 192 x 128 tiles (three consumer warpgroups of 160 registers), three K and V slots.
     - 128: 128 x 128 tiles, two slots each: Q 32 KB, K and V 128 KB, O 32 KB.
     - 256: 128 x 80 tiles, two slots each: Q 64 KB and K/V 160 KB fill shared memory, so the
       output is staged in Q's buffer; the consumers do not take turns (as FlashAttention-3,
       whose 256 kernel keeps each warpgroup's own overlap only).
     """
     if head_dim == 64:
-        return AttentionConfig(64, dtype, block_n=128, stages=3)
+        return AttentionConfig(64, dtype, consumers=3, block_n=128, stages=3)
     if head_dim == 128:
         return AttentionConfig(128, dtype, block_n=128, stages=2)
     if head_dim == 256:
@@ -145,8 +156,8 @@ class AttentionParams(NamedTuple):
     """The attention kernel's run-time arguments (numba passes each field as its own parameter).
 
     ``maps``: tensor maps of Q, K, V and O, passed by value, each over a 4-D view (head dim,
-    rows, heads, batches: innermost first) with 128-byte swizzle; boxes ``(1, 1, 128, 64)`` for
-    Q, ``(1, 1, block_n, 64)`` for K and V, ``(1, 1, 64, 64)`` for O (numpy order). A packed
+    rows, heads, batches: innermost first) with 128-byte swizzle; boxes ``(1, 1, block_m, 64)``
+    for Q, ``(1, 1, block_n, 64)`` for K and V, ``(1, 1, 64, 64)`` for O (numpy order). A packed
     variable-length batch is one "batch" of ``total`` rows, each sequence starting at its
     offset in ``cu_seqlens_q`` / ``cu_seqlens_k`` (device addresses of ``batch + 1`` int32;
     0 for a dense batch, whose sequences are ``seqlen_q`` and ``seqlen_k`` long).

@@ -28,7 +28,7 @@ from .. import intrinsics as nh
 from ..intrinsics.gmem_f32 import st_global_f32
 from ..intrinsics.opaque import opaque_u32
 from ..kit.fragments import scale_rows, thread_rows, x4_lane_offset
-from .config import BLOCK_M, WG_ROWS, AttentionConfig
+from .config import WG_ROWS, AttentionConfig
 from .softmax import finalize
 
 __all__ = ["Epilogue", "make_epilogue"]
@@ -43,7 +43,7 @@ SPAN = 128  # bytes of a staging row in one box (64 16-bit columns)
 
 def make_epilogue(cfg: AttentionConfig) -> Epilogue:
     """The epilogue of ``cfg``'s kernel (module doc)."""
-    T, D, BOXES = cfg.dtype, cfg.head_dim, cfg.boxes
+    T, D, BOXES, BLOCK_M = cfg.dtype, cfg.head_dim, cfg.boxes, cfg.block_m
     O_OFF, BOX, O_WG = cfg.o_offset, cfg.o.box_bytes, cfg.o.mn_offset(WG_ROWS)
     Q_EMPTY = cfg.smem.offsets["q_bars"] + 8
     O_ALIASES_Q = cfg.o_aliases_q
@@ -61,6 +61,7 @@ def make_epilogue(cfg: AttentionConfig) -> Epilogue:
         """The packed 64 x D tile into the staging boxes at ``base`` (stmatrix.x4: 16 x 16
         elements a warp per instruction; lane addresses from ``x4_lane_offset``)."""
         regs = nh.tuple_as_array(packed)
+        t = opaque_u32(t)  # (the lanes' swizzled offsets stay out of the mainloop's registers)
         r, c = x4_lane_offset(t % 32)
         row = np.uint32(16 * (t // 32) + r)
         half = np.uint32(c // 8)  # the lane's 8 columns of the 16

@@ -1,14 +1,15 @@
 """The FlashAttention-3-style forward kernel for sm_90a: warp-specialized, persistent, TMA + wgmma.
 
-One CTA per SM, three warpgroups (:mod:`numba_hopper.kit.warpspec`):
+One CTA per SM, a producer warpgroup and ``cfg.consumers`` (two or three) consumers
+(:mod:`numba_hopper.kit.warpspec`):
 
 - warpgroup 0, the producer, gives registers back (``setmaxnreg.dec``); one elected thread
   walks the CTA's tiles (:mod:`.scheduler`) and loads, per tile, Q once and the K and V blocks
   into their two rings (:mod:`.mainloop`);
-- warpgroups 1 and 2, the consumers, take the registers (``setmaxnreg.inc``) and each computes
-  64 rows of the 128-row query tile: ``S = Q K^T``, the online softmax (:mod:`.softmax`) and
+- the consumers take the registers (``setmaxnreg.inc``) and each computes 64 rows of the
+  ``cfg.block_m``-row query tile: ``S = Q K^T``, the online softmax (:mod:`.softmax`) and
   ``O += P V`` with P kept in registers, the softmax of a block under the P V wgmmas of the
-  block before it, and with ``cfg.take_turns`` the two warpgroups' wgmmas in turns. Then the
+  block before it, and with ``cfg.take_turns`` the warpgroups' wgmmas in turns. Then the
   epilogue (:mod:`.epilogue`) stores the normalized rows with TMA (and their log-sum-exps).
 
 :func:`make_attention_kernel` builds (and caches) the kernel of a :class:`AttentionConfig`; its
@@ -26,7 +27,7 @@ from ..intrinsics.opaque import opaque_u32
 from ..kit.barriers import NamedBarriers, make_ordered_barrier
 from ..kit.pipeline import pipeline_start
 from ..kit.warpspec import warp_specialization
-from .config import CONSUMERS, AttentionConfig
+from .config import AttentionConfig
 from .epilogue import make_epilogue
 from .mainloop import make_mainloop
 from .scheduler import make_scheduler
@@ -36,12 +37,13 @@ __all__ = ["make_attention_kernel", "warp_split"]
 
 def warp_split(cfg: AttentionConfig):
     """The kernel's producer/consumer split (threads, registers after ``setmaxnreg``)."""
-    return warp_specialization(consumers=CONSUMERS, producer_regs=cfg.producer_regs)
+    return warp_specialization(consumers=cfg.consumers, producer_regs=cfg.producer_regs)
 
 
 @functools.lru_cache(maxsize=None)
 def make_attention_kernel(cfg: AttentionConfig):
     """The ``@cuda.jit`` kernel ``attention_kernel(params)`` of ``cfg``."""
+    CONSUMERS = cfg.consumers
     ids = NamedBarriers()
     EPILOGUE = ids.allocate("epilogue", CONSUMERS)  # one per consumer warpgroup
     turns = make_ordered_barrier(ids.allocate("turns", CONSUMERS), members=CONSUMERS)

@@ -23,7 +23,7 @@ first block's ``S`` and softmax, each step issues, as two wgmma groups::
     wait_group(0)                  O is ready
     O *= corr; P_n packed to 16 bits
 
-With ``cfg.take_turns`` the two consumer warpgroups issue those groups in turns (an ordered
+With ``cfg.take_turns`` the consumer warpgroups issue those groups in turns (an ordered
 barrier, :func:`numba_hopper.kit.barriers.make_ordered_barrier`): one's softmax runs under the
 other's wgmmas. The accumulator reads after each wait go through ``wgmma_fence_operand``, which
 keeps LLVM from moving them above the wait (ptxas would then wait for every wgmma in flight
@@ -43,7 +43,7 @@ from ..kit.fragments import a_operand, scale_rows
 from ..kit.layouts import make_descriptors
 from ..kit.overlap import make_wait_after
 from ..kit.pipeline import make_ring
-from .config import BLOCK_M, CONSUMERS, WG_ROWS, AttentionConfig
+from .config import WG_ROWS, AttentionConfig
 from .softmax import NEG_INF, make_mask, online_step
 
 __all__ = ["Mainloop", "make_mainloop", "make_rings"]
@@ -57,7 +57,7 @@ st_k, st_v, q_phase, scale_log2) -> (o, m, l, st_k, st_v)`` (a consumer warpgrou
 def make_rings(cfg: AttentionConfig):
     """The K and V rings: one release per consumer warp (lane 0, after the wait that ends the
     wgmmas reading the slot)."""
-    arrivals = 4 * CONSUMERS
+    arrivals = 4 * cfg.consumers
     return (make_ring(cfg.stages, consumer_arrivals=arrivals, tx_bytes=cfg.k.tile_bytes),
             make_ring(cfg.stages, consumer_arrivals=arrivals, tx_bytes=cfg.v.tile_bytes))
 
@@ -65,7 +65,7 @@ def make_rings(cfg: AttentionConfig):
 def make_mainloop(cfg: AttentionConfig, turns) -> Mainloop:
     """The mainloop of ``cfg``'s kernel; ``turns``: the consumers' ordered barrier (used if
     ``cfg.take_turns``)."""
-    T, BN, D, BOXES = cfg.dtype, cfg.block_n, cfg.head_dim, cfg.boxes
+    T, BN, D, BOXES, BLOCK_M = cfg.dtype, cfg.block_n, cfg.head_dim, cfg.boxes, cfg.block_m
     K_RING, V_RING = make_rings(cfg)
     OFF = cfg.smem.offsets
     Q_OFF, K_OFF, V_OFF = OFF["q"], OFF["k"], OFF["v"]
@@ -77,7 +77,7 @@ def make_mainloop(cfg: AttentionConfig, turns) -> Mainloop:
     QK_STEPS, PV_STEPS = cfg.q.k_steps, cfg.v.k_steps
     qd, kd, vd = make_descriptors(cfg.q), make_descriptors(cfg.k), make_descriptors(cfg.v)
     TAKE_TURNS, O_ALIASES_Q = cfg.take_turns, cfg.o_aliases_q
-    mask = make_mask(BN)
+    mask = make_mask(BN, BLOCK_M)
     wait_after = make_wait_after(0)
 
     @cuda.jit(device=True, forceinline=True)

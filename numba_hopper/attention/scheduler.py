@@ -1,7 +1,7 @@
 """Which query tiles a persistent CTA computes, and each tile's rows, keys and masked blocks.
 
 The grid is one CTA per SM. CTA ``c`` takes work items ``c, c + gridDim.x, ...`` of the
-launch's (one or two of the ``m_blocks`` 128-row query tiles of a (batch, head) pair each); its
+launch's (one or two of the ``m_blocks`` query tiles of a (batch, head) pair each); its
 producer and its consumers walk the same positions through :func:`make_scheduler`'s ``work``
 and agree on every tile without talking.
 
@@ -33,7 +33,7 @@ import numpy as np
 from numba import cuda
 
 from .. import intrinsics as nh
-from .config import BLOCK_M, AttentionConfig
+from .config import AttentionConfig
 
 __all__ = ["Work", "Scheduler", "make_scheduler", "pair_items", "walk_host"]
 
@@ -53,7 +53,8 @@ params.positions``."""
 def make_scheduler(cfg: AttentionConfig) -> Scheduler:
     """The tile walk of ``cfg``'s kernel (module doc). 32-bit divisions (``div.u32``) keep the
     producer, which runs on 24 registers, out of numba's 64-bit division subroutine."""
-    key_blocks = cuda.jit(device=True, forceinline=True)(make_key_blocks(cfg.block_n))
+    BLOCK_M = cfg.block_m
+    key_blocks = cuda.jit(device=True, forceinline=True)(make_key_blocks(cfg.block_n, BLOCK_M))
 
     @cuda.jit(device=True, forceinline=True)
     def first():
@@ -110,7 +111,7 @@ def make_scheduler(cfg: AttentionConfig) -> Scheduler:
     return Scheduler(first, next_position, work)
 
 
-def make_key_blocks(block_n):
+def make_key_blocks(block_n, block_m):
     """``key_blocks(m0, seqlen_q, seqlen_k, diag) -> (n_blocks, n_masked)`` of the query tile whose
     first row is ``m0`` (plain Python, compiled as a device function by :func:`make_scheduler`
     and run as it is on the host by the tests): the key blocks up to the last one its last row
@@ -119,7 +120,7 @@ def make_key_blocks(block_n):
     BN = block_n
 
     def key_blocks(m0, seqlen_q, seqlen_k, diag):
-        last_row = np.int32(min(m0 + BLOCK_M, seqlen_q) - 1)
+        last_row = np.int32(min(m0 + block_m, seqlen_q) - 1)
         n_blocks = max(np.int32(0), min(np.int32((seqlen_k + BN - 1) // BN), np.int32((last_row + diag) // BN + 1)))
         # blocks below both the sequence end and the first row's diagonal need no mask
         plain = max(np.int32(0), min(n_blocks, np.int32(seqlen_k // BN), np.int32((m0 + diag + 1) // BN)))

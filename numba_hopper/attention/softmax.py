@@ -28,14 +28,14 @@ from numba import cuda
 
 from .. import intrinsics as nh
 from ..kit.fragments import exp2_rows, quad_sum, row_max, thread_row_sum, thread_rows
-from .config import BLOCK_M, WG_ROWS
+from .config import WG_ROWS
 
 __all__ = ["make_mask", "online_step", "finalize", "NEG_INF"]
 
 NEG_INF = np.float32(-np.inf)
 
 
-def make_mask(block_n):
+def make_mask(block_n, block_m):
     """``mask(s, w, cw, t, n)``: the score block of key block ``n`` with every key that query
     row ``i`` may not see set to ``-inf``: keys ``>= seqlen_k`` and keys ``> i + w.diag``
     (:mod:`.scheduler`). Per row one limit, per register one compare and select
@@ -45,7 +45,7 @@ def make_mask(block_n):
     def mask(s, w, cw, t, n):
         frag = nh.tuple_as_array(s)
         r0, r1 = thread_rows(t)
-        first_row = np.int32(w.m_block * BLOCK_M + cw * WG_ROWS)
+        first_row = np.int32(w.m_block * block_m + cw * WG_ROWS)
         key0 = np.int32(n * block_n + 2 * (t % 4))  # the key of this thread's column 0
         lim0 = np.int32(min(w.seqlen_k, first_row + r0 + w.diag + 1) - key0)
         lim1 = np.int32(min(w.seqlen_k, first_row + r1 + w.diag + 1) - key0)
