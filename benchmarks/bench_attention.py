@@ -179,10 +179,10 @@ def main(argv=None):
     p.add_argument("--no-prefill", action="store_true")
     p.add_argument("--out", help="results file (default: benchmarks/results/attention-<gpu>.json)")
     args = p.parse_args(argv)
-    from numba_hopper.attention import attention_config, precompile
+    from numba_hopper.attention import precompile, tuned_configs
 
-    # the three bf16 kernels, compiled side by side in worker processes into the kernel cache
-    precompile([attention_config(d, "bf16") for d in HEADS])
+    # the bf16 kernels, compiled side by side in worker processes into the kernel cache
+    precompile(tuned_configs(("bf16",), tuple(HEADS)))
     records, prefill = [], []
     if not args.prefill_only:
         for point in points(args.quick):

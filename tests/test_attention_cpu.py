@@ -1,4 +1,4 @@
-"""numba_hopper.attention without a GPU: the kernels' SASS (one per head dim, and f16 once), the tile
+"""numba_hopper.attention without a GPU: the kernels' SASS (each tuned configuration, and f16 once), the tile
 walk and block counts against brute force, the host checks on CPU tensors, the op's fake
 implementation, and the kit's overlap check.
 
@@ -10,23 +10,22 @@ import itertools
 import numpy as np
 import pytest
 
-from numba_hopper.attention.config import (DTYPES, HEAD_DIMS, AttentionConfig, argument_types,
-                                           attention_config, l2_section)
+from numba_hopper.attention.config import (HEAD_DIMS, SHORT_CAUSAL_64, AttentionConfig, argument_types,
+                                           attention_config, l2_section, tuned_configs)
 from numba_hopper.attention.kernel import make_attention_kernel, warp_split
 from numba_hopper.attention.scheduler import make_key_blocks, walk_host
 from numba_hopper.kit.overlap import make_wait_after, wgmma_stages
 from numba_hopper.tools.sass import inspect_kernel
 
-# One compile per code path: each head dim has its own tile, ring depth, turn-taking and output
-# staging (attention_config); the dtype only names the wgmmas' and the packs' element type, so f16
-# is compiled once, at the quickest head dim. (A parameter's tests are one xdist unit: conftest.py.)
-KERNELS = [(d, "bf16") for d in HEAD_DIMS] + [(64, "f16")]
+# One compile per code path: each tuned configuration has its own tile, ring depth, turn-taking and
+# output staging (tuned_configs); the dtype only names the wgmmas' and the packs' element type, so
+# f16 is compiled once, at the quickest head dim. (A parameter's tests are one xdist unit: conftest.py.)
+KERNELS = tuned_configs(("bf16",)) + [attention_config(64, "f16")]
 
 
-@pytest.fixture(scope="module", params=KERNELS, ids=[f"d{d}-{t}" for d, t in KERNELS])
+@pytest.fixture(scope="module", params=KERNELS, ids=[f"d{c.head_dim}-{c.dtype}-{c.block_m}" for c in KERNELS])
 def compiled(request):
-    head_dim, dtype = request.param
-    cfg = attention_config(head_dim, dtype)
+    cfg = request.param
     return cfg, inspect_kernel(make_attention_kernel(cfg), argument_types(cfg))
 
 
@@ -68,8 +67,7 @@ def test_softmax_runs_under_the_p_v_wgmmas(compiled):
 
 
 def test_register_budget_and_shared_memory():
-    for head_dim, dtype in itertools.product(HEAD_DIMS, DTYPES):
-        cfg = attention_config(head_dim, dtype)
+    for cfg in tuned_configs():
         ws = warp_split(cfg)
         assert ws.threads == cfg.threads == 128 * (1 + cfg.consumers)
         assert ws.consumer_regs == cfg.consumer_regs == {2: 240, 3: 160}[cfg.consumers]
@@ -78,6 +76,17 @@ def test_register_budget_and_shared_memory():
         assert all(offsets[n] % 1024 == 0 for n in ("q", "k", "v")) and offsets["pin"] % 8 == 0
     with pytest.raises(ValueError, match="head_dim"):
         AttentionConfig(96)
+
+
+def test_head_dim_64_short_causal_calls_take_128_row_tiles():
+    long_tiles = attention_config(64, "bf16")
+    assert long_tiles.block_m == 192 and long_tiles.early_q_release
+    assert attention_config(64, "bf16", True, SHORT_CAUSAL_64) == long_tiles
+    short = attention_config(64, "bf16", True, SHORT_CAUSAL_64 - 1)
+    assert short.block_m == 128 and not short.early_q_release
+    assert attention_config(64, "bf16", False, 1) == long_tiles
+    assert attention_config(128, "bf16", True, 1) == attention_config(128, "bf16")
+    assert len(tuned_configs()) == 2 * (len(HEAD_DIMS) + 1)
     with pytest.raises(ValueError, match="shared memory"):
         AttentionConfig(256, block_n=128, stages=2)
 

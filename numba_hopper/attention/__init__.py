@@ -10,6 +10,6 @@ registers, persistent) built on :mod:`numba_hopper.kit`.
 """
 
 from .api import attention, clear_plans, precompile
-from .config import AttentionConfig, attention_config
+from .config import AttentionConfig, attention_config, tuned_configs
 
-__all__ = ["attention", "clear_plans", "precompile", "AttentionConfig", "attention_config"]
+__all__ = ["attention", "clear_plans", "precompile", "AttentionConfig", "attention_config", "tuned_configs"]

@@ -23,7 +23,7 @@ from ..runtime.arrays import DeviceView
 from ..runtime.launch import device_limits, prepare_launch
 from ..runtime.tensormap import TensorMapArg, encode_template
 from .checks import addressable, check_call, check_device
-from .config import AttentionParams, attention_config, l2_section
+from .config import AttentionParams, attention_config, l2_section, tuned_configs
 from .kernel import make_attention_kernel
 from .scheduler import pair_items
 
@@ -123,11 +123,10 @@ def precompile(configs=None, jobs=None) -> list:
     import os
 
     from ..runtime import kernel_cache
-    from .config import DTYPES, HEAD_DIMS
 
     if kernel_cache.cache_dir() is None:
         return []
-    configs = list(configs or [attention_config(d, t) for t in DTYPES for d in HEAD_DIMS])
+    configs = list(configs or tuned_configs())
     jobs = jobs or min(len(configs), os.cpu_count() or 1)
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         return list(pool.map(_compile_entry, configs))
@@ -220,7 +219,7 @@ class _Plan:
 def _plan(key, problem, views, values, lse_strides) -> _Plan:
     """Build (and cache) the plan of ``key`` (``_attention``'s layout key), prepared at the first
     call's ``values``."""
-    cfg = attention_config(problem.head_dim, problem.dtype)
+    cfg = attention_config(problem.head_dim, problem.dtype, problem.causal, problem.seqlen_q)
     boxes = ((1, 1, cfg.block_m, 64), (1, 1, cfg.block_n, 64), (1, 1, cfg.block_n, 64), (1, 1, 64, 64))
     templates = [encode_template(view, box, swizzle=128) for view, box in zip(views, boxes)]
     m_blocks = max(1, -(-problem.seqlen_q // cfg.block_m))

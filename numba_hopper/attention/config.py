@@ -3,12 +3,13 @@ its run-time parameters.
 
 - :class:`AttentionConfig`: what one kernel is compiled for (head dim, dtype, tile, ring depth,
   whether the consumers take turns and whether the output tile reuses Q's buffer);
-  :func:`attention_config` gives the tuned one of a head dim.
+  :func:`attention_config` gives the tuned one of a call, :func:`tuned_configs` all of them.
 - :class:`AttentionParams`: the kernel's run-time arguments, one named record.
 
 Everything that varies per call (causal or not, the causal alignment, sequence lengths, packed
 variable-length batches, the log-sum-exp output) is a run-time parameter, so one kernel per
-head dim and dtype serves every call.
+head dim and dtype serves every call, save head dim 64's short causal calls, which have their own
+(:func:`attention_config`).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from typing import NamedTuple
 from ..kit.layouts import SmemPlan, operand_layout
 from ..kit.pipeline import pipeline_barrier_bytes
 
-__all__ = ["AttentionConfig", "AttentionParams", "attention_config", "argument_types", "HEAD_DIMS", "DTYPES",
+__all__ = ["AttentionConfig", "AttentionParams", "attention_config", "tuned_configs", "argument_types", "HEAD_DIMS", "DTYPES",
            "WG_ROWS"]
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bf16", "f16")
 WG_ROWS = 64  # query rows per consumer warpgroup (wgmma M)
+SHORT_CAUSAL_64 = 4096  # head dim 64: causal calls of fewer queries take 128-row tiles
 SWIZZLE = 128  # every tile: 128-byte swizzled rows of 64 16-bit elements
 
 
@@ -40,7 +42,9 @@ class AttentionConfig:
     wgmmas in turns (named barriers), so that one's softmax runs while the other's GEMMs keep
     the tensor cores busy (FlashAttention-3's inter-warpgroup overlap). ``o_aliases_q``: the
     output tile is staged in Q's buffer (head dim 256, where shared memory has no room for
-    both): the next tile's Q then loads once the output's TMA store has read it.
+    both): the next tile's Q then loads once the output's TMA store has read it. Otherwise
+    ``early_q_release``: the consumers release Q's buffer once their last S = Q K^T is done, so
+    the next tile's Q loads under the last P V and the epilogue (else after the last P V).
     ``producer_regs``: registers the producer warpgroup keeps after ``setmaxnreg.dec``; the
     consumers share the rest.
     """
@@ -52,6 +56,7 @@ class AttentionConfig:
     stages: int = 2
     take_turns: bool = True
     o_aliases_q: bool = False
+    early_q_release: bool = True
     producer_regs: int = 24
 
     def __post_init__(self):
@@ -134,22 +139,36 @@ class AttentionConfig:
         return (at_launch * self.threads // 128 - self.producer_regs) // self.consumers // 8 * 8
 
 
-def attention_config(head_dim: int, dtype: str = "bf16") -> AttentionConfig:
-    """The tuned configuration of a head dim (FlashAttention-3's tiles, ``hopper/tile_size.h``).
+def attention_config(head_dim: int, dtype: str = "bf16", causal: bool = False,
+                     seqlen_q: int | None = None) -> AttentionConfig:
+    """The tuned configuration of a call (FlashAttention-3's tiles, ``hopper/tile_size.h``).
 
     - 64: 192 x 128 tiles (three consumer warpgroups of 160 registers), three K and V slots.
+      Causal calls of fewer than :data:`SHORT_CAUSAL_64` queries (``seqlen_q``, the longest
+      sequence's when packed) take 128 x 128 tiles with Q released after the last P V: a
+      192-row tile straddles two masked K blocks on the diagonal where a 128-row one has one
+      (``benchmarks/bench_attention.py``: 5% faster at 2k tokens, 10% slower at 16k).
     - 128: 128 x 128 tiles, two slots each: Q 32 KB, K and V 128 KB, O 32 KB.
     - 256: 128 x 80 tiles, two slots each: Q 64 KB and K/V 160 KB fill shared memory, so the
       output is staged in Q's buffer; the consumers do not take turns (as FlashAttention-3,
       whose 256 kernel keeps each warpgroup's own overlap only).
     """
     if head_dim == 64:
+        if causal and seqlen_q is not None and seqlen_q < SHORT_CAUSAL_64:
+            return AttentionConfig(64, dtype, block_n=128, stages=3, early_q_release=False)
         return AttentionConfig(64, dtype, consumers=3, block_n=128, stages=3)
     if head_dim == 128:
         return AttentionConfig(128, dtype, block_n=128, stages=2)
     if head_dim == 256:
         return AttentionConfig(256, dtype, block_n=80, stages=2, take_turns=False, o_aliases_q=True)
     raise ValueError(f"head_dim must be one of {HEAD_DIMS}; got {head_dim}")
+
+
+def tuned_configs(dtypes=DTYPES, head_dims=HEAD_DIMS) -> list[AttentionConfig]:
+    """Every configuration :func:`attention_config` gives for these dtypes and head dims."""
+    calls = ((d, t, causal, seqlen) for t in dtypes for d in head_dims
+             for causal, seqlen in ((False, None), (True, 1)))
+    return list(dict.fromkeys(attention_config(*call) for call in calls))
 
 
 class AttentionParams(NamedTuple):

@@ -77,6 +77,7 @@ def make_mainloop(cfg: AttentionConfig, turns) -> Mainloop:
     QK_STEPS, PV_STEPS = cfg.q.k_steps, cfg.v.k_steps
     qd, kd, vd = make_descriptors(cfg.q), make_descriptors(cfg.k), make_descriptors(cfg.v)
     TAKE_TURNS, O_ALIASES_Q = cfg.take_turns, cfg.o_aliases_q
+    EARLY_Q_RELEASE = cfg.early_q_release and not O_ALIASES_Q
     mask = make_mask(BN, BLOCK_M)
     wait_after = make_wait_after(0)
 
@@ -194,7 +195,7 @@ def make_mainloop(cfg: AttentionConfig, turns) -> Mainloop:
             for i in range(np.int32(nb - 1 - masked)):
                 s, packed, o, m, l, st_k, st_v = step(s, packed, o, m, l, st_k, st_v, smem, descs, w, cw, t, 0,
                                                       scale_log2, False)
-        if not O_ALIASES_Q and t % 32 == 0:
+        if EARLY_Q_RELEASE and t % 32 == 0:
             # Every S = Q K^T is done (each block's wgmmas were waited for): the next tile's Q
             # loads under the last P V and the epilogue.
             nh.mbarrier_arrive(smem + Q_EMPTY)
@@ -206,6 +207,8 @@ def make_mainloop(cfg: AttentionConfig, turns) -> Mainloop:
             o = nh.wgmma_fence_operand(o)
             release(V_RING, smem + V_BARS, st_v, t)
             st_v = V_RING.advance(st_v)
+        if not O_ALIASES_Q and not EARLY_Q_RELEASE and t % 32 == 0:
+            nh.mbarrier_arrive(smem + Q_EMPTY)  # this warp's wgmmas no longer read Q
         return o, m, l, st_k, st_v
 
     return Mainloop(K_RING, V_RING, load, consume)
