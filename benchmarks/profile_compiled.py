@@ -33,9 +33,9 @@ import numba_hopper.torch as nht  # noqa: E402
 SLEEP_CYCLES = 30_000_000  # ~15 ms at the H100's clock
 
 
-def host_ms(run):
+def host_ms(run, cycles=SLEEP_CYCLES):
     torch.cuda.synchronize()
-    torch.cuda._sleep(SLEEP_CYCLES)
+    torch.cuda._sleep(cycles)
     t = time.perf_counter()
     run()
     dt = time.perf_counter() - t
@@ -43,10 +43,10 @@ def host_ms(run):
     return dt * 1e3
 
 
-def device_ms(run):
+def device_ms(run, cycles=SLEEP_CYCLES):
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(SLEEP_CYCLES)
+    torch.cuda._sleep(cycles)
     start.record()
     run()
     end.record()
@@ -54,19 +54,19 @@ def device_ms(run):
     return start.elapsed_time(end)
 
 
-def kernel_times(run, forwards=3):
-    """Microseconds of GPU time per forward by kernel name (GEMMs as one entry)."""
+def kernel_times(run, forwards=3, cycles=SLEEP_CYCLES):
+    """Microseconds of GPU time per call of ``run`` by kernel name (GEMMs as one entry)."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(forwards):
-            torch.cuda._sleep(SLEEP_CYCLES)
+            torch.cuda._sleep(cycles)
             run()
             torch.cuda.synchronize()
     sums = collections.defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and "spin_kernel" not in e.name:
             gemm = any(s in e.name.lower() for s in ("gemm", "nvjet", "xmma", "cutlass"))
-            sums["GEMMs" if gemm else e.name[:60]] += e.device_time_total / forwards
+            sums["GEMMs" if gemm else e.name[:70]] += e.device_time_total / forwards
     return sums
 
 

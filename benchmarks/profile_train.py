@@ -1,0 +1,69 @@
+"""Where a training step's time goes, ours against stock (``bench_train.py``'s eager case).
+
+    python benchmarks/profile_train.py [--model qwen3-4b] [--tokens 2x1024] [--rounds 5]
+
+For the stock model and ours (``replace_linear``), eager, alternating, medians:
+
+- ``host``: the step's host time, issued behind a GPU sleep (nothing waits on the GPU);
+- ``device``: the step's GPU time behind that sleep (kernels back to back, no gap where the GPU
+  waits for the host);
+- ``sync``: one synchronized step, as ``bench_train.py`` times it;
+- the kernel time per step (``torch.profiler``): GEMMs together, then the largest others.
+
+If ``device`` is the gap, the kernels are slower; if ``sync`` exceeds ``device``, the GPU waited
+for the host.
+"""
+
+import argparse
+import collections
+import copy
+import pathlib
+import statistics
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from bench_train import TOKENS, _time_ms, build_model, optimizer, train_step  # noqa: E402
+from profile_compiled import device_ms, host_ms, kernel_times  # noqa: E402
+
+import numba_hopper.torch as nht  # noqa: E402
+
+SLEEP_CYCLES = 200_000_000  # ~100 ms at the H200's clock: longer than a step's host time
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen3-4b")
+    p.add_argument("--tokens", default="2x1024", choices=sorted(TOKENS))
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    models = {"stock": build_model(args.model)}
+    models["ours"] = copy.deepcopy(models["stock"])
+    nht.replace_linear(models["ours"])
+    batch, seq = TOKENS[args.tokens]
+    ids = torch.randint(0, models["stock"].config.vocab_size, (batch, seq), device="cuda")
+    steps = {}
+    for name, model in models.items():
+        opt = optimizer(model)
+        steps[name] = lambda model=model, opt=opt: train_step(model, opt, ids)
+        for _ in range(3):
+            steps[name]()
+    times = collections.defaultdict(list)
+    for r in range(args.rounds):
+        for name in ("ours", "stock") if r % 2 == 0 else ("stock", "ours"):
+            times["host", name].append(host_ms(steps[name], SLEEP_CYCLES))
+            times["device", name].append(device_ms(steps[name], SLEEP_CYCLES))
+            times["sync", name].append(_time_ms(steps[name]))
+    for kind in ("host", "device", "sync"):
+        ours, stock = (statistics.median(times[kind, n]) for n in ("ours", "stock"))
+        print(f"{kind:7s} ours {ours:8.3f} ms  stock {stock:8.3f} ms  stock/ours {stock / ours:.3f}")
+    for name, step in steps.items():
+        sums = kernel_times(step, 2, SLEEP_CYCLES)
+        print(f"== {name}: kernel time per step {sum(sums.values()) / 1e3:.2f} ms")
+        for kernel, us in sorted(sums.items(), key=lambda kv: -kv[1])[:10]:
+            print(f"   {us:9.1f} us  {kernel}")
+
+
+if __name__ == "__main__":
+    main()
