@@ -10,7 +10,10 @@ The models (random init, nothing downloaded; bf16 parameters, SDPA attention, 4 
 Llama-3-8B's (hidden 4096, MLP 14336, 32 heads, 8 K/V heads, vocabulary 128256); ``llama-2048``,
 ``benchmarks/bench_model.py``'s (hidden 2048, MLP 5632, 16 heads, vocabulary 32000). "ours" is a
 copy of the stock model (the same weights) on which ``numba_hopper.torch.replace_linear`` put
-every ``nn.Linear``, ``lm_head`` included, on numba_hopper's GEMMs, forward and backward.
+every ``nn.Linear``, ``lm_head`` included, on numba_hopper's GEMMs, forward and backward, and
+(``--loss fused``, the default) ``numba_hopper.torch.fuse_linear_cross_entropy`` its loss: the
+head's GEMM and the cross-entropy over the vocabulary without float32 logits (eager steps; a
+compiled step traces the model's own loss). ``--loss model`` leaves the model's loss as it is.
 
 A step: ``zero_grad(set_to_none=True)``, the forward with ``labels=input_ids`` (the model's own
 loss), ``loss.backward()`` and ``torch.optim.AdamW(fused=True).step()``, each model with its own
@@ -108,11 +111,13 @@ def check_first_step(sides, ids):
     return _rel(losses["ours"], losses["ref"]), _rel(grads["ours"], grads["ref"])
 
 
-def bench_case(model_name, tokens, mode, rounds):
+def bench_case(model_name, tokens, mode, rounds, loss="fused"):
     """One case's record: the pair built, checked, warmed up and timed in paired rounds."""
     stock = build_model(model_name)
     ours = copy.deepcopy(stock)
     swapped = nht.replace_linear(ours)
+    if loss == "fused":
+        nht.fuse_linear_cross_entropy(ours)
     sides = {}
     for side, module in (("ours", ours), ("ref", stock)):
         run = torch.compile(module, dynamic=False) if mode == "compiled" else module
@@ -139,7 +144,7 @@ def bench_case(model_name, tokens, mode, rounds):
     finally:
         gc.enable()
     ours_ms, ref_ms = statistics.median(times["ours"]), statistics.median(times["ref"])
-    return {"name": f"{model_name} {tokens} {mode}", "model": model_name, "tokens": tokens, "mode": mode,
+    return {"name": f"{model_name} {tokens} {mode}", "model": model_name, "tokens": tokens, "mode": mode, "loss": loss,
             "ours_ms": ours_ms, "ref_ms": ref_ms, "ratio": paired_ratio(times, "ref", "ours"),
             "ratio_of_medians": ref_ms / ours_ms, "loss_rel_diff": loss_rel, "grad_rel_error": grad_rel,
             "linears": swapped}
@@ -167,6 +172,8 @@ def main(argv=None):
     p.add_argument("--tokens", nargs="+", choices=list(TOKENS), default=list(TOKENS))
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--loss", choices=("fused", "model"), default="fused",
+                   help="ours: fuse_linear_cross_entropy (default) or the model's own loss")
     p.add_argument("--out", "--json", dest="out", metavar="PATH",
                    help="results file (default: benchmarks/results/train-<gpu>.json)")
     args = p.parse_args(argv)
@@ -180,7 +187,7 @@ def main(argv=None):
             for mode in args.modes:
                 started = time.perf_counter()
                 torch.cuda.reset_peak_memory_stats()
-                r = bench_case(model_name, tokens, mode, args.rounds)
+                r = bench_case(model_name, tokens, mode, args.rounds, args.loss)
                 peak_gb = torch.cuda.max_memory_allocated() / 2**30
                 _free()
                 records.append(r)

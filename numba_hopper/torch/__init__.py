@@ -4,6 +4,7 @@
     y = nht.linear(x, weight, bias, activation="gelu_tanh")   # differentiable, one kernel
     nht.replace_linear(model)                                 # every nn.Linear, in place
     nht.fuse_gated_mlps(model)                                # SwiGLU MLPs on one gated GEMM
+    nht.fuse_linear_cross_entropy(model)                      # the LM loss without fp32 logits
     model = torch.compile(model, fullgraph=True)              # no graph break
 
 - :mod:`~numba_hopper.torch.ops`: the ``torch.library`` custom ops ``numba_hopper::gemm``,
@@ -20,6 +21,9 @@
 - :mod:`~numba_hopper.torch.attention`: the ``numba_hopper::attention`` op,
   ``scaled_dot_product_attention`` (SDPA's drop-in) and ``register_transformers_attention``
   (``attn_implementation="numba_hopper"``).
+- :mod:`~numba_hopper.torch.loss`: ``linear_cross_entropy`` (a language model's head and its
+  loss without float32 logits) and ``fuse_linear_cross_entropy`` (a transformers causal LM's
+  training loss on it).
 
 Everything runs on PyTorch's current stream and never synchronizes, so ``torch.cuda.graph``
 captures it (after a warm-up call, which compiles). bf16/fp16 CUDA tensors on a Hopper GPU;
@@ -40,6 +44,8 @@ from .functional import addmm, baddbmm, bmm, matmul, mm
 from .linear import Linear, linear, replace_linear
 from .mlp import GatedMLP, fuse_gated_mlps
 from .attention import register_transformers_attention, scaled_dot_product_attention
+from .loss import fuse_linear_cross_entropy, linear_cross_entropy
 
 __all__ = ["ops", "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "Linear", "replace_linear", "GatedMLP",
-           "fuse_gated_mlps", "scaled_dot_product_attention", "register_transformers_attention"]
+           "fuse_gated_mlps", "scaled_dot_product_attention", "register_transformers_attention",
+           "linear_cross_entropy", "fuse_linear_cross_entropy"]

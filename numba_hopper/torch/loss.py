@@ -1,0 +1,159 @@
+"""A language model's head and its cross-entropy loss as one differentiable call.
+
+``cross_entropy(lm_head(h).float(), target)``, as transformers' causal LM loss computes it,
+moves the (tokens, vocabulary) logits several times in float32: the upcast, the log-softmax,
+its backward and the gradient's cast back (at a 151,936-word vocabulary and 2,048 tokens, 1.2 GB
+a pass). :func:`linear_cross_entropy` computes the logits with :func:`numba_hopper.gemm` and the
+loss and its gradient with two kernels that read the 16-bit logits once each
+(:mod:`numba_hopper.kernels.cross_entropy`): float32 only in registers, the same arithmetic.
+:func:`fuse_linear_cross_entropy` makes a transformers causal LM's training forward use it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import DeviceMismatchError, DtypeError, ShapeError
+from ..kernels.cross_entropy import THREADS, grad_kernel, loss_kernel
+from ..matmul import api as _matmul
+from . import ops
+
+__all__ = ["linear_cross_entropy", "fuse_linear_cross_entropy"]
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def linear_cross_entropy(x, weight, target, *, ignore_index: int = -100, reduction: str = "mean"):
+    """``F.cross_entropy((x @ weight.T).float(), target, ignore_index=, reduction=)``.
+
+    ``x``: (..., H) bf16 or fp16; ``weight``: (V, H) of the same dtype (an ``nn.Linear``'s, no
+    bias); ``target``: integer class indices shaped ``x.shape[:-1]``. Differentiable in ``x``
+    and ``weight`` (once). The logits are rounded to ``x``'s dtype, as a 16-bit ``nn.Linear``
+    rounds them, and never returned; the softmax runs in float32. A target outside ``[0, V)``
+    that is not ``ignore_index`` gives a NaN loss (PyTorch raises a device-side assert).
+    ``reduction``: "mean" (over the targets that are not ``ignore_index``: NaN if there are
+    none, as PyTorch), "sum" or "none" (a float32 loss per position, 0 where ignored).
+
+    Under ``torch.compile`` or another tracing mode it is PyTorch's own computation (the two
+    kernels are not custom ops). Raises before launch (``numba_hopper.errors``) for other
+    dtypes, mismatched shapes or devices, and an unknown ``reduction``.
+    """
+    _check(x, weight, target, reduction)
+    if ops.tracing((x, weight, target)):
+        logits = torch.nn.functional.linear(x, weight).float().reshape(-1, weight.shape[0])
+        loss = torch.nn.functional.cross_entropy(logits, target.reshape(-1), ignore_index=ignore_index,
+                                                 reduction=reduction)
+        return loss.view(target.shape) if reduction == "none" else loss
+    rows = _LinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, target.reshape(-1), int(ignore_index))
+    if reduction == "none":
+        return rows.view(target.shape)
+    if reduction == "sum":
+        return rows.sum()
+    return rows.sum() / (target != ignore_index).sum()
+
+
+def _check(x, weight, target, reduction):
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}; got {reduction!r}")
+    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
+        raise DtypeError(f"linear_cross_entropy takes bf16 or fp16 x and weight of one dtype; got x {x.dtype}, "
+                         f"weight {weight.dtype}")
+    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+        raise DtypeError(f"target must hold integer class indices; got {target.dtype}")
+    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"x (..., H) and weight (V, H) must share H; got x {tuple(x.shape)}, weight "
+                         f"{tuple(weight.shape)}")
+    if tuple(target.shape) != tuple(x.shape[:-1]):
+        raise ShapeError(f"target must be shaped like x without its last dimension, {tuple(x.shape[:-1])}; got "
+                         f"{tuple(target.shape)}")
+    if not (x.device == weight.device == target.device):
+        raise DeviceMismatchError(f"x, weight and target must be on one device; got {x.device}, {weight.device}, "
+                                  f"{target.device}")
+
+
+def _launch(kernel, rows, device, *args):
+    from numba import cuda
+
+    from ..attention.api import _on_device
+
+    with _on_device(device.index or 0):
+        stream = cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
+        kernel[rows, THREADS, stream](*(cuda.as_cuda_array(a, sync=False) if isinstance(a, torch.Tensor) else a
+                                        for a in args))
+
+
+def _bits(t):
+    return t.view(torch.int16)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Per-row losses of ``(x @ weight.T, target)``; the logits are kept (16-bit) for the
+    backward, which turns them into the gradient of the logits and runs the two GEMMs."""
+
+    @staticmethod
+    def forward(ctx, x, weight, target, ignore_index):
+        logits = _matmul.gemm(x, weight.t())
+        n = logits.shape[0]
+        lse = torch.empty(n, device=x.device, dtype=torch.float32)
+        rows = torch.empty(n, device=x.device, dtype=torch.float32)
+        if n and logits.shape[1]:
+            _launch(loss_kernel(_DTYPES[x.dtype]), n, x.device, _bits(logits), target, ignore_index, lse, rows)
+        else:  # no rows, or no classes (every loss NaN, as PyTorch)
+            rows.fill_(float("nan"))
+        ctx.save_for_backward(x, weight, target, logits, lse)
+        ctx.ignore_index = ignore_index
+        return rows
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_rows):
+        x, weight, target, logits, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        if grad.numel():
+            _launch(grad_kernel(_DTYPES[x.dtype]), grad.shape[0], x.device, _bits(logits), target, ctx.ignore_index,
+                    lse, d_rows.float().contiguous(), _bits(grad))
+        dx = _matmul.gemm(grad, weight) if ctx.needs_input_grad[0] else None
+        dw = _matmul.gemm(grad.t(), x) if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None
+
+
+def fuse_linear_cross_entropy(model):
+    """Make ``model``, a transformers causal LM (``model.model`` the decoder, ``lm_head`` a
+    bias-free linear), compute its training loss with :func:`linear_cross_entropy`, in place.
+
+    A forward with ``labels`` while gradients are enabled then returns the loss of
+    transformers' ``ForCausalLMLoss`` (labels shifted by one, ``ignore_index`` -100 unless given,
+    ``num_items_in_batch`` or the mean) and no logits (``logits`` is None: they are never
+    materialized in float32 or returned). Any other forward (no labels, ``torch.no_grad()``,
+    ``logits_to_keep``, ``torch.compile`` tracing) is the model's own. Returns ``model``.
+    """
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or not hasattr(model, "model"):
+        raise TypeError(f"fuse_linear_cross_entropy takes a causal LM with a bias-free linear lm_head and a "
+                        f"decoder in .model; got {type(model).__name__}")
+    original = model.forward
+
+    def forward(*args, labels=None, logits_to_keep=0, **kwargs):
+        if args or labels is None or logits_to_keep or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return original(*args, labels=labels, logits_to_keep=logits_to_keep, **kwargs)
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        num_items = kwargs.pop("num_items_in_batch", None)
+        ignore_index = kwargs.pop("ignore_index", -100)
+        shift_labels = kwargs.pop("shift_labels", None)
+        outputs = model.model(**kwargs)
+        if shift_labels is None:
+            shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+        hidden, weight = outputs.last_hidden_state, model.get_output_embeddings().weight
+        target = shift_labels.to(hidden.device)
+        if num_items is None:
+            loss = linear_cross_entropy(hidden, weight, target, ignore_index=ignore_index)
+        else:
+            loss = linear_cross_entropy(hidden, weight, target, ignore_index=ignore_index,
+                                        reduction="sum") / torch.as_tensor(num_items, device=hidden.device)
+        return CausalLMOutputWithPast(loss=loss, logits=None, hidden_states=outputs.hidden_states,
+                                      attentions=outputs.attentions)
+
+    model.forward = forward
+    return model

@@ -1,0 +1,57 @@
+"""numba_hopper.torch.linear_cross_entropy without a GPU: its two kernels' SASS and the checks
+that run before launch.
+
+    python -m pytest -q -n 0 tests/test_loss_cpu.py
+"""
+
+import pytest
+
+from numba_hopper.kernels.cross_entropy import grad_kernel, loss_kernel
+from numba_hopper.tools.sass import inspect_kernel
+
+LOSS_SIG = "void(int16[:, ::1], int64[::1], int64, float32[::1], float32[::1])"
+GRAD_SIG = "void(int16[:, ::1], int64[::1], int64, float32[::1], float32[::1], int16[:, ::1])"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_kernels_compile_without_spills(dtype):
+    loss = inspect_kernel(loss_kernel(dtype), LOSS_SIG)
+    grad = inspect_kernel(grad_kernel(dtype), GRAD_SIG)
+    for r in (loss, grad):
+        assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+        assert r.count("MUFU.EX2") >= 1 and "CALL" not in r.sass, r.summary()
+    assert loss.count("SHFL.BFLY") >= 10 and loss.count("BAR.SYNC") >= 1  # the row's reduction
+    assert grad.count("STG.E.U16") >= 1  # the gradient in the logits' 16-bit dtype
+
+
+torch = pytest.importorskip("torch")
+
+import numba_hopper.torch as nht  # noqa: E402
+from numba_hopper.errors import DtypeError, ShapeError  # noqa: E402
+
+
+@pytest.mark.parametrize("x, w, t, reduction, error", [
+    (torch.zeros(4, 8), torch.zeros(16, 8), torch.zeros(4, dtype=torch.long), "mean", DtypeError),
+    (torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(16, 8, dtype=torch.float16),
+     torch.zeros(4, dtype=torch.long), "mean", DtypeError),
+    (torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(16, 8, dtype=torch.bfloat16),
+     torch.zeros(4), "mean", DtypeError),
+    (torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(16, 4, dtype=torch.bfloat16),
+     torch.zeros(4, dtype=torch.long), "mean", ShapeError),
+    (torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(16, 8, dtype=torch.bfloat16),
+     torch.zeros(5, dtype=torch.long), "mean", ShapeError),
+    (torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(16, 8, dtype=torch.bfloat16),
+     torch.zeros(4, dtype=torch.long), "max", ValueError),
+], ids=["f32", "mixed", "float-target", "H", "target-shape", "reduction"])
+def test_bad_input_is_refused_before_launch(x, w, t, reduction, error):
+    with pytest.raises(error):
+        nht.linear_cross_entropy(x, w, t, reduction=reduction)
+
+
+def test_fuse_refuses_a_model_without_a_linear_head():
+    class NoHead(torch.nn.Module):
+        def get_output_embeddings(self):
+            return None
+
+    with pytest.raises(TypeError, match="lm_head"):
+        nht.fuse_linear_cross_entropy(NoHead())

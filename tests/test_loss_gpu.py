@@ -1,0 +1,129 @@
+"""numba_hopper.torch.linear_cross_entropy and fuse_linear_cross_entropy on a Hopper GPU: the loss
+and both gradients against float64 and against PyTorch's own computation at equal accuracy,
+every reduction, ignored and invalid targets, ragged sizes, and a transformers model.
+
+    python -m pytest -q -n 0 tests/test_loss_gpu.py
+"""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import numba_hopper.torch as nht  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+F = torch.nn.functional
+
+
+def rel_error(got, ref):
+    diff, scale = (got.double() - ref.double()).norm().item(), ref.double().norm().item()
+    return diff / scale if scale else diff
+
+
+def inputs(rows, vocab, hidden, dtype, ignored=0.1):
+    torch.manual_seed(rows * 7 + vocab)
+    x = (torch.randn(rows, hidden, device="cuda") / hidden ** 0.25).to(dtype).requires_grad_()
+    w = (torch.randn(vocab, hidden, device="cuda") / hidden ** 0.25).to(dtype).requires_grad_()
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    target[torch.rand(rows, device="cuda") < ignored] = -100
+    return x, w, target
+
+
+def losses_and_grads(fn, x, w, target, reduction, seed_grad):
+    x, w = (t.detach().clone().requires_grad_() for t in (x, w))
+    loss = fn(x, w, target, reduction)
+    loss.backward(seed_grad if reduction == "none" else None)
+    return loss.detach(), x.grad, w.grad
+
+
+def ours(x, w, t, reduction):
+    return nht.linear_cross_entropy(x, w, t, reduction=reduction)
+
+
+def torch_16bit(x, w, t, reduction):  # transformers' way: 16-bit logits, upcast, cross_entropy
+    return F.cross_entropy(F.linear(x, w).float(), t, reduction=reduction)
+
+
+def float64(x, w, t, reduction):
+    return F.cross_entropy(F.linear(x.double(), w.double()), t, reduction=reduction)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("rows, vocab", [(1, 1000), (7, 32000), (127, 4097), (129, 1), (1000, 151936)])
+def test_loss_and_gradients_match_float64_as_closely_as_pytorch(rows, vocab, dtype, reduction):
+    hidden = 256
+    x, w, target = inputs(rows, vocab, hidden, dtype)
+    seed = torch.randn(rows, device="cuda")
+    got = losses_and_grads(ours, x, w, target, reduction, seed)
+    ref = losses_and_grads(float64, x, w, target, reduction, seed.double())
+    base = losses_and_grads(torch_16bit, x, w, target, reduction, seed)
+    for name, g, r, b in zip(("loss", "dx", "dw"), got, ref, base):
+        assert not torch.isnan(g).any(), name
+        assert g.dtype == b.dtype and g.shape == b.shape, name
+        # the logits' 16-bit rounding dominates both errors
+        assert rel_error(g, r) <= 1.5 * rel_error(b, r) + 1e-4, (name, rel_error(g, r), rel_error(b, r))
+
+
+def test_ignored_and_invalid_targets():
+    x, w, target = inputs(64, 1000, 128, torch.bfloat16, ignored=0)
+    target[:] = -100
+    loss = nht.linear_cross_entropy(x, w, target)
+    assert torch.isnan(loss)  # the mean of no target, as PyTorch
+    assert torch.isnan(F.cross_entropy(F.linear(x, w).float(), target))
+    total = nht.linear_cross_entropy(x, w, target, reduction="sum")
+    total.backward()
+    assert total.item() == 0 and x.grad.abs().max().item() == 0 and w.grad.abs().max().item() == 0
+    target[0] = 1000  # outside [0, V)
+    assert torch.isnan(nht.linear_cross_entropy(x, w, target, reduction="none")[0])
+    custom = nht.linear_cross_entropy(x, w, torch.full_like(target, 3), ignore_index=3, reduction="sum")
+    assert custom.item() == 0
+
+
+def test_leading_dimensions_and_the_current_stream():
+    x, w, target = inputs(2 * 33, 5000, 128, torch.bfloat16)
+    x3, t2 = x.detach().view(2, 33, 128), target.view(2, 33)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        got = nht.linear_cross_entropy(x3, w.detach(), t2, reduction="none")
+    stream.synchronize()
+    ref = F.cross_entropy(F.linear(x3, w.detach()).float().flatten(0, 1), t2.flatten(), reduction="none")
+    assert got.shape == (2, 33) and rel_error(got.flatten(), ref) < 1e-5
+
+
+def _qwen3(vocab=4096):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=vocab,
+                                      use_cache=False, attn_implementation="sdpa", tie_word_embeddings=True)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        return transformers.Qwen3ForCausalLM(config).to(torch.bfloat16).train()
+
+
+def test_fused_causal_lm_loss_matches_the_model_and_keeps_inference():
+    linears = _qwen3()
+    nht.replace_linear(linears)
+    fused = nht.fuse_linear_cross_entropy(copy.deepcopy(linears))  # the loss is the only difference
+    ids = torch.randint(0, 4096, (2, 129), device="cuda")
+    labels = ids.clone()
+    labels[0, :5] = -100
+    out = {}
+    for name, model in (("model", linears), ("fused", fused)):
+        result = model(input_ids=ids, labels=labels)
+        result.loss.backward()
+        out[name] = (result, result.loss.detach(), model.lm_head.weight.grad,
+                     model.model.layers[0].mlp.down_proj.weight.grad)
+    assert out["fused"][0].logits is None and out["model"][0].logits is not None
+    assert rel_error(out["fused"][1], out["model"][1]) < 1e-4
+    for i in (2, 3):  # the tied head/embedding's gradient, and one inside the decoder
+        assert rel_error(out["fused"][i], out["model"][i]) < 1e-2
+    items = torch.tensor(100, device="cuda")
+    with torch.no_grad():
+        assert fused(input_ids=ids).logits.shape == (2, 129, 4096)  # no labels: the model's forward
+        ref = linears(input_ids=ids, labels=labels, num_items_in_batch=items).loss
+    got = fused(input_ids=ids, labels=labels, num_items_in_batch=items)
+    assert got.logits is None and rel_error(got.loss.detach(), ref) < 1e-4
