@@ -14,8 +14,10 @@ from __future__ import annotations
 import torch
 
 from ..errors import DeviceMismatchError, DtypeError, ShapeError
+from ..attention.api import _on_device
 from ..kernels.cross_entropy import THREADS, grad_kernel, loss_kernel
 from ..matmul import api as _matmul
+from ..runtime.launch import prepare_launch
 from . import ops
 
 __all__ = ["linear_cross_entropy", "fuse_linear_cross_entropy"]
@@ -72,15 +74,29 @@ def _check(x, weight, target, reduction):
                                   f"{target.device}")
 
 
-def _launch(kernel, rows, device, *args):
-    from numba import cuda
+_PREPARED = {}  # (kernel, device, argument layouts) -> (PreparedLaunch, binds)
 
-    from ..attention.api import _on_device
 
+def _launch(kernel, device, *args):
+    """``kernel`` on PyTorch's current stream, one CTA per row of ``args[0]``: prepared once per
+    argument layout (``runtime.launch.prepare_launch``), then each call rebinds the tensors' data
+    pointers and the scalars, without numba's per-call argument handling."""
+    key = (kernel, device.index, tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else type(t)
+                                       for t in args))
+    values = [t.data_ptr() if isinstance(t, torch.Tensor) else t for t in args]
     with _on_device(device.index or 0):
-        stream = cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
-        kernel[rows, THREADS, stream](*(cuda.as_cuda_array(a, sync=False) if isinstance(a, torch.Tensor) else a
-                                        for a in args))
+        entry = _PREPARED.get(key)
+        if entry is None:
+            from numba import cuda
+
+            launch = prepare_launch(kernel, args[0].shape[0], THREADS,
+                                    [cuda.as_cuda_array(t, sync=False) if isinstance(t, torch.Tensor) else t
+                                     for t in args])
+            if len(_PREPARED) >= 64:
+                _PREPARED.clear()
+            entry = _PREPARED[key] = (launch, [(launch.leaves[i], i, 0) for i in range(len(args))])
+        launch, binds = entry
+        launch(torch.cuda.current_stream(device).cuda_stream, values, binds)
 
 
 def _bits(t):
@@ -98,7 +114,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         lse = torch.empty(n, device=x.device, dtype=torch.float32)
         rows = torch.empty(n, device=x.device, dtype=torch.float32)
         if n and logits.shape[1]:
-            _launch(loss_kernel(_DTYPES[x.dtype]), n, x.device, _bits(logits), target, ignore_index, lse, rows)
+            _launch(loss_kernel(_DTYPES[x.dtype]), x.device, _bits(logits), target, ignore_index, lse, rows)
         else:  # no rows, or no classes (every loss NaN, as PyTorch)
             rows.fill_(float("nan"))
         ctx.save_for_backward(x, weight, target, logits, lse)
@@ -111,7 +127,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         x, weight, target, logits, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
         if grad.numel():
-            _launch(grad_kernel(_DTYPES[x.dtype]), grad.shape[0], x.device, _bits(logits), target, ctx.ignore_index,
+            _launch(grad_kernel(_DTYPES[x.dtype]), x.device, _bits(logits), target, ctx.ignore_index,
                     lse, d_rows.float().contiguous(), _bits(grad))
         dx = _matmul.gemm(grad, weight) if ctx.needs_input_grad[0] else None
         dw = _matmul.gemm(grad.t(), x) if ctx.needs_input_grad[1] else None
