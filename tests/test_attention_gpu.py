@@ -4,7 +4,7 @@ and a transformers model.
 
     python -m pytest -q -n 0 tests/test_attention_gpu.py
 
-The module first compiles the six kernels (three head dims, bf16 and fp16) in parallel worker
+The module first compiles the tuned kernels (every head dim, bf16 and fp16) in parallel worker
 processes into the kernel cache, then every test reuses them. A table of the measured errors is
 printed at the end.
 """

@@ -115,9 +115,9 @@ def precompile(configs=None, jobs=None) -> list:
     """Compile attention kernels into the on-disk kernel cache (``NUMBA_HOPPER_CACHE_DIR``) in
     ``jobs`` worker processes (default: one per kernel, at most the CPU count), so that a new
     process loads them instead of compiling each on its first call (about 10-30 s each, one
-    after another). ``configs``: default every head dim in bf16 and fp16. No GPU needed; the
-    entries are for a compute capability 9.0 device. Returns the entry paths written (none when
-    the cache is off)."""
+    after another). ``configs``: default ``tuned_configs()``, every kernel the calls use (bf16
+    and fp16). No GPU needed; the entries are for a compute capability 9.0 device. Returns the
+    entry paths written (none when the cache is off)."""
     import concurrent.futures
     import multiprocessing
     import os

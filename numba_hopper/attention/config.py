@@ -147,7 +147,7 @@ def attention_config(head_dim: int, dtype: str = "bf16", causal: bool = False,
       Causal calls of fewer than :data:`SHORT_CAUSAL_64` queries (``seqlen_q``, the longest
       sequence's when packed) take 128 x 128 tiles with Q released after the last P V: a
       192-row tile straddles two masked K blocks on the diagonal where a 128-row one has one
-      (``benchmarks/bench_attention.py``: 5% faster at 2k tokens, 10% slower at 16k).
+      (3-5% faster at 2k tokens, 10% slower at 16k).
     - 128: 128 x 128 tiles, two slots each: Q 32 KB, K and V 128 KB, O 32 KB.
     - 256: 128 x 80 tiles, two slots each: Q 64 KB and K/V 160 KB fill shared memory, so the
       output is staged in Q's buffer; the consumers do not take turns (as FlashAttention-3,
