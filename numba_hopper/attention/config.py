@@ -22,8 +22,8 @@ from typing import NamedTuple
 from ..kit.layouts import SmemPlan, operand_layout
 from ..kit.pipeline import pipeline_barrier_bytes
 
-__all__ = ["AttentionConfig", "AttentionParams", "attention_config", "tuned_configs", "argument_types", "HEAD_DIMS", "DTYPES",
-           "WG_ROWS"]
+__all__ = ["AttentionConfig", "AttentionParams", "attention_config", "tuned_configs", "argument_types", "HEAD_DIMS",
+           "DTYPES", "WG_ROWS"]
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bf16", "f16")
@@ -34,7 +34,7 @@ SWIZZLE = 128  # every tile: 128-byte swizzled rows of 64 16-bit elements
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Compile-time configuration of one attention kernel (one per head dim and dtype).
+    """Compile-time configuration of one attention kernel (:func:`attention_config` picks one per call).
 
     ``consumers``: consumer warpgroups, each 64 rows of the query tile (``block_m`` rows).
     ``block_n``: keys per K/V block (a multiple of 16: the P @ V wgmma's k16 steps). ``stages``:
