@@ -55,3 +55,38 @@ def test_fuse_refuses_a_model_without_a_linear_head():
 
     with pytest.raises(TypeError, match="lm_head"):
         nht.fuse_linear_cross_entropy(NoHead())
+
+
+def test_traced_calls_are_pytorchs_own_computation():
+    """Under torch.compile the loss is PyTorch's (the kernels are not custom ops): on CPU tensors
+    it then runs, and equals F.cross_entropy of the upcast logits for every reduction."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    w = torch.randn(40, 16, dtype=torch.bfloat16)
+    t = torch.randint(0, 40, (2, 5))
+    t[0, 0] = -100
+    for reduction in ("mean", "sum", "none"):
+        fn = torch.compile(lambda x, w, t, r=reduction: nht.linear_cross_entropy(x, w, t, reduction=r),
+                           backend="eager", fullgraph=True)
+        ref = torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, w).float().flatten(0, 1), t.flatten(),
+                                                reduction=reduction)
+        assert torch.equal(fn(x, w, t), ref.view(t.shape) if reduction == "none" else ref)
+
+
+def test_fused_model_keeps_its_own_forward_where_the_kernels_do_not_run():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, vocab_size=50, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 50, (1, 6))
+    with torch.no_grad():
+        ref = model(input_ids=ids, labels=ids)
+    fused = nht.fuse_linear_cross_entropy(model)
+    assert fused is model
+    with torch.no_grad():  # no gradient: the model's own forward, logits included
+        got = model(input_ids=ids, labels=ids)
+        assert torch.equal(got.logits, ref.logits) and torch.equal(got.loss, ref.loss)
+        assert model(input_ids=ids).logits.shape == (1, 6, 50)
+    compiled = torch.compile(model, backend="eager")  # traced: the model's own loss
+    assert torch.allclose(compiled(input_ids=ids, labels=ids).loss, ref.loss)
