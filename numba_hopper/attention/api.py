@@ -12,14 +12,13 @@ a CUDA graph.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import threading
 from collections import OrderedDict
 
 import numpy as np
 
 from ..runtime.arrays import DeviceView
+from ..runtime.device import on_device
 from ..runtime.launch import device_limits, prepare_launch
 from ..runtime.tensormap import TensorMapArg, encode_template
 from .checks import addressable, check_call, check_device
@@ -98,7 +97,7 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     key = (q.device.index, problem, tuple((view.shape, view.strides) for view in views), lse_strides)
     values = [view.ptr for view in views] + [lse.data_ptr() if lse is not None else 0,
                                              _address(cu_seqlens_q), _address(cu_seqlens_k)]
-    with _on_device(q.device.index or 0):
+    with on_device(q.device.index or 0):
         plan = _plans.get(key)
         if plan is None:
             plan = _plan(key, problem, views, values, lse_strides)
@@ -154,22 +153,6 @@ def clear_plans():
     """Forget every plan (their tensor-map templates and prepared launches)."""
     with _lock:
         _plans.clear()
-
-
-def _on_device(device):
-    """numba's current device made ``device`` for the launch (a no-op where it already is)."""
-    from numba import cuda
-
-    if _single_device() or cuda.get_current_device().id == device:
-        return contextlib.nullcontext()
-    return cuda.gpus[device]
-
-
-@functools.lru_cache(maxsize=1)
-def _single_device():
-    import torch
-
-    return torch.cuda.device_count() == 1
 
 
 def _address(t):

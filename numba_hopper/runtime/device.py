@@ -1,7 +1,9 @@
-"""Is there a Hopper GPU here? Answered without creating a CUDA context when there is none."""
+"""Is there a Hopper GPU here? Answered without creating a CUDA context when there is none.
+And :func:`on_device`: numba's current device made a PyTorch tensor's for a launch."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 
@@ -23,3 +25,20 @@ def hopper_device_reason() -> str | None:
 
 def has_hopper() -> bool:
     return hopper_device_reason() is None
+
+
+def on_device(device: int):
+    """numba's current device made ``device`` for a launch on PyTorch's tensors (a no-op where
+    it already is)."""
+    from numba import cuda
+
+    if _single_device() or cuda.get_current_device().id == device:
+        return contextlib.nullcontext()
+    return cuda.gpus[device]
+
+
+@functools.lru_cache(maxsize=1)
+def _single_device():
+    import torch
+
+    return torch.cuda.device_count() == 1

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import DeviceMismatchError, DtypeError, ShapeError
-from ..attention.api import _on_device
 from ..kernels.cross_entropy import THREADS, grad_kernel, loss_kernel
 from ..matmul import api as _matmul
+from ..runtime.device import on_device
 from ..runtime.launch import prepare_launch
 from . import ops
 
@@ -84,7 +84,7 @@ def _launch(kernel, device, *args):
     key = (kernel, device.index, tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else type(t)
                                        for t in args))
     values = [t.data_ptr() if isinstance(t, torch.Tensor) else t for t in args]
-    with _on_device(device.index or 0):
+    with on_device(device.index or 0):
         entry = _PREPARED.get(key)
         if entry is None:
             from numba import cuda
