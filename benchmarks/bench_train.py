@@ -12,8 +12,8 @@ Llama-3-8B's (hidden 4096, MLP 14336, 32 heads, 8 K/V heads, vocabulary 128256);
 copy of the stock model (the same weights) on which ``numba_hopper.torch.replace_linear`` put
 every ``nn.Linear``, ``lm_head`` included, on numba_hopper's GEMMs, forward and backward, and
 (``--loss fused``, the default) ``numba_hopper.torch.fuse_linear_cross_entropy`` its loss: the
-head's GEMM and the cross-entropy over the vocabulary without float32 logits (eager steps; a
-compiled step traces the model's own loss). ``--loss model`` leaves the model's loss as it is.
+head's GEMM and the cross-entropy over the vocabulary without float32 logits. ``--loss model``
+leaves the model's loss as it is.
 
 A step: ``zero_grad(set_to_none=True)``, the forward with ``labels=input_ids`` (the model's own
 loss), ``loss.backward()`` and ``torch.optim.AdamW(fused=True).step()``, each model with its own

@@ -127,3 +127,20 @@ def test_fused_causal_lm_loss_matches_the_model_and_keeps_inference():
         ref = linears(input_ids=ids, labels=labels, num_items_in_batch=items).loss
     got = fused(input_ids=ids, labels=labels, num_items_in_batch=items)
     assert got.logits is None and rel_error(got.loss.detach(), ref) < 1e-4
+
+
+def test_compiled_fused_model_matches_eager():
+    model = _qwen3()
+    nht.replace_linear(model)
+    nht.fuse_linear_cross_entropy(model)
+    compiled = torch.compile(model, fullgraph=False)
+    ids = torch.randint(0, 4096, (2, 64), device="cuda")
+    grads = {}
+    for name, run in (("eager", model), ("compiled", compiled)):
+        model.zero_grad(set_to_none=True)
+        loss = run(input_ids=ids, labels=ids).loss
+        loss.backward()
+        grads[name] = (loss.detach(), model.lm_head.weight.grad.clone(),
+                       model.model.layers[1].mlp.up_proj.weight.grad.clone())
+    for got, ref in zip(grads["compiled"], grads["eager"]):
+        assert rel_error(got, ref) < 1e-2

@@ -7,6 +7,11 @@ a pass). :func:`linear_cross_entropy` computes the logits with :func:`numba_hopp
 loss and its gradient with two kernels that read the 16-bit logits once each
 (:mod:`numba_hopper.kernels.cross_entropy`): float32 only in registers, the same arithmetic.
 :func:`fuse_linear_cross_entropy` makes a transformers causal LM's training forward use it.
+
+The two kernels are the custom operators ``numba_hopper::cross_entropy_rows`` (per-row losses
+and log-sum-exps, with an autograd formula) and ``numba_hopper::cross_entropy_grad`` (the
+logits' gradient), defined like :mod:`.ops`' (fake implementations for ``torch.compile``;
+eagerly, a ``torch.autograd.Function`` without the dispatcher).
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import torch
 
 from ..errors import DeviceMismatchError, DtypeError, ShapeError
 from ..kernels.cross_entropy import THREADS, grad_kernel, loss_kernel
-from ..matmul import api as _matmul
 from ..runtime.device import on_device
 from ..runtime.launch import prepare_launch
 from . import ops
@@ -37,17 +41,15 @@ def linear_cross_entropy(x, weight, target, *, ignore_index: int = -100, reducti
     ``reduction``: "mean" (over the targets that are not ``ignore_index``: NaN if there are
     none, as PyTorch), "sum" or "none" (a float32 loss per position, 0 where ignored).
 
-    Under ``torch.compile`` or another tracing mode it is PyTorch's own computation (the two
-    kernels are not custom ops). Raises before launch (``numba_hopper.errors``) for other
-    dtypes, mismatched shapes or devices, and an unknown ``reduction``.
+    ``torch.compile`` traces it as the operators ``numba_hopper::gemm`` (the logits),
+    ``numba_hopper::cross_entropy_rows`` and, in the backward, ``numba_hopper::cross_entropy_grad``.
+    Raises before launch (``numba_hopper.errors``) for other dtypes, mismatched shapes or devices,
+    and an unknown ``reduction``.
     """
     _check(x, weight, target, reduction)
-    if ops.tracing((x, weight, target)):
-        logits = torch.nn.functional.linear(x, weight).float().reshape(-1, weight.shape[0])
-        loss = torch.nn.functional.cross_entropy(logits, target.reshape(-1), ignore_index=ignore_index,
-                                                 reduction=reduction)
-        return loss.view(target.shape) if reduction == "none" else loss
-    rows = _LinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, target.reshape(-1), int(ignore_index))
+    logits = ops.gemm(x.reshape(-1, x.shape[-1]), weight.t())
+    inputs = (logits, target.reshape(-1), int(ignore_index))
+    rows, _ = ops.call_op(_rows_op, None, _RowsFunction, _rows_impl, inputs, (logits,))
     if reduction == "none":
         return rows.view(target.shape)
     if reduction == "sum":
@@ -103,35 +105,55 @@ def _bits(t):
     return t.view(torch.int16)
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    """Per-row losses of ``(x @ weight.T, target)``; the logits are kept (16-bit) for the
-    backward, which turns them into the gradient of the logits and runs the two GEMMs."""
+# --- the operators: per-row losses (and log-sum-exps) of 16-bit logits, and their gradient ----
 
-    @staticmethod
-    def forward(ctx, x, weight, target, ignore_index):
-        logits = _matmul.gemm(x, weight.t())
-        n = logits.shape[0]
-        lse = torch.empty(n, device=x.device, dtype=torch.float32)
-        rows = torch.empty(n, device=x.device, dtype=torch.float32)
-        if n and logits.shape[1]:
-            _launch(loss_kernel(_DTYPES[x.dtype]), x.device, _bits(logits), target, ignore_index, lse, rows)
-        else:  # no rows, or no classes (every loss NaN, as PyTorch)
-            rows.fill_(float("nan"))
-        ctx.save_for_backward(x, weight, target, logits, lse)
-        ctx.ignore_index = ignore_index
-        return rows
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, d_rows):
-        x, weight, target, logits, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)
-        if grad.numel():
-            _launch(grad_kernel(_DTYPES[x.dtype]), x.device, _bits(logits), target, ctx.ignore_index,
-                    lse, d_rows.float().contiguous(), _bits(grad))
-        dx = _matmul.gemm(grad, weight) if ctx.needs_input_grad[0] else None
-        dw = _matmul.gemm(grad.t(), x) if ctx.needs_input_grad[1] else None
-        return dx, dw, None, None
+def _rows_impl(logits, target, ignore_index):
+    n = logits.shape[0]
+    rows = logits.new_empty(n, dtype=torch.float32)
+    lse = logits.new_empty(n, dtype=torch.float32)
+    if n and logits.shape[1]:
+        _launch(loss_kernel(_DTYPES[logits.dtype]), logits.device, _bits(logits), target, ignore_index, lse, rows)
+    else:  # no rows, or no classes (every loss NaN, as PyTorch)
+        rows.fill_(float("nan"))
+    return rows, lse
+
+
+def _rows_fake(logits, target, ignore_index):
+    n = logits.shape[0]
+    return logits.new_empty(n, dtype=torch.float32), logits.new_empty(n, dtype=torch.float32)
+
+
+def _grad_impl(logits, target, ignore_index, lse, d_rows):
+    grad = torch.empty_like(logits)
+    if grad.numel():
+        _launch(grad_kernel(_DTYPES[logits.dtype]), logits.device, _bits(logits), target, ignore_index, lse,
+                d_rows.float().contiguous(), _bits(grad))
+    return grad
+
+
+def _grad_fake(logits, target, ignore_index, lse, d_rows):
+    return torch.empty_like(logits)
+
+
+def _rows_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1], output[1])
+    ctx.ignore_index = inputs[2]
+
+
+def _rows_grads(ctx, d_rows, d_lse):
+    """The logits' gradient from the rows' (the log-sum-exps are internal: no gradient)."""
+    logits, target, lse = ctx.saved_tensors
+    inputs = (logits, target, ctx.ignore_index, lse, d_rows)
+    return (_grad_op(*inputs) if ops.tracing((logits, d_rows)) else _grad_impl(*inputs)), None, None
+
+
+_rows_op = ops.define_op("cross_entropy_rows", "(Tensor logits, Tensor target, int ignore_index) -> (Tensor, Tensor)",
+                         _rows_impl, _rows_fake, _rows_grads, _rows_setup)
+_grad_op = ops.define_op("cross_entropy_grad",
+                         "(Tensor logits, Tensor target, int ignore_index, Tensor lse, Tensor d_rows) -> Tensor",
+                         _grad_impl, _grad_fake)
+_RowsFunction = ops.eager_function("_RowsFunction", _rows_impl, _rows_grads, _rows_setup)
 
 
 def fuse_linear_cross_entropy(model):
@@ -141,8 +163,8 @@ def fuse_linear_cross_entropy(model):
     A forward with ``labels`` while gradients are enabled then returns the loss of
     transformers' ``ForCausalLMLoss`` (labels shifted by one, ``ignore_index`` -100 unless given,
     ``num_items_in_batch`` or the mean) and no logits (``logits`` is None: they are never
-    materialized in float32 or returned). Any other forward (no labels, ``torch.no_grad()``,
-    ``logits_to_keep``, ``torch.compile`` tracing) is the model's own. Returns ``model``.
+    materialized in float32 or returned), eagerly and under ``torch.compile``. Any other forward
+    (no labels, ``torch.no_grad()``, ``logits_to_keep``) is the model's own. Returns ``model``.
     """
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or head.bias is not None or not hasattr(model, "model"):
@@ -151,7 +173,7 @@ def fuse_linear_cross_entropy(model):
     original = model.forward
 
     def forward(*args, labels=None, logits_to_keep=0, **kwargs):
-        if args or labels is None or logits_to_keep or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if args or labels is None or logits_to_keep or not torch.is_grad_enabled():
             return original(*args, labels=labels, logits_to_keep=logits_to_keep, **kwargs)
         from transformers.modeling_outputs import CausalLMOutputWithPast
 

@@ -208,7 +208,7 @@ def _no_defaults(arguments):
     return re.sub(r"=[^,]+", "", arguments)
 
 
-def _define(name, schema, impl, fake, grads=None, setup=None):
+def define_op(name, schema, impl, fake, grads=None, setup=None):
     """The operator ``numba_hopper::name``, with an autograd formula unless ``grads`` is None."""
     _lib.define(name + schema)
     for key in ("CPU", "CUDA"):  # CPU tensors reach numba_hopper, which refuses them with a TypeError
@@ -220,29 +220,29 @@ def _define(name, schema, impl, fake, grads=None, setup=None):
 
 
 _BMM = "Tensor a, Tensor b, ScalarType? out_dtype=None"
-_gemm_op = _define("gemm", f"({_EPILOGUE}) -> Tensor", _gemm_impl, _gemm_fake, _gemm_grads, _setup_gemm)
-_gemm_aux_op = _define("gemm_aux", f"({_EPILOGUE}) -> (Tensor, Tensor)", _gemm_aux_impl, _gemm_aux_fake,
+_gemm_op = define_op("gemm", f"({_EPILOGUE}) -> Tensor", _gemm_impl, _gemm_fake, _gemm_grads, _setup_gemm)
+_gemm_aux_op = define_op("gemm_aux", f"({_EPILOGUE}) -> (Tensor, Tensor)", _gemm_aux_impl, _gemm_aux_fake,
                        _gemm_aux_grads, _setup_gemm_aux)
-_bmm_op = _define("bmm", f"({_BMM}) -> Tensor", _bmm_impl, _bmm_fake, _bmm_grads, _setup_bmm)
+_bmm_op = define_op("bmm", f"({_BMM}) -> Tensor", _bmm_impl, _bmm_fake, _bmm_grads, _setup_bmm)
 # The same operators without a formula, traced where grad mode is off (``torch.no_grad()``
 # inference), for the host time of a compiled model, which calls each operator through the
 # dispatcher: a Python autograd formula runs in Python on every call, gradient or not,
 # because parameters carry the autograd dispatch key (about 8 us a call, on a CPU where the
 # dispatcher's call of the implementation costs 4); and Inductor passes each argument that
 # has a default by keyword, which costs 5 us more for this schema than passing it by
-# position, so these schemas have no defaults (``_call`` passes every argument).
-_gemm_no_grad_op = _define("gemm_no_grad", f"({_no_defaults(_EPILOGUE)}) -> Tensor", _gemm_impl, _gemm_fake)
-_bmm_no_grad_op = _define("bmm_no_grad", f"({_no_defaults(_BMM)}) -> Tensor", _bmm_impl, _bmm_fake)
+# position, so these schemas have no defaults (``call_op`` passes every argument).
+_gemm_no_grad_op = define_op("gemm_no_grad", f"({_no_defaults(_EPILOGUE)}) -> Tensor", _gemm_impl, _gemm_fake)
+_bmm_no_grad_op = define_op("bmm_no_grad", f"({_no_defaults(_BMM)}) -> Tensor", _bmm_impl, _bmm_fake)
 # A plain product (a linear without bias) in such a graph, also without a formula, which Inductor
 # lowers to a direct call of numba_hopper.gemm (``_lowering``): no dispatcher at all. Inductor's
 # cache keys a graph by its operators, not by their lowerings, so the lowered operator has a name
 # of its own: a numba_hopper without the lowering never gets a cached graph that needs it.
-_mm_op = _define("mm", "(Tensor a, Tensor b) -> Tensor", _gemm_impl, _mm_fake)
+_mm_op = define_op("mm", "(Tensor a, Tensor b) -> Tensor", _gemm_impl, _mm_fake)
 
 
 # A gated product, ``activation(a @ b) * (a @ up)`` (``numba_hopper.gemm(a, b, up=up)``): put in
 # place of two ``mm`` and the gating math by the compiled inference graph's pass (``_lowering``).
-_gated_mm_op = _define("gated_mm", "(Tensor a, Tensor b, Tensor up, str activation) -> Tensor", _gated_mm_impl,
+_gated_mm_op = define_op("gated_mm", "(Tensor a, Tensor b, Tensor up, str activation) -> Tensor", _gated_mm_impl,
                        _gated_mm_fake)
 
 
@@ -252,7 +252,7 @@ def _gemm_no_grad(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype):
     return _gemm_no_grad_op(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype)
 
 
-def _eager_function(name, impl, grads, setup):
+def eager_function(name, impl, grads, setup):
     """The eager path's ``torch.autograd.Function``: ``impl`` with the operator's formula."""
 
     def forward(ctx, *inputs):
@@ -264,9 +264,9 @@ def _eager_function(name, impl, grads, setup):
                                                    "backward": staticmethod(grads)})
 
 
-_GemmFunction = _eager_function("_GemmFunction", _gemm_impl, _gemm_grads, _setup_gemm)
-_GemmAuxFunction = _eager_function("_GemmAuxFunction", _gemm_aux_impl, _gemm_aux_grads, _setup_gemm_aux)
-_BmmFunction = _eager_function("_BmmFunction", _bmm_impl, _bmm_grads, _setup_bmm)
+_GemmFunction = eager_function("_GemmFunction", _gemm_impl, _gemm_grads, _setup_gemm)
+_GemmAuxFunction = eager_function("_GemmAuxFunction", _gemm_aux_impl, _gemm_aux_grads, _setup_gemm_aux)
+_BmmFunction = eager_function("_BmmFunction", _bmm_impl, _bmm_grads, _setup_bmm)
 
 
 def tracing(tensors):
@@ -281,7 +281,7 @@ def needs_grad(tensors):
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _call(op, no_grad_op, function, impl, inputs, tensors):
+def call_op(op, no_grad_op, function, impl, inputs, tensors):
     """``op(*inputs)`` while tracing (``no_grad_op`` in grad mode off, if there is one); eagerly,
     ``impl`` (in ``function`` when a gradient is needed)."""
     if tracing(tensors):
@@ -293,13 +293,13 @@ def _call(op, no_grad_op, function, impl, inputs, tensors):
 
 def gemm(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
     """``numba_hopper::gemm``: ``act(alpha * a @ b + beta * c + bias)``."""
-    return _call(_gemm_op, _gemm_no_grad, _GemmFunction, _gemm_impl,
+    return call_op(_gemm_op, _gemm_no_grad, _GemmFunction, _gemm_impl,
                  (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
 
 
 def gemm_aux(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
     """``numba_hopper::gemm_aux``: ``(act(pre), pre)`` with ``pre = alpha * a @ b + beta * c + bias``."""
-    return _call(_gemm_aux_op, None, _GemmAuxFunction, _gemm_aux_impl,
+    return call_op(_gemm_aux_op, None, _GemmAuxFunction, _gemm_aux_impl,
                  (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
 
 
@@ -311,4 +311,4 @@ def gated_mm(a, b, up, activation):
 
 def bmm(a, b, out_dtype=None):
     """``numba_hopper::bmm``: ``a @ b`` for 3-D ``a`` and ``b`` (a batch of 1 broadcasts)."""
-    return _call(_bmm_op, _bmm_no_grad_op, _BmmFunction, _bmm_impl, (a, b, out_dtype), (a, b))
+    return call_op(_bmm_op, _bmm_no_grad_op, _BmmFunction, _bmm_impl, (a, b, out_dtype), (a, b))
