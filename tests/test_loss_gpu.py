@@ -144,3 +144,16 @@ def test_compiled_fused_model_matches_eager():
                        model.model.layers[1].mlp.up_proj.weight.grad.clone())
     for got, ref in zip(grads["compiled"], grads["eager"]):
         assert rel_error(got, ref) < 1e-2
+
+
+def test_the_loss_never_waits_for_the_gpu():
+    x, w, target = inputs(512, 32000, 256, torch.bfloat16)
+    nht.linear_cross_entropy(x, w, target).backward()  # first call: compile and prepare
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # the GPU busy for ~0.1 s
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        nht.linear_cross_entropy(x, w, target).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
