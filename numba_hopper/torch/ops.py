@@ -222,7 +222,7 @@ def define_op(name, schema, impl, fake, grads=None, setup=None):
 _BMM = "Tensor a, Tensor b, ScalarType? out_dtype=None"
 _gemm_op = define_op("gemm", f"({_EPILOGUE}) -> Tensor", _gemm_impl, _gemm_fake, _gemm_grads, _setup_gemm)
 _gemm_aux_op = define_op("gemm_aux", f"({_EPILOGUE}) -> (Tensor, Tensor)", _gemm_aux_impl, _gemm_aux_fake,
-                       _gemm_aux_grads, _setup_gemm_aux)
+                         _gemm_aux_grads, _setup_gemm_aux)
 _bmm_op = define_op("bmm", f"({_BMM}) -> Tensor", _bmm_impl, _bmm_fake, _bmm_grads, _setup_bmm)
 # The same operators without a formula, traced where grad mode is off (``torch.no_grad()``
 # inference), for the host time of a compiled model, which calls each operator through the
@@ -243,7 +243,7 @@ _mm_op = define_op("mm", "(Tensor a, Tensor b) -> Tensor", _gemm_impl, _mm_fake)
 # A gated product, ``activation(a @ b) * (a @ up)`` (``numba_hopper.gemm(a, b, up=up)``): put in
 # place of two ``mm`` and the gating math by the compiled inference graph's pass (``_lowering``).
 _gated_mm_op = define_op("gated_mm", "(Tensor a, Tensor b, Tensor up, str activation) -> Tensor", _gated_mm_impl,
-                       _gated_mm_fake)
+                         _gated_mm_fake)
 
 
 def _gemm_no_grad(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype):
@@ -294,13 +294,13 @@ def call_op(op, no_grad_op, function, impl, inputs, tensors):
 def gemm(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
     """``numba_hopper::gemm``: ``act(alpha * a @ b + beta * c + bias)``."""
     return call_op(_gemm_op, _gemm_no_grad, _GemmFunction, _gemm_impl,
-                 (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
+                   (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
 
 
 def gemm_aux(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
     """``numba_hopper::gemm_aux``: ``(act(pre), pre)`` with ``pre = alpha * a @ b + beta * c + bias``."""
     return call_op(_gemm_aux_op, None, _GemmAuxFunction, _gemm_aux_impl,
-                 (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
+                   (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
 
 
 def gated_mm(a, b, up, activation):
