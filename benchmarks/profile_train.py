@@ -1,8 +1,10 @@
 """Where a training step's time goes, ours against stock (``bench_train.py``'s eager case).
 
-    python benchmarks/profile_train.py [--model qwen3-4b] [--tokens 2x1024] [--rounds 5]
+    python benchmarks/profile_train.py [--model qwen3-4b] [--tokens 2x1024] [--rounds 5] [--loss fused|model]
+    python benchmarks/profile_train.py --model llama-2048 --cprofile 30
 
-For the stock model and ours (``replace_linear``), eager, alternating, medians:
+For the stock model and ours (``replace_linear``; with ``--loss fused``, the default, also
+``fuse_linear_cross_entropy``), eager, alternating, medians:
 
 - ``host``: the step's host time, issued behind a GPU sleep (nothing waits on the GPU);
 - ``device``: the step's GPU time behind that sleep (kernels back to back, no gap where the GPU
@@ -11,13 +13,17 @@ For the stock model and ours (``replace_linear``), eager, alternating, medians:
 - the kernel time per step (``torch.profiler``): GEMMs together, then the largest others.
 
 If ``device`` is the gap, the kernels are slower; if ``sync`` exceeds ``device``, the GPU waited
-for the host.
+for the host. ``--cprofile N`` then prints the N functions of most own host time in one step of
+each side (``cProfile``; a wait for the GPU shows as the synchronizing call), for where ours
+spends the host's time.
 """
 
 import argparse
 import collections
 import copy
+import cProfile
 import pathlib
+import pstats
 import statistics
 import sys
 
@@ -37,10 +43,14 @@ def main():
     p.add_argument("--model", default="qwen3-4b")
     p.add_argument("--tokens", default="2x1024", choices=sorted(TOKENS))
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--loss", choices=("fused", "model"), default="fused")
+    p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print a step's N costliest functions")
     args = p.parse_args()
     models = {"stock": build_model(args.model)}
     models["ours"] = copy.deepcopy(models["stock"])
     nht.replace_linear(models["ours"])
+    if args.loss == "fused":
+        nht.fuse_linear_cross_entropy(models["ours"])
     batch, seq = TOKENS[args.tokens]
     ids = torch.randint(0, models["stock"].config.vocab_size, (batch, seq), device="cuda")
     steps = {}
@@ -63,6 +73,13 @@ def main():
         print(f"== {name}: kernel time per step {sum(sums.values()) / 1e3:.2f} ms")
         for kernel, us in sorted(sums.items(), key=lambda kv: -kv[1])[:10]:
             print(f"   {us:9.1f} us  {kernel}")
+    for name, step in steps.items() if args.cprofile else ():
+        print(f"== {name}: one step's host time by function (own time)")
+        profile = cProfile.Profile()
+        torch.cuda.synchronize()
+        profile.runcall(step)
+        torch.cuda.synchronize()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.cprofile)
 
 
 if __name__ == "__main__":
