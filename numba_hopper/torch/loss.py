@@ -92,8 +92,8 @@ def _launch(kernel, device, *args):
             from numba import cuda
 
             launch = prepare_launch(kernel, args[0].shape[0], THREADS,
-                                    [cuda.as_cuda_array(t, sync=False) if isinstance(t, torch.Tensor) else t
-                                     for t in args])
+                                    [cuda.as_cuda_array(t.detach(), sync=False) if isinstance(t, torch.Tensor) else t
+                                     for t in args])  # (the logits require grad: a custom op's input)
             if len(_PREPARED) >= 64:
                 _PREPARED.clear()
             entry = _PREPARED[key] = (launch, [(launch.leaves[i], i, 0) for i in range(len(args))])
