@@ -9,8 +9,10 @@ dims 64, 128 and 256 with 32, 16 and 8 heads (hidden 2048), causal and not, and 
 at head dim 128. At each point the kernels run in the same process on the same inputs: ours
 and SDPA forced to each backend (``torch.nn.attention.sdpa_kernel``: flash, cuDNN,
 memory-efficient; a backend that refuses a point is left out there), in interleaved rounds
-(each round times every implementation once, ``--iters`` calls between CUDA events, the order
-reversed every other round); each figure is the median over ``--rounds`` rounds, and the
+(each round times every implementation once, as many calls between CUDA events as take the
+fastest about ``--window-ms`` (a short window reads the clock the previous kernel's power draw
+left: 5 calls at 2k tokens, 2 ms, moved the ratio by up to 6%), the order reversed every other
+round); each figure is the median over ``--rounds`` rounds, and the
 fastest backend is the one with the highest median. ``ratio``: ours over the fastest backend,
 the median over rounds of the two timings' ratio in one round (``paired_ratio``: the timings of
 a round share the clock, which moves under the power limit); ``ratio_of_medians`` is there
@@ -84,12 +86,14 @@ def _time(fn, iters):
     return start.elapsed_time(end) / iters
 
 
-def interleaved(fns, rounds, iters):
-    """``{name: [ms per round]}``: each round times every function once, in the reverse order
-    every other round (a function timed right after another one meets the clock and L2 it left)."""
+def interleaved(fns, rounds, window_ms):
+    """``{name: [ms per call, per round]}``: each round times every function once, in the reverse
+    order every other round (a function timed right after another one meets the clock and L2 it
+    left), each over the calls that take the fastest ``window_ms``."""
     for fn in fns.values():  # warm-up: compile, plan, autotune
         fn()
     torch.cuda.synchronize()
+    iters = max(1, round(window_ms / min(_time(fn, 1) for fn in fns.values())))
     times = {name: [] for name in fns}
     order = list(fns)
     gc.disable()
@@ -102,7 +106,7 @@ def interleaved(fns, rounds, iters):
     return times
 
 
-def bench_point(head_dim, heads, kv_heads, seqlen, causal, rounds, iters):
+def bench_point(head_dim, heads, kv_heads, seqlen, causal, rounds, window_ms):
     batch = TOKENS // seqlen
     torch.manual_seed(0)
     q = torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -117,7 +121,7 @@ def bench_point(head_dim, heads, kv_heads, seqlen, causal, rounds, iters):
         except RuntimeError:  # no kernel of this backend for this point
             continue
         fns[name] = fn
-    times = interleaved(fns, rounds, iters)
+    times = interleaved(fns, rounds, window_ms)
     work = flops(batch, heads, seqlen, head_dim, causal)
     tflops = {name: work / statistics.median(t) / 1e9 for name, t in times.items()}
     refs = {n: f for n, f in tflops.items() if n != "ours"}
@@ -154,7 +158,7 @@ def build_llama(attn_implementation):
         return LlamaForCausalLM(config).to(torch.bfloat16).eval()
 
 
-def bench_prefill(rounds):
+def bench_prefill(rounds, window_ms):
     """Stock vs attention on numba_hopper vs attention and linears on numba_hopper."""
     import copy
 
@@ -170,7 +174,7 @@ def bench_prefill(rounds):
     models = {"stock": stock, "attention": routed, "attention+linears": both}
     with torch.inference_mode():
         logits = {n: m(ids).logits.float() for n, m in models.items()}
-        times = interleaved({n: (lambda m=m: m(ids)) for n, m in models.items()}, rounds, 1)
+        times = interleaved({n: (lambda m=m: m(ids)) for n, m in models.items()}, rounds, window_ms)
     ref = logits["stock"]
     ms = {n: statistics.median(t) for n, t in times.items()}
     return [{"name": f"llama prefill 4x2048, {n}", "ours_ms": round(ms[n], 3), "ref_ms": round(ms["stock"], 3),
@@ -181,7 +185,7 @@ def bench_prefill(rounds):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--iters", type=int, default=5, help="calls between a round's CUDA events")
+    p.add_argument("--window-ms", type=float, default=20.0, help="a timing's length (the fastest function's)")
     p.add_argument("--quick", action="store_true", help="seqlens 2k and 16k only")
     p.add_argument("--prefill-only", action="store_true")
     p.add_argument("--no-prefill", action="store_true")
@@ -194,13 +198,13 @@ def main(argv=None):
     records, prefill = [], []
     if not args.prefill_only:
         for point in points(args.quick):
-            r = bench_point(*point, args.rounds, args.iters)
+            r = bench_point(*point, args.rounds, args.window_ms)
             records.append(r)
             print(f"{r['name']:32} ours {r['ours_tflops']:7.1f}  best {r['ref_backend']} {r['ref_tflops']}  "
                   f"ratio {r['ratio']}  {r['backends_tflops']}", flush=True)
     if not args.no_prefill:
-        prefill = bench_prefill(args.rounds)
-    out = save_results("attention", {"tokens_per_batch": TOKENS, "rounds": args.rounds, "iters": args.iters,
+        prefill = bench_prefill(args.rounds, args.window_ms)
+    out = save_results("attention", {"tokens_per_batch": TOKENS, "rounds": args.rounds, "window_ms": args.window_ms,
                                      "fa3_h100_tflops": FA3_H100, "results": records, "prefill": prefill},
                        args.out)
     print("\n| point | ours TFLOP/s | best SDPA | TFLOP/s | ratio | FA3 H100 |\n|---|---|---|---|---|---|")
