@@ -6,17 +6,17 @@
 
 Attention points: bf16, 16k tokens per batch (batch = 16384 / seqlen), seqlen 1k to 16k, head
 dims 64, 128 and 256 with 32, 16 and 8 heads (hidden 2048), causal and not, and GQA 8:1 and 4:1
-at head dim 128. At each point the kernels run in the same process on the same inputs: ours
-and SDPA forced to each backend (``torch.nn.attention.sdpa_kernel``: flash, cuDNN,
-memory-efficient; a backend that refuses a point is left out there), in interleaved rounds
-(each round times every implementation once, as many calls between CUDA events as take the
-fastest about ``--window-ms`` (a short window reads the clock the previous kernel's power draw
-left: 5 calls at 2k tokens, 2 ms, moved the ratio by up to 6%), the order reversed every other
-round); each figure is the median over ``--rounds`` rounds, and the
-fastest backend is the one with the highest median. ``ratio``: ours over the fastest backend,
-the median over rounds of the two timings' ratio in one round (``paired_ratio``: the timings of
-a round share the clock, which moves under the power limit); ``ratio_of_medians`` is there
-beside it. Causal work counts the visible (query, key) pairs only.
+at head dim 128: q and the output are 64 MiB each, beyond the 50-60 MB L2. At each point the
+kernels run in the same process on the same inputs: ours and SDPA forced to each backend
+(``torch.nn.attention.sdpa_kernel``: flash, cuDNN, memory-efficient; a backend that refuses a
+point is left out there), in interleaved rounds. A round times every implementation once, the
+order reversed every other round, each over as many calls between CUDA events as take the
+fastest about ``--window-ms`` (a short window reads the clock that the previous kernel's power
+draw left: 5 calls, 2 ms at 2k tokens, moved ratios by up to 6%). Each figure is the median
+over ``--rounds`` rounds; the fastest backend has the highest median. ``ratio``: ours over the
+fastest backend, the median over rounds of the two timings' ratio in one round
+(``paired_ratio``: the timings of a round share the clock, which moves under the power limit);
+``ratio_of_medians`` is there beside it. Causal work counts the visible (query, key) pairs only.
 
 Prefill: a ``LlamaForCausalLM`` (random init, nothing downloaded; 4 layers, hidden 2048, 16
 heads of 128, 4 K/V heads, MLP 5632, vocabulary 32000, bf16) on 4 x 2048 tokens under
