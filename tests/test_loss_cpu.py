@@ -1,5 +1,6 @@
-"""numba_hopper.torch.linear_cross_entropy without a GPU: its two kernels' SASS and the checks
-that run before launch.
+"""numba_hopper.torch.linear_cross_entropy without a GPU: its two kernels' SASS, the checks
+that run before launch, its traced form and its autograd formula's refusal of a second
+derivative.
 
     python -m pytest -q -n 0 tests/test_loss_cpu.py
 """
@@ -92,3 +93,21 @@ def test_fused_model_keeps_its_own_forward_without_a_gradient():
         got = model(input_ids=ids, labels=ids)
         assert torch.equal(got.logits, ref.logits) and torch.equal(got.loss, ref.loss)
         assert model(input_ids=ids).logits.shape == (1, 6, 50)
+
+
+def test_a_second_derivative_is_refused(monkeypatch):
+    """A create_graph=True backward raises (the gradient kernel has no derivative) rather than
+    returning a gradient that is silently not differentiable. (On the CPU: the GEMMs are
+    ``tests/_torch_double``'s, the loss kernel does not run.)"""
+    import _torch_double
+    from numba_hopper.torch import loss
+
+    _torch_double.install(monkeypatch)
+    monkeypatch.setattr(loss, "_launch", lambda *args: None)
+    x = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(16, 8, dtype=torch.bfloat16, requires_grad=True)
+    value = nht.linear_cross_entropy(x, w, torch.zeros(4, dtype=torch.long), reduction="sum")
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad(value, x, create_graph=True)
+    dx, dw = torch.autograd.grad(value, (x, w))  # a first derivative goes on as before
+    assert dx.shape == x.shape and dw.shape == w.shape

@@ -145,7 +145,12 @@ def _rows_grads(ctx, d_rows, d_lse):
     """The logits' gradient from the rows' (the log-sum-exps are internal: no gradient)."""
     logits, target, lse = ctx.saved_tensors
     inputs = (logits, target, ctx.ignore_index, lse, d_rows)
-    return (_grad_op(*inputs) if ops.tracing((logits, d_rows)) else _grad_impl(*inputs)), None, None
+    if ops.tracing((logits, d_rows)):
+        return _grad_op(*inputs), None, None
+    if torch.is_grad_enabled():  # a create_graph=True backward: the gradient kernel has no derivative
+        raise RuntimeError("linear_cross_entropy is differentiable once: a backward with create_graph=True "
+                           "would need the derivative of its gradient kernel")
+    return _grad_impl(*inputs), None, None
 
 
 _rows_op = ops.define_op("cross_entropy_rows", "(Tensor logits, Tensor target, int ignore_index) -> (Tensor, Tensor)",
