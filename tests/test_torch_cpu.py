@@ -230,6 +230,40 @@ def test_inductor_calls_numba_hopper_gemm_directly_for_mm(double):
     assert cases.rel_error(got, x.double() @ w.double().t()) < 1e-2
 
 
+def test_inductor_calls_numba_hopper_gemm_directly_in_training(double):
+    """A compiled training step's plain products (the forward's linears, the backward's dX and dW,
+    traced as ``numba_hopper::gemm``) are called directly, as ``mm``'s are (``_lowering``); a
+    linear with a bias keeps the operator."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=False), torch.nn.GELU(),
+                              torch.nn.Linear(96, 48)).to(torch.bfloat16)
+    nht.replace_linear(mlp)
+    x = torch.randn(33, 64, dtype=torch.bfloat16, requires_grad=True)
+    ref = mlp(x).float().square().sum()
+    ref.backward()
+    ref_grads = [t.grad.clone() for t in (x, mlp[0].weight, mlp[2].weight)]
+    for t in (x, *mlp.parameters()):
+        t.grad = None
+
+    def step():
+        loss = torch.compile(mlp, fullgraph=True)(x).float().square().sum()
+        loss.backward()
+        return loss
+
+    loss, codes = run_and_get_code(step)
+    forward, backward = codes
+    # forward: the first linear (the second has a bias); backward: dX and dW of both
+    assert forward.count("extern_kernels.numba_hopper_mm(") == 1, forward
+    assert backward.count("extern_kernels.numba_hopper_mm(") == 4, backward
+    assert forward.count("torch.ops.numba_hopper.gemm.default(") == 1, forward
+    assert "torch.ops.numba_hopper.gemm.default(" not in backward, backward
+    assert cases.rel_error(loss, ref) < 1e-2
+    for t, want in zip((x, mlp[0].weight, mlp[2].weight), ref_grads):
+        assert cases.rel_error(t.grad, want) < 2e-2
+
+
 @pytest.mark.long
 def test_inductor_cpp_wrapper_keeps_the_mm_operator(double):
     """A C++ wrapper (AOTInductor's) cannot call Python: the lowering leaves it the operator."""

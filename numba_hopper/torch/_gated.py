@@ -1,6 +1,12 @@
-"""A compiled inference graph's gated MLPs as one GEMM each: Inductor's post-grad pass that finds
-``silu(x @ W_gate.T) * (x @ W_up.T)`` (SwiGLU, as Llama, Mistral and Qwen MLPs compute it) over
-two ``numba_hopper::mm`` and puts one ``numba_hopper::gated_mm`` in their place.
+"""Inductor's post-grad pass over graphs that hold numba_hopper's operators, in two steps.
+
+First, a training graph's plain products (``numba_hopper::gemm`` with no epilogue: the
+linears without bias, every ``dX`` and ``dW``) become ``numba_hopper::mm``, which Inductor calls
+directly (``_lowering``) where the operator would go through the dispatcher.
+
+Then, gated MLPs become one GEMM each: the pass finds ``silu(x @ W_gate.T) * (x @ W_up.T)``
+(SwiGLU, as Llama, Mistral and Qwen MLPs compute it) over two ``numba_hopper::mm`` and puts one
+``numba_hopper::gated_mm`` in their place.
 
 The gated kernel (``numba_hopper.gemm(x, W_gate.t(), up=W_up.t(), activation="silu")``) computes
 both products in one tile and writes only the gated output: the two products' outputs never
@@ -11,8 +17,8 @@ The pass sees the graph after AOTAutograd's decompositions, where SiLU in a 16-b
 ``convert(x32 / (1 + exp(-x32)))`` with ``x32 = convert(x, float32)`` (or ``x32 * sigmoid(x32)``,
 or ``silu`` itself). It rewrites only what it recognizes whole: both products read the same
 activation, each product and each step of the gating has no other user, and the dtypes are 16-bit;
-anything else stays as it was. ``numba_hopper::mm`` appears only in graphs traced with grad mode
-off (``ops.py``), so training graphs, whose backward needs the two products, are never touched.
+anything else stays as it was. A training graph keeps the two products for its backward: they
+have other users, so its MLPs are not touched.
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ _HALF = (torch.bfloat16, torch.float16)
 
 
 class GatedMlpPass(CustomGraphPass):
-    """The pass (Inductor's ``post_grad_custom_pre_pass``); ``then``: a pass the user had set there,
-    run first."""
+    """The pass (Inductor's ``post_grad_custom_pre_pass``): plain products to ``mm``, then gated
+    MLPs; ``then``: a pass the user had set there, run first."""
 
     def __init__(self, then=None):
         self.then = then
@@ -36,11 +42,37 @@ class GatedMlpPass(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph):
         if self.then is not None:
             self.then(graph)
+        plain_products_to_mm(graph)
         fuse_gated_mlps(graph)
 
     def uuid(self):
         other = self.then.uuid() if isinstance(self.then, CustomGraphPass) else None
         return get_hash_for_files((__file__,)), other
+
+
+def plain_products_to_mm(graph: torch.fx.Graph) -> int:
+    """Put ``numba_hopper::mm(a, b)`` in place of each ``numba_hopper::gemm`` of ``graph`` that is a
+    plain product (no ``c``, bias, activation or output dtype, ``alpha`` 1): the same kernel and
+    output, lowered to a direct call. Return how many."""
+    gemm, mm = torch.ops.numba_hopper.gemm.default, torch.ops.numba_hopper.mm.default
+    schema = gemm._schema.arguments
+    replaced = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != gemm:
+            continue
+        values = {arg.name: arg.default_value for arg in schema if arg.has_default_value()}
+        values.update(zip((arg.name for arg in schema), node.args))
+        values.update(node.kwargs)
+        if (values["c"] is not None or values["bias"] is not None or values["alpha"] != 1.0
+                or values["activation"] is not None or values["out_dtype"] is not None):
+            continue
+        with graph.inserting_before(node):
+            product = graph.call_function(mm, (values["a"], values["b"]))
+        product.meta.update(node.meta)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+        replaced += 1
+    return replaced
 
 
 def fuse_gated_mlps(graph: torch.fx.Graph) -> int:

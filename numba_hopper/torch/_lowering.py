@@ -1,8 +1,10 @@
 """Inductor's lowering of ``numba_hopper::mm`` and ``numba_hopper::gated_mm``: the compiled graph's
 wrapper calls ``numba_hopper.gemm(a, b, out=buf)`` itself, as it calls
 ``extern_kernels.mm(a, b, out=buf)`` for ``aten.mm``, instead of calling the operator through the
-dispatcher. With them comes the post-grad pass that fuses gated MLPs (``_gated``), installed as
-Inductor's ``post_grad_custom_pre_pass`` (after any pass the user had set there).
+dispatcher. With them comes Inductor's ``post_grad_custom_pre_pass`` (``_gated.GatedMlpPass``,
+after any pass the user had set there): it puts ``mm`` in place of each plain product that a
+training graph holds as ``numba_hopper::gemm`` (the forward's linears and the backward's ``dX``
+and ``dW``, which the autograd formula issues as ``gemm``), then fuses gated MLPs.
 
 Why: a compiled forward issues each GEMM from Inductor's Python wrapper, and through the
 dispatcher a Python-implemented operator costs more than the GEMM call itself (an H100 host, a

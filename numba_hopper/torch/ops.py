@@ -27,7 +27,8 @@ when a gradient is needed. Traced with grad mode off, they call ``gemm_no_grad``
 ``bmm_no_grad``: the same operators without the formula, which a compiled inference
 graph then calls without the autograd layer's Python; a plain product calls ``mm(a, b)``,
 which Inductor lowers to a direct call of ``numba_hopper.gemm(a, b, out=buf)``, as it calls
-``extern_kernels.mm`` for ``aten.mm`` (``_lowering``).
+``extern_kernels.mm`` for ``aten.mm`` (``_lowering``). A training graph's plain products,
+traced as ``gemm`` for the formula, become ``mm`` in Inductor's post-grad pass.
 
 The backward computes each gradient in its input's layout (a column-major ``b``, such as
 ``weight.t()``, gets a column-major gradient), so AccumulateGrad needs no layout copy.
@@ -90,6 +91,7 @@ def _out_like(a, b, out_dtype):
 
 
 def _gemm_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
+    _register_lowering()  # (a training graph's plain products become ``mm``)
     return _out_like(a, b, out_dtype)
 
 
@@ -98,9 +100,14 @@ def _gemm_aux_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, 
 
 
 def _mm_fake(a, b):
-    with unset_fake_temporarily():  # Inductor's modules, imported here, must not see fake tensors
-        _lowering.register()  # before Inductor lowers a graph that holds the operator
+    _register_lowering()
     return _out_like(a, b, None)
+
+
+def _register_lowering():
+    """Before Inductor lowers a graph that holds the operator (``register`` acts once)."""
+    with unset_fake_temporarily():  # Inductor's modules, imported here, must not see fake tensors
+        _lowering.register()
 
 
 def _bmm_fake(a, b, out_dtype=None):
@@ -233,8 +240,9 @@ _bmm_op = define_op("bmm", f"({_BMM}) -> Tensor", _bmm_impl, _bmm_fake, _bmm_gra
 # position, so these schemas have no defaults (``call_op`` passes every argument).
 _gemm_no_grad_op = define_op("gemm_no_grad", f"({_no_defaults(_EPILOGUE)}) -> Tensor", _gemm_impl, _gemm_fake)
 _bmm_no_grad_op = define_op("bmm_no_grad", f"({_no_defaults(_BMM)}) -> Tensor", _bmm_impl, _bmm_fake)
-# A plain product (a linear without bias) in such a graph, also without a formula, which Inductor
-# lowers to a direct call of numba_hopper.gemm (``_lowering``): no dispatcher at all. Inductor's
+# A plain product (a linear without bias) in such a graph, or in place of a training graph's plain
+# ``gemm`` (``_gated.plain_products_to_mm``), also without a formula, which Inductor lowers to
+# a direct call of numba_hopper.gemm (``_lowering``): no dispatcher at all. Inductor's
 # cache keys a graph by its operators, not by their lowerings, so the lowered operator has a name
 # of its own: a numba_hopper without the lowering never gets a cached graph that needs it.
 _mm_op = define_op("mm", "(Tensor a, Tensor b) -> Tensor", _gemm_impl, _mm_fake)
