@@ -269,8 +269,9 @@ def test_block_wise_paired_tiles_take_a_sixth_slot(out_dtype, epilogue, tile):
     assert cfg.promotes_in_pairs == (tile[2] == 1) and cfg.shared_bytes <= 227 * 1024
 
 
-def _choose(M, N, K, out_dtype, epilogue):
-    """``choose_config``'s kernel of a block-scaled e4m3 TN product on an H100's 132 SMs."""
+def _choose(M, N, K, out_dtype, epilogue, promoted=False):
+    """``choose_config``'s kernel of a block-scaled (``promoted``: promoted, unscaled) e4m3 TN
+    product on an H100's 132 SMs."""
     from numba_hopper.runtime.arrays import DeviceView
     from numba_hopper.matmul.heuristics import choose_config
     from numba_hopper.runtime.launch import DeviceLimits
@@ -279,7 +280,7 @@ def _choose(M, N, K, out_dtype, epilogue):
         return DeviceView(0x7F0000000000, (rows, cols), strides or (cols, 1), dtype, 1, 0, "torch")
 
     return choose_config(view(M, K, "e4m3"), view(K, N, "e4m3", (1, K)), view(M, N, out_dtype), None, False, epilogue,
-                         limits=DeviceLimits(0, (9, 0), 132), block_scaled=True)
+                         limits=DeviceLimits(0, (9, 0), 132), block_scaled=not promoted, promoted=promoted)
 
 
 @pytest.mark.parametrize("out_dtype,epilogue,block_m", [
@@ -368,6 +369,55 @@ def test_promoted_sass_adds_every_k_block_without_scales(block_m, block_n):
     assert not [w for w in r.warnings if "C7514" in w or "C7517" in w], r.warnings
     assert not [line for line in _k_block_loop(r.sass) if " LDG.E" in line or " LD.E " in line]
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+
+
+PER_TENSOR_DEVICE_SCALES = EpilogueConfig(row_scale=True, col_scale=True, scalar_col_scale=True)
+
+
+@pytest.mark.kernel_matrix
+@pytest.mark.parametrize("block_n", [192, 256])
+def test_promoted_wide_tiles_take_per_tensor_device_scales(block_n):
+    """Per-tensor device scales are stride-0 vectors; ``scale_b``'s, a scalar column scale, joins
+    each row's factor (one load per tile) instead of being staged per column, so the wide
+    promoted tiles run with them: no spills, no shared-memory column terms."""
+    ecfg = PER_TENSOR_DEVICE_SCALES
+    assert ecfg.column_bytes(block_n) == 0
+    stages = max_stages("e4m3", "bf16", block_n, a_major="K", b_major="K", epilogue=ecfg, promoted=True)
+    cfg = GemmConfig("e4m3", "bf16", "K", "K", block_n=block_n, stages=stages, epilogue=ecfg, promoted=True)
+    vec = types.Array(types.float32, 1, "A")
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (vec, vec)))
+    mma_n = 128 if block_n == 256 else block_n
+    assert r.sass.count(f"QGMMA.64x{mma_n}x32.F32.E4M3.E4M3 ") == 4 * block_n // mma_n, r.summary()
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert not [w for w in r.warnings if "C7514" in w or "C7517" in w], r.warnings
+
+
+def test_per_tensor_device_scales_choose_wide_tiles():
+    """Without staged column terms, per-tensor device scales take the tiles of a host-number
+    scale (128 x 256 at 4096^3, 128 x 192 at 4096x2112x7168); a column vector keeps 128."""
+    vector = EpilogueConfig(row_scale=True, col_scale=True)
+    for (M, N, K), width in (((4096, 4096, 4096), 256), ((4096, 2112, 7168), 192)):
+        assert _choose(M, N, K, "bf16", PER_TENSOR_DEVICE_SCALES, promoted=True).block_n == width
+        assert _choose(M, N, K, "bf16", EpilogueConfig(alpha=True), promoted=True).block_n >= 128
+        assert _choose(M, N, K, "bf16", vector, promoted=True).block_n == 128
+    with pytest.raises(ValueError, match="set col_scale too"):
+        EpilogueConfig(scalar_col_scale=True)
+
+
+def test_a_stride_0_col_scale_is_a_scalar():
+    """What ``Fusion.config`` compiles a column scale as: a scalar when it has stride 0 or one
+    column, else a staged vector (also in the swapped kernel, where ``row_scale`` becomes it)."""
+    from numba_hopper.matmul.fusion import Fusion
+    from numba_hopper.runtime.arrays import DeviceView
+
+    def vec(n, stride):
+        return DeviceView(0x7F0000000000, (n,), (stride,), "f32", 4, 0, "torch")
+
+    assert Fusion({"col_scale": vec(N, 0)}).config(False).scalar_col_scale
+    assert Fusion({"col_scale": vec(1, 1)}).config(False).scalar_col_scale
+    assert not Fusion({"col_scale": vec(N, 1)}).config(False).scalar_col_scale
+    swapped = Fusion({"row_scale": vec(M, 1), "col_scale": vec(N, 0)}).transposed().config(True)
+    assert swapped.col_scale and not swapped.scalar_col_scale and swapped.row_scale
 
 
 @pytest.mark.kernel_matrix

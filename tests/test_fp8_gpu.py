@@ -108,6 +108,19 @@ def test_fp8_e4m3_matches_float64(torch, M, N, K, scaling):
     _check(torch, out, _reference(torch, a, b, sa, sb), "bf16", K, f"{M}x{N}x{K} {scaling}")
 
 
+@pytest.mark.parametrize("M,N,K,block_n", [(129, 192, 128, 192), (1000, 1000, 1008, 192), (1000, 320, 384, 256),
+                                           (129, 1000, 1008, 256), (4096, 2112, 7168, None)], ids=str)
+def test_fp8_per_tensor_device_scales_on_wide_tiles(torch, M, N, K, block_n):
+    """One-element scale tensors on the 128 x 192 and 128 x 256 promoted tiles (the default's at
+    4096x2112x7168): ``scale_b``'s stride-0 vector is read as one factor of every row's."""
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _scales(torch, "tensor", M, N)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    config = block_n and GemmConfig(block_m=128, block_n=block_n)
+    assert gemm(a, b, out, scale_a=sa, scale_b=sb, config=config) is out
+    _check(torch, out, _reference(torch, a, b, sa, sb), "bf16", K, f"{M}x{N}x{K} 128x{block_n}")
+
+
 @pytest.mark.parametrize("out_dtype", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
 def test_fp8_output_dtypes(torch, fp8, out_dtype):

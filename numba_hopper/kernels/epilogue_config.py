@@ -21,6 +21,8 @@ _ARGS = tuple(op for op in OPERANDS if op.kernel == "epilogue")
 class EpilogueConfig:
     """Compile-time shape of a fused epilogue (kernel coordinates; see :mod:`~numba_hopper.kernels.epilogue`).
 
+    ``scalar_col_scale``: ``col_scale`` has one value for every column (stride 0: a per-tensor
+    device scale), read once per tile into each row's factor instead of staged per column.
     ``c_dtype``: dtype of ``C`` (None: no ``beta * C``); ``bias``: None, "row" (``bias[r]``,
     length M) or "col" (``bias[c]``, length N); ``aux_dtype``: dtype of the pre-activation
     output (None: none); ``user``: a ``@cuda.jit(device=True)`` function or None;
@@ -32,6 +34,7 @@ class EpilogueConfig:
     alpha: bool = False
     row_scale: bool = False
     col_scale: bool = False
+    scalar_col_scale: bool = False
     c_dtype: str | None = None
     bias: str | None = None
     bias_dtype: str = "f32"
@@ -52,6 +55,8 @@ class EpilogueConfig:
                 raise ValueError(f"{name} must be None or one of {FLOAT_DTYPES}, got {getattr(self, name)!r}")
         if self.bias_dtype not in FLOAT_DTYPES:
             raise ValueError(f"bias_dtype must be one of {FLOAT_DTYPES}, got {self.bias_dtype!r}")
+        if self.scalar_col_scale and not self.col_scale:
+            raise ValueError("scalar_col_scale describes a col_scale: set col_scale too")
         if self.out_scale not in (None, "number", "array"):
             raise ValueError(f"out_scale must be None, 'number' or 'array', got {self.out_scale!r}")
 
@@ -81,7 +86,8 @@ class EpilogueConfig:
 
     def column_bytes(self, block_n):
         """Shared memory a consumer stages its tile's column vectors in (f32, ``block_n`` each)."""
-        return 4 * block_n * (self.col_scale + (self.bias == "col"))
+        vectors = (self.col_scale and not self.scalar_col_scale) + (self.bias == "col")
+        return 4 * block_n * vectors
 
 
 EpilogueArgs = namedtuple("EpilogueArgs", [op.name for op in _ARGS],

@@ -131,8 +131,10 @@ class Fusion:
         kernel of ``out.T``)."""
         ops = self.operands
         c, bias, aux, scale = ops.get("c"), ops.get("bias"), ops.get("aux"), ops.get("out_scale")
+        col_scale = ops.get("col_scale")
         return EpilogueConfig(
-            alpha="alpha" in ops, row_scale="row_scale" in ops, col_scale="col_scale" in ops,
+            alpha="alpha" in ops, row_scale="row_scale" in ops, col_scale=col_scale is not None,
+            scalar_col_scale=col_scale is not None and (col_scale.strides[0] == 0 or col_scale.shape[0] == 1),
             c_dtype=c and c.dtype, bias=bias and ("row", "col")[self.bias_dim],
             bias_dtype=bias.dtype if bias else "f32", activation=self.activation,
             aux_dtype=aux and aux.dtype, user=self.user, transposed=transposed, amax="amax" in ops,

@@ -90,7 +90,11 @@ def epilogue_math(ecfg: EpilogueConfig, block_n: int) -> EpilogueMath:
     valid memory and their values are dropped. Only side effects are guarded: ``aux`` is
     written and the user function called for in-bounds elements only.
     """
-    ALPHA, ROW_SCALE, COL_SCALE = ecfg.alpha, ecfg.row_scale, ecfg.col_scale
+    ALPHA, ROW_SCALE = ecfg.alpha, ecfg.row_scale
+    # a stride-0 col_scale is one factor of every row's (loaded once), not a staged vector
+    COL_SCALAR = ecfg.col_scale and ecfg.scalar_col_scale
+    COL_SCALE = ecfg.col_scale and not COL_SCALAR
+    ROW_FACTOR = ROW_SCALE or COL_SCALAR
     HAS_C, BIAS, AUX = ecfg.c_dtype is not None, ecfg.bias, ecfg.aux_dtype is not None
     COL_BIAS = BIAS == "col"
     USER, HAS_USER = ecfg.user, ecfg.user is not None  # (branches prune on bools, not functions)
@@ -109,6 +113,8 @@ def epilogue_math(ecfg: EpilogueConfig, block_n: int) -> EpilogueMath:
     def row_terms(row, M, ep):
         r = clamp(row, M)
         scale = ep.row_scale[r] if ROW_SCALE else ONE
+        if COL_SCALAR:
+            scale = scale * ep.col_scale[0]
         bias = load_bias(ep.bias[r]) if BIAS == "row" else ZERO
         return scale, bias
 
@@ -143,7 +149,7 @@ def epilogue_math(ecfg: EpilogueConfig, block_n: int) -> EpilogueMath:
     def apply(v, c, rt, ct, row, col, M, N, ep):
         if ALPHA:
             v = v * ep.alpha
-        if ROW_SCALE:
+        if ROW_FACTOR:
             v = v * rt[0]
         if COL_SCALE:
             v = v * ct[0]
