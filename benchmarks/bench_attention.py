@@ -3,6 +3,8 @@
     python benchmarks/bench_attention.py            # benchmarks/results/attention-<gpu>.json
     python benchmarks/bench_attention.py --quick    # seqlens 2k and 16k only
     python benchmarks/bench_attention.py --prefill-only
+    python benchmarks/bench_attention.py --head-dims 64 --causal yes --seqlens 1024 2048 \
+        --configs block_n=160,stages=3,early_q_release=false consumers=3,block_n=96,stages=3
 
 Attention points: bf16, 16k tokens per batch (batch = 16384 / seqlen), seqlen 1k to 16k, head
 dims 64, 128 and 256 with 32, 16 and 8 heads (hidden 2048), causal and not, and GQA 8:1 and 4:1
@@ -25,6 +27,13 @@ numba_hopper (``register_transformers_attention``), and that plus every linear o
 numba_hopper (``numba_hopper.torch.replace_linear``); ``ratio``: stock's time over ours, paired
 the same way.
 
+``--configs``: kernel configurations (``AttentionConfig`` fields as ``name=value``, comma-separated;
+the head dim is each point's) timed beside the tuned one at each point where they fit, through
+``numba_hopper.attention(..., config=)``; each record's ``configs`` gives their TFLOP/s and
+``vs_tuned``, the tuned kernel's time over theirs (paired). Such runs go to
+``attention-configs-<gpu>.json``, runs of a subset of the points (``--seqlens``, ``--head-dims``,
+``--causal``) to ``attention-subset-<gpu>.json``.
+
 The table printed last has FlashAttention-3's published H100 figures (bf16, non-causal, 16k
 tokens: about 497, 648 and 756 TFLOP/s at head dims 64, 128, 256) beside ours: the H200 has the
 H100's compute.
@@ -43,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from bench_gemm import paired_ratio, save_results  # noqa: E402
+from bench_gemm import paired_ratio, results_name, save_results  # noqa: E402
 
 import numba_hopper  # noqa: E402
 
@@ -106,7 +115,31 @@ def interleaved(fns, rounds, window_ms):
     return times
 
 
-def bench_point(head_dim, heads, kv_heads, seqlen, causal, rounds, window_ms):
+def parse_config(spec, head_dim):
+    """The ``AttentionConfig`` of ``head_dim`` that ``spec`` (``"block_n=160,early_q_release=false"``)
+    describes; ValueError where it does not fit."""
+    from numba_hopper.attention import AttentionConfig
+
+    def value(text):
+        flag = text.strip().lower()
+        return flag == "true" if flag in ("true", "false") else int(text)
+
+    return AttentionConfig(head_dim, **{name.strip(): value(v) for name, _, v in
+                                        (part.partition("=") for part in spec.split(","))})
+
+
+def point_configs(specs, head_dim):
+    """``{spec: AttentionConfig}`` of the ``specs`` that fit at ``head_dim``."""
+    configs = {}
+    for spec in specs:
+        try:
+            configs[spec] = parse_config(spec, head_dim)
+        except ValueError as e:
+            print(f"config {spec}: not at head dim {head_dim} ({e})".splitlines()[0][:160], flush=True)
+    return configs
+
+
+def bench_point(head_dim, heads, kv_heads, seqlen, causal, rounds, window_ms, specs=()):
     batch = TOKENS // seqlen
     torch.manual_seed(0)
     q = torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -114,6 +147,9 @@ def bench_point(head_dim, heads, kv_heads, seqlen, causal, rounds, window_ms):
     v = torch.randn_like(k)
     gqa = kv_heads != heads
     fns = {"ours": lambda: numba_hopper.attention(q, k, v, causal=causal, causal_align="top_left")}
+    configs = point_configs(specs, head_dim)
+    for spec, cfg in configs.items():
+        fns[spec] = lambda cfg=cfg: numba_hopper.attention(q, k, v, causal=causal, causal_align="top_left", config=cfg)
     for name, backend in backends().items():
         fn = _sdpa(backend, q, k, v, causal, gqa)
         try:
@@ -124,7 +160,7 @@ def bench_point(head_dim, heads, kv_heads, seqlen, causal, rounds, window_ms):
     times = interleaved(fns, rounds, window_ms)
     work = flops(batch, heads, seqlen, head_dim, causal)
     tflops = {name: work / statistics.median(t) / 1e9 for name, t in times.items()}
-    refs = {n: f for n, f in tflops.items() if n != "ours"}
+    refs = {n: f for n, f in tflops.items() if n != "ours" and n not in configs}
     best = max(refs, key=refs.get) if refs else None
     name = f"d{head_dim} h{heads}/{kv_heads} s{seqlen} {'causal' if causal else 'full'}"
     return {"name": name, "batch": batch, "heads": heads, "kv_heads": kv_heads, "seqlen_q": seqlen,
@@ -132,19 +168,21 @@ def bench_point(head_dim, heads, kv_heads, seqlen, causal, rounds, window_ms):
             "ours_tflops": round(tflops["ours"], 1), "ref_tflops": round(refs[best], 1) if best else None,
             "ref_backend": best, "ratio": round(paired_ratio(times, best, "ours"), 3) if best else None,
             "ratio_of_medians": round(tflops["ours"] / refs[best], 3) if best else None,
-            "backends_tflops": {n: round(f, 1) for n, f in refs.items()}}
+            "backends_tflops": {n: round(f, 1) for n, f in refs.items()},
+            **({"configs": {spec: {"tflops": round(tflops[spec], 1), "vs_tuned": round(paired_ratio(times, "ours", spec), 3)}
+                            for spec in configs}} if configs else {})}
 
 
-def points(quick):
-    seqlens = (2048, 16384) if quick else SEQLENS
-    for head_dim, heads in HEADS.items():
-        for causal in (False, True):
+def points(seqlens=SEQLENS, head_dims=tuple(HEADS), causals=(False, True)):
+    for head_dim in head_dims:
+        for causal in causals:
             for seqlen in seqlens:
-                yield head_dim, heads, heads, seqlen, causal
-    for ratio in (8, 4):
-        for causal in (False, True):
-            for seqlen in seqlens:
-                yield 128, 16, 16 // ratio, seqlen, causal
+                yield head_dim, HEADS[head_dim], HEADS[head_dim], seqlen, causal
+    if 128 in head_dims:
+        for ratio in (8, 4):
+            for causal in causals:
+                for seqlen in seqlens:
+                    yield 128, 16, 16 // ratio, seqlen, causal
 
 
 def build_llama(attn_implementation):
@@ -187,24 +225,33 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--window-ms", type=float, default=20.0, help="a timing's length (the fastest function's)")
     p.add_argument("--quick", action="store_true", help="seqlens 2k and 16k only")
+    p.add_argument("--seqlens", nargs="+", type=int, choices=SEQLENS, help="default: all (--quick: 2k and 16k)")
+    p.add_argument("--head-dims", nargs="+", type=int, choices=tuple(HEADS), default=tuple(HEADS))
+    p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    p.add_argument("--configs", nargs="+", default=(), metavar="FIELD=VALUE,...",
+                   help="kernel configurations timed beside the tuned one (module docstring)")
     p.add_argument("--prefill-only", action="store_true")
     p.add_argument("--no-prefill", action="store_true")
     p.add_argument("--out", help="results file (default: benchmarks/results/attention-<gpu>.json)")
     args = p.parse_args(argv)
     from numba_hopper.attention import precompile, tuned_configs
 
+    seqlens = args.seqlens or ((2048, 16384) if args.quick else SEQLENS)
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     # the bf16 kernels, compiled side by side in worker processes into the kernel cache
-    precompile(tuned_configs(("bf16",), tuple(HEADS)))
+    variants = [cfg for d in args.head_dims for cfg in point_configs(args.configs, d).values()]
+    precompile(list(dict.fromkeys(tuned_configs(("bf16",), tuple(args.head_dims)) + variants)))
     records, prefill = [], []
     if not args.prefill_only:
-        for point in points(args.quick):
-            r = bench_point(*point, args.rounds, args.window_ms)
+        for point in points(seqlens, args.head_dims, causals):
+            r = bench_point(*point, args.rounds, args.window_ms, args.configs)
             records.append(r)
             print(f"{r['name']:32} ours {r['ours_tflops']:7.1f}  best {r['ref_backend']} {r['ref_tflops']}  "
                   f"ratio {r['ratio']}  {r['backends_tflops']}", flush=True)
-    if not args.no_prefill:
+    if not (args.no_prefill or args.configs):
         prefill = bench_prefill(args.rounds, args.window_ms)
-    out = save_results("attention", {"tokens_per_batch": TOKENS, "rounds": args.rounds, "window_ms": args.window_ms,
+    subset = args.seqlens or tuple(args.head_dims) != tuple(HEADS) or args.causal != "both"
+    out = save_results(results_name("attention", args.configs and "configs", subset and "subset"), {"tokens_per_batch": TOKENS, "rounds": args.rounds, "window_ms": args.window_ms,
                                      "fa3_h100_tflops": FA3_H100, "results": records, "prefill": prefill},
                        args.out)
     print("\n| point | ours TFLOP/s | best SDPA | TFLOP/s | ratio | FA3 H100 |\n|---|---|---|---|---|---|")
@@ -212,6 +259,9 @@ def main(argv=None):
         fa3 = FA3_H100[r["head_dim"]] if not r["causal"] and r["seqlen_q"] == TOKENS and r["kv_heads"] == r["heads"] \
             else ""
         print(f"| {r['name']} | {r['ours_tflops']} | {r['ref_backend']} | {r['ref_tflops']} | {r['ratio']} | {fa3} |")
+    for r in records:
+        for spec, c in r.get("configs", {}).items():
+            print(f"{r['name']:28} {spec:48} {c['tflops']:7.1f} TFLOP/s, {c['vs_tuned']:.3f}x the tuned kernel")
     for r in prefill:
         print(f"| {r['name']} | {r['ours_ms']} ms | stock | {r['ref_ms']} ms | {r['ratio']} | err {r['rel_error']:.1e} |")
     print(f"results: {out}")

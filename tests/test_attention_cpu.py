@@ -6,6 +6,7 @@ implementation, and the kit's overlap check.
 """
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -182,6 +183,19 @@ def test_bad_input_raises_before_launch():
         attn(q, q, q)
     with pytest.raises(DeviceMismatchError):
         attn(q, q.to("meta"), q)
+
+
+def test_an_explicit_config_must_be_of_the_calls_head_dim_and_dtype():
+    from numba_hopper.attention.checks import check_config
+
+    problem = SimpleNamespace(head_dim=128, dtype="bf16")
+    check_config(AttentionConfig(128, block_n=176, o_aliases_q=True), problem)
+    with pytest.raises(ValueError, match="head dim 64, bf16; the call has head dim 128"):
+        check_config(AttentionConfig(64), problem)
+    with pytest.raises(ValueError, match="f16"):
+        check_config(AttentionConfig(128, "f16"), problem)
+    with pytest.raises(TypeError, match="must be an AttentionConfig"):
+        check_config({"block_n": 176}, problem)
 
 
 def test_bad_packed_input_raises_before_launch():

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import numba_hopper  # noqa: E402
-from numba_hopper.attention import precompile  # noqa: E402
+from numba_hopper.attention import AttentionConfig, precompile  # noqa: E402
 from numba_hopper.runtime.device import hopper_device_reason  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -83,11 +83,11 @@ def sdpa_math(q, k, v, causal):
             q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), is_causal=causal)
 
 
-def check(case, q, k, v, causal=False, align="bottom_right", scale=None, out=None, sdpa=True):
+def check(case, q, k, v, causal=False, align="bottom_right", scale=None, out=None, sdpa=True, config=None):
     """Run and compare to float64 (and to SDPA's math backend where its causal mask is ours)."""
     scale_v = scale or 1.0 / math.sqrt(q.shape[-1])
     got, lse = numba_hopper.attention(q, k, v, causal=causal, causal_align=align, scale=scale, return_lse=True,
-                                      out=out)
+                                      out=out, config=config)
     torch.cuda.synchronize()
     ref, ref_lse = reference(q, k, v, causal, align == "bottom_right", scale_v)
     assert not torch.isnan(got).any(), f"{case}: NaN in the output"
@@ -121,6 +121,22 @@ def test_dense_fp16(head_dim, seqlen, causal):
     q, k, v = (_rand(2, 2, seqlen, head_dim, dtype=torch.float16) for _ in range(3))
     out = torch.full_like(q, float("nan"))
     check(f"fp16 d{head_dim} s{seqlen} {'causal' if causal else 'full'}", q, k, v, causal, out=out)
+
+
+# Configurations other than the tuned ones (``config=``): wider key blocks with late Q release,
+# three consumers with narrow blocks, and the output staged in Q's buffer at head dim 128.
+CONFIGS = [AttentionConfig(64, block_n=192, stages=3, early_q_release=False),
+           AttentionConfig(64, consumers=3, block_n=96, stages=3),
+           AttentionConfig(128, block_n=176, o_aliases_q=True, early_q_release=False)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"d{c.head_dim}-c{c.consumers}-n{c.block_n}")
+def test_explicit_configs(config, causal):
+    q, k, v = (_rand(2, 3, 1000, config.head_dim) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    check(f"config d{config.head_dim} c{config.consumers} n{config.block_n} {'causal' if causal else 'full'}",
+          q, k, v, causal, out=out, config=config)
 
 
 @pytest.mark.parametrize("align", ["bottom_right", "top_left"])

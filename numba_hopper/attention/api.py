@@ -21,7 +21,7 @@ from ..runtime.arrays import DeviceView
 from ..runtime.device import on_device
 from ..runtime.launch import device_limits, prepare_launch
 from ..runtime.tensormap import TensorMapArg, encode_template
-from .checks import addressable, check_call, check_device
+from .checks import addressable, check_call, check_config, check_device
 from .config import AttentionParams, attention_config, l2_section, tuned_configs
 from .kernel import make_attention_kernel
 from .scheduler import pair_items
@@ -39,7 +39,8 @@ _FIELD_VALUES = {"out": O, "lse": LSE, "cu_seqlens_q": CU_Q, "cu_seqlens_k": CU_
 
 
 def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None, cu_seqlens_q=None,
-              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, return_lse=False, out=None, stream=None):
+              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, return_lse=False, out=None, stream=None,
+              config=None):
     """Softmax attention ``softmax(q k^T * scale) v`` of PyTorch CUDA tensors on a Hopper GPU.
 
     Layouts:
@@ -71,7 +72,10 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     - a row that sees no key (causal with ``seqlen_q > seqlen_k`` bottom-right, or no keys at
       all) gets output 0 and log-sum-exp ``-inf``, as FlashAttention (SDPA gives NaN there);
     - ``stream``: any stream object or a raw handle; default PyTorch's current stream. The call
-      never synchronizes.
+      never synchronizes;
+    - ``config``: an :class:`AttentionConfig` (tiles, pipeline depth, consumer warpgroups) to run
+      instead of the tuned one (:func:`attention_config`), of the call's head dim and dtype:
+      for tuning and for comparing kernels.
 
     Raises before launching: ``DtypeError`` (dtypes), ``ShapeError`` (shapes, head dim, heads),
     ``LayoutError`` (an ``out`` TMA cannot write), ``DeviceMismatchError`` (tensors on different
@@ -82,6 +86,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
 
     problem = check_call(q, k, v, causal, causal_align, scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          max_seqlen_k, out)
+    if config is not None:
+        check_config(config, problem)
     check_device(q.device)
     if out is None:
         out = q.new_empty(problem.out_shape)
@@ -94,13 +100,13 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     q, k, v = (t if addressable(t) else t.contiguous() for t in (q, k, v))
     views = [_view4(t, problem.varlen, problem.dtype) for t in (q, k, v, out)]
     lse_strides = _lse_strides(problem) if return_lse else (0, 0)
-    key = (q.device.index, problem, tuple((view.shape, view.strides) for view in views), lse_strides)
+    key = (q.device.index, problem, tuple((view.shape, view.strides) for view in views), lse_strides, config)
     values = [view.ptr for view in views] + [lse.data_ptr() if lse is not None else 0,
                                              _address(cu_seqlens_q), _address(cu_seqlens_k)]
     with on_device(q.device.index or 0):
         plan = _plans.get(key)
         if plan is None:
-            plan = _plan(key, problem, views, values, lse_strides)
+            plan = _plan(key, problem, views, values, lse_strides, config)
         plan(values, _stream_handle(stream, q.device))
     return (out, lse) if return_lse else out
 
@@ -199,10 +205,10 @@ class _Plan:
         self.launch(stream, values, self.binds)
 
 
-def _plan(key, problem, views, values, lse_strides) -> _Plan:
+def _plan(key, problem, views, values, lse_strides, config) -> _Plan:
     """Build (and cache) the plan of ``key`` (``_attention``'s layout key), prepared at the first
-    call's ``values``."""
-    cfg = attention_config(problem.head_dim, problem.dtype, problem.causal, problem.seqlen_q)
+    call's ``values``, for ``config`` or else the tuned configuration."""
+    cfg = config or attention_config(problem.head_dim, problem.dtype, problem.causal, problem.seqlen_q)
     boxes = ((1, 1, cfg.block_m, 64), (1, 1, cfg.block_n, 64), (1, 1, cfg.block_n, 64), (1, 1, 64, 64))
     templates = [encode_template(view, box, swizzle=128) for view, box in zip(views, boxes)]
     m_blocks = max(1, -(-problem.seqlen_q // cfg.block_m))

@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 
 from ..errors import DeviceMismatchError, DtypeError, LayoutError, ShapeError, UnsupportedDeviceError
-from .config import HEAD_DIMS
+from .config import HEAD_DIMS, AttentionConfig
 
-__all__ = ["Problem", "check_call", "check_device", "addressable", "CAUSAL_ALIGNS", "DTYPE_NAMES"]
+__all__ = ["Problem", "check_call", "check_config", "check_device", "addressable", "CAUSAL_ALIGNS", "DTYPE_NAMES"]
 
 CAUSAL_ALIGNS = ("bottom_right", "top_left")
 
@@ -201,6 +201,15 @@ def _check_devices(tensors):
     (device,) = devices
     if device.type != "cuda":
         raise TypeError(f"attention: the tensors are on '{device}'; numba_hopper runs on CUDA tensors (.cuda())")
+
+
+def check_config(config, problem):
+    """An explicit ``config=``: an :class:`AttentionConfig` of the call's head dim and dtype."""
+    if not isinstance(config, AttentionConfig):
+        raise TypeError(f"attention: config must be an AttentionConfig; got {type(config).__name__}")
+    if (config.head_dim, config.dtype) != (problem.head_dim, problem.dtype):
+        raise ValueError(f"attention: config is for head dim {config.head_dim}, {config.dtype}; the call has head dim "
+                         f"{problem.head_dim}, {problem.dtype}")
 
 
 def check_device(device):
