@@ -56,12 +56,12 @@ def plain_products_to_mm(graph: torch.fx.Graph) -> int:
     output, lowered to a direct call. Return how many."""
     gemm, mm = torch.ops.numba_hopper.gemm.default, torch.ops.numba_hopper.mm.default
     schema = gemm._schema.arguments
+    defaults = {arg.name: arg.default_value for arg in schema if arg.has_default_value()}
     replaced = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target != gemm:
             continue
-        values = {arg.name: arg.default_value for arg in schema if arg.has_default_value()}
-        values.update(zip((arg.name for arg in schema), node.args))
+        values = {**defaults, **dict(zip((arg.name for arg in schema), node.args))}
         values.update(node.kwargs)
         if (values["c"] is not None or values["bias"] is not None or values["alpha"] != 1.0
                 or values["activation"] is not None or values["out_dtype"] is not None):
