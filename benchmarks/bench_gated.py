@@ -4,7 +4,7 @@ the stock torch.compile of it, same process.
     python benchmarks/bench_gated.py [--rounds 11] [--out out.json]   # default: results/gated-<gpu>.json
 
 - "ours": ``numba_hopper.gemm(x, w_gate.t(), up=w_up.t(), activation="silu")``, as the compiled
-  model calls it (``numba_hopper.torch._gated``): one kernel, the gated (M, N) output written;
+  model calls it (``numba_hopper.torch._post_grad``): one kernel, the gated (M, N) output written;
 - "torch": ``torch.compile`` of ``F.silu(x @ w_gate.t()) * (x @ w_up.t())``: two cuBLAS GEMMs,
   each writing its (M, N) product, then Inductor's fused SiLU-and-multiply kernel reading both.
 

@@ -9,7 +9,7 @@ is a copy (the same weights) with every ``nn.Linear`` swapped by
 4 SwiGLU MLPs by ``numba_hopper.torch.fuse_gated_mlps`` (in inference the gate and up
 projections and the SiLU-and-multiply are one gated GEMM; ``--unfused-mlps``: linears only).
 The compiled forward gets the gated GEMM either way: Inductor's pass finds the unfused MLPs
-(``numba_hopper.torch._gated``).
+(``numba_hopper.torch._post_grad``).
 
 Cases (``ratio = torch_ms / ours_ms``, above 1: ours is faster):
 

@@ -316,7 +316,7 @@ class _SwiGLU(torch.nn.Module):
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_inductor_fuses_a_gated_mlp_into_one_gemm(double, dynamic):
-    """Under torch.no_grad() Inductor's post-grad pass (``_gated``) puts one gated GEMM in place of
+    """Under torch.no_grad() Inductor's post-grad pass (``_post_grad``) puts one gated GEMM in place of
     the gate and up products and the SiLU-and-multiply between them (static or symbolic rows)."""
     from torch._inductor.utils import run_and_get_code
 

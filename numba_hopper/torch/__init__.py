@@ -17,7 +17,7 @@
 - :mod:`~numba_hopper.torch.linear`: ``linear``, the ``nn.Linear`` drop-in ``Linear``, and
   ``replace_linear``;
 - :mod:`~numba_hopper.torch.mlp`: ``GatedMLP`` and ``fuse_gated_mlps``, SwiGLU MLPs whose gate and
-  up products are one gated GEMM in inference (``torch.compile`` finds them by itself: ``_gated``).
+  up products are one gated GEMM in inference (``torch.compile`` finds them by itself: ``_post_grad``).
 - :mod:`~numba_hopper.torch.attention`: the ``numba_hopper::attention`` op,
   ``scaled_dot_product_attention`` (SDPA's drop-in) and ``register_transformers_attention``
   (``attn_implementation="numba_hopper"``).

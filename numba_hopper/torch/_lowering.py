@@ -1,7 +1,7 @@
 """Inductor's lowering of ``numba_hopper::mm`` and ``numba_hopper::gated_mm``: the compiled graph's
 wrapper calls ``numba_hopper.gemm(a, b, out=buf)`` itself, as it calls
 ``extern_kernels.mm(a, b, out=buf)`` for ``aten.mm``, instead of calling the operator through the
-dispatcher. With them comes Inductor's ``post_grad_custom_pre_pass`` (``_gated.GatedMlpPass``,
+dispatcher. With them comes Inductor's ``post_grad_custom_pre_pass`` (``_post_grad.PostGradPass``,
 after any pass the user had set there): it puts ``mm`` in place of each plain product that a
 training graph holds as ``numba_hopper::gemm`` (the forward's linears and the backward's ``dX``
 and ``dW``, which the autograd formula issues as ``gemm``), then fuses gated MLPs.
@@ -49,7 +49,7 @@ def register():
     from torch._inductor import config
     from torch._inductor.virtualized import V
 
-    from ._gated import GatedMlpPass
+    from ._post_grad import PostGradPass
 
     op, gated_op = torch.ops.numba_hopper.mm.default, torch.ops.numba_hopper.gated_mm.default
     kernel = ExternKernelChoice(numba_hopper_mm)  # generated code calls extern_kernels.numba_hopper_mm
@@ -71,6 +71,6 @@ def register():
         *_, layout, a, b = mm_args(a, b)
         return gated_kernel.bind((a, b, up), layout, activation=activation).output_node()
 
-    if not isinstance(config.post_grad_custom_pre_pass, GatedMlpPass):
-        config.post_grad_custom_pre_pass = GatedMlpPass(then=config.post_grad_custom_pre_pass)
+    if not isinstance(config.post_grad_custom_pre_pass, PostGradPass):
+        config.post_grad_custom_pre_pass = PostGradPass(then=config.post_grad_custom_pre_pass)
     _registered = True

@@ -6,7 +6,7 @@ are one kernel, ``numba_hopper.gemm(x, gate.weight.t(), up=up.weight.t(), activa
 which writes only the gated output; eagerly, in a CUDA graph and traced. When a gradient is
 needed the MLP runs its three linears as before (the gated kernel keeps neither product, which
 the backward would need). ``torch.compile`` of an unfused MLP gets the same kernel from
-Inductor's pass (``_gated``).
+Inductor's pass (``_post_grad``).
 """
 
 from __future__ import annotations

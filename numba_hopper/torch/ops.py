@@ -241,7 +241,7 @@ _bmm_op = define_op("bmm", f"({_BMM}) -> Tensor", _bmm_impl, _bmm_fake, _bmm_gra
 _gemm_no_grad_op = define_op("gemm_no_grad", f"({_no_defaults(_EPILOGUE)}) -> Tensor", _gemm_impl, _gemm_fake)
 _bmm_no_grad_op = define_op("bmm_no_grad", f"({_no_defaults(_BMM)}) -> Tensor", _bmm_impl, _bmm_fake)
 # A plain product (a linear without bias) in such a graph, or in place of a training graph's plain
-# ``gemm`` (``_gated.plain_products_to_mm``), also without a formula, which Inductor lowers to
+# ``gemm`` (``_post_grad.plain_products_to_mm``), also without a formula, which Inductor lowers to
 # a direct call of numba_hopper.gemm (``_lowering``): no dispatcher at all. Inductor's
 # cache keys a graph by its operators, not by their lowerings, so the lowered operator has a name
 # of its own: a numba_hopper without the lowering never gets a cached graph that needs it.

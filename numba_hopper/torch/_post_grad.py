@@ -32,7 +32,7 @@ _CONVERT = prims.convert_element_type.default
 _HALF = (torch.bfloat16, torch.float16)
 
 
-class GatedMlpPass(CustomGraphPass):
+class PostGradPass(CustomGraphPass):
     """The pass (Inductor's ``post_grad_custom_pre_pass``): plain products to ``mm``, then gated
     MLPs; ``then``: a pass the user had set there, run first."""
 
