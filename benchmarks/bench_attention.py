@@ -42,6 +42,7 @@ H100's compute.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import pathlib
 import statistics
@@ -128,8 +129,9 @@ def parse_config(spec, head_dim):
                                         (part.partition("=") for part in spec.split(","))})
 
 
-def point_configs(specs, head_dim):
-    """``{spec: AttentionConfig}`` of the ``specs`` that fit at ``head_dim``."""
+@functools.lru_cache(maxsize=None)  # (each head dim's are asked for at precompile and at every point)
+def point_configs(specs: tuple, head_dim):
+    """``{spec: AttentionConfig}`` of the ``specs`` that fit at ``head_dim`` (the others said once)."""
     configs = {}
     for spec in specs:
         try:
@@ -147,7 +149,7 @@ def bench_point(head_dim, heads, kv_heads, seqlen, causal, rounds, window_ms, sp
     v = torch.randn_like(k)
     gqa = kv_heads != heads
     fns = {"ours": lambda: numba_hopper.attention(q, k, v, causal=causal, causal_align="top_left")}
-    configs = point_configs(specs, head_dim)
+    configs = point_configs(tuple(specs), head_dim)
     for spec, cfg in configs.items():
         fns[spec] = lambda cfg=cfg: numba_hopper.attention(q, k, v, causal=causal, causal_align="top_left", config=cfg)
     for name, backend in backends().items():
@@ -239,7 +241,7 @@ def main(argv=None):
     seqlens = args.seqlens or ((2048, 16384) if args.quick else SEQLENS)
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     # the bf16 kernels, compiled side by side in worker processes into the kernel cache
-    variants = [cfg for d in args.head_dims for cfg in point_configs(args.configs, d).values()]
+    variants = [cfg for d in args.head_dims for cfg in point_configs(tuple(args.configs), d).values()]
     precompile(list(dict.fromkeys(tuned_configs(("bf16",), tuple(args.head_dims)) + variants)))
     records, prefill = [], []
     if not args.prefill_only:

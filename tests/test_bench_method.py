@@ -30,8 +30,8 @@ def test_attention_configs_parse_per_head_dim():
     cfg = parse_config("block_n=160,stages=3,early_q_release=false", 64)
     assert (cfg.head_dim, cfg.block_n, cfg.stages, cfg.early_q_release) == (64, 160, 3, False)
     assert parse_config("take_turns=TRUE", 128).take_turns
-    specs = ["block_n=160,stages=3,early_q_release=false", "consumers=3,block_n=96,stages=3"]
-    assert list(point_configs(specs, 64)) == specs
+    specs = ("block_n=160,stages=3,early_q_release=false", "consumers=3,block_n=96,stages=3")
+    assert tuple(point_configs(specs, 64)) == specs
     assert point_configs(specs, 256) == {}  # (neither fits in shared memory at head dim 256)
     assert list(points((1024, 2048), (64,), (True,))) == [(64, 32, 32, 1024, True), (64, 32, 32, 2048, True)]
     assert sum(1 for p in points((2048,), (128,), (False,)) if p[2] != p[1]) == 2  # GQA 8:1, 4:1
