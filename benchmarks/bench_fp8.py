@@ -43,7 +43,7 @@ import math
 import torch
 
 # (bench_gemm also puts the checkout on sys.path)
-from bench_gemm import _config, interleaved_rounds, medians, paired_ratio, print_table, results_name, save_results
+from bench_gemm import _call_options, interleaved_rounds, medians, paired_ratio, print_table, results_name, save_results
 from numba_hopper import gemm
 
 # (name, M, N, K): the issue's anchors, then DeepSeek-V3's projections at M = 128 and 4096.
@@ -131,10 +131,10 @@ def bench_shape(M, N, K, scaling, accumulate, rounds, l2_bytes, device_time=Fals
     fp8_kw = {"out_dtype": "e4m3", "scale_out": out_scale, "amax_out": amax} if fp8_out else {}
     ref_kw = {"out_dtype": torch.float8_e4m3fn, "scale_result": out_scale} if fp8_out else {"out_dtype": torch.bfloat16}
 
-    def ours(config):
-        return lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1], config=config, use_fast_accum=fast, **fp8_kw)
+    def ours(options):
+        return lambda a, b, s, t: gemm(a, b, scale_a=s[0], scale_b=s[1], use_fast_accum=fast, **options, **fp8_kw)
 
-    fns = {name: ours(_config(name, "RC")) for name in configs}  # fp8 operands are K-major
+    fns = {name: ours(_call_options(name, "RC")) for name in configs}  # fp8 operands are K-major
     fns["ours"] = fns.pop(configs[0])
     fns["ref"] = (lambda a, b, s, t: torch._scaled_mm(a, b, scale_a=t[0], scale_b=t[1], use_fast_accum=fast,
                                                       **ref_kw))
@@ -166,8 +166,8 @@ def main(argv=None):
     p.add_argument("--accumulate", default="promoted,fast",
                    help="comma-separated pairings: promoted (the defaults), fast (use_fast_accum=True on both sides)")
     p.add_argument("--configs", nargs="+", default=["default"],
-                   help="our kernels (bench_gemm.py's names, e.g. default m64-n128 n64; n192 is the opt-in 128x192 "
-                        "tile, which block-wise products never get by default); the first is the record's")
+                   help="our kernels (bench_gemm.py's names, e.g. default m64-n128 n64 m128-n128-s2; n192 is the opt-in "
+                        "128x192 tile, which block-wise products never get by default); the first is the record's")
     p.add_argument("--shapes", nargs="+", help="names from the suite (default: all, or --quick's)")
     p.add_argument("--scalings", default=",".join(SCALINGS), help="comma-separated subset of " + ", ".join(SCALINGS))
     p.add_argument("--out-dtype", choices=("bf16", "e4m3"), default="bf16",

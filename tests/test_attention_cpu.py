@@ -67,6 +67,22 @@ def test_softmax_runs_under_the_p_v_wgmmas(compiled):
         assert stage.count("SHFL.BFLY") >= 4 and not stage.a_register_writes, stage
 
 
+@pytest.mark.kernel_matrix
+def test_a_share_of_exponentials_moves_to_the_fma_pipe():
+    """``exp2_fma_eighths=2``: a quarter of each block's exponentials leave the MUFU for the
+    cubic (``ex2_fma``), still under the P V wgmmas, without spills."""
+    cfg = AttentionConfig(64, block_n=128, stages=3, early_q_release=False, exp2_fma_eighths=2)
+    r = inspect_kernel(make_attention_kernel(cfg), argument_types(cfg))
+    assert r.spill_bytes == 0 and r.stack_frame == 0 and not r.warnings, r.summary()
+    stages = [s for s in wgmma_stages(r.sass) if s.a_registers and s.count("WARPGROUP.DEPBAR")]
+    assert len(stages) == 2
+    for stage in stages:  # 3/4 of the block's 64 a thread, and the two corrections
+        assert stage.count("MUFU.EX2") == cfg.block_n // 2 * 3 // 4 + 2, stage
+        assert stage.count("FFMA") >= cfg.block_n // 2 + 3 * cfg.block_n // 8, stage
+    with pytest.raises(ValueError, match="exp2_fma_eighths"):
+        AttentionConfig(64, exp2_fma_eighths=9)
+
+
 def test_register_budget_and_shared_memory():
     for cfg in tuned_configs():
         ws = warp_split(cfg)

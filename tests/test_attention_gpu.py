@@ -124,14 +124,16 @@ def test_dense_fp16(head_dim, seqlen, causal):
 
 
 # Configurations other than the tuned ones (``config=``): wider key blocks with late Q release,
-# three consumers with narrow blocks, and the output staged in Q's buffer at head dim 128.
+# three consumers with narrow blocks, the output staged in Q's buffer at head dim 128, and every
+# exponential on the FMA pipe.
 CONFIGS = [AttentionConfig(64, block_n=192, stages=3, early_q_release=False),
            AttentionConfig(64, consumers=3, block_n=96, stages=3),
-           AttentionConfig(128, block_n=176, o_aliases_q=True, early_q_release=False)]
+           AttentionConfig(128, block_n=176, o_aliases_q=True, early_q_release=False),
+           AttentionConfig(128, exp2_fma_eighths=8)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"d{c.head_dim}-c{c.consumers}-n{c.block_n}")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"d{c.head_dim}-c{c.consumers}-n{c.block_n}-e{c.exp2_fma_eighths}")
 def test_explicit_configs(config, causal):
     q, k, v = (_rand(2, 3, 1000, config.head_dim) for _ in range(3))
     out = torch.full_like(q, float("nan"))

@@ -79,6 +79,23 @@ def test_each_is_one_instruction(op, sass, ptx):
     assert r.count("FSETP") == 0 and r.count("FMUL") == 0, r.opcodes
 
 
+@cuda.jit(device=True)
+def _ex2_fma(a, b):
+    return nh.ex2_fma(a)
+
+
+def test_ex2_fma_stays_off_the_mufu():
+    """The software exponential: a cubic and the exponent's integer add, no MUFU (its values
+    are checked on the GPU: ``test_kit_gpu.py::test_ex2_fma_against_float64``)."""
+    r = inspect_kernel(_one_op_kernel(_ex2_fma), "void(float32[::1])")
+    assert "add.rm.f32" in r.ptx and r.ptx.count("fma.rn.f32") == 3
+    assert not any(op.startswith("MUFU") for op in r.opcodes), r.opcodes
+    assert r.count("FFMA") == 3 and r.count("FMNMX") == 1, r.opcodes
+    from numba_hopper.kit.fragments import make_exp2_rows
+    with pytest.raises(ValueError, match="fma_eighths"):
+        make_exp2_rows(9)
+
+
 def _instructions(report):
     return sum(n for op, n in report.opcodes.items() if op != "NOP")
 

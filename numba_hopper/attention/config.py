@@ -46,7 +46,9 @@ class AttentionConfig:
     ``early_q_release``: the consumers release Q's buffer once their last S = Q K^T is done, so
     the next tile's Q loads under the last P V and the epilogue (else after the last P V).
     ``producer_regs``: registers the producer warpgroup keeps after ``setmaxnreg.dec``; the
-    consumers share the rest.
+    consumers share the rest. ``exp2_fma_eighths``: eighths of the softmax's exponentials
+    computed by a cubic on the FMA pipe rather than the MUFU (:func:`numba_hopper.intrinsics.ex2_fma`):
+    at head dim 64 the MUFU's 16 exponentials a clock per SM take as long as the wgmmas.
     """
 
     head_dim: int = 128
@@ -58,6 +60,7 @@ class AttentionConfig:
     o_aliases_q: bool = False
     early_q_release: bool = True
     producer_regs: int = 24
+    exp2_fma_eighths: int = 0
 
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:
@@ -68,6 +71,8 @@ class AttentionConfig:
             raise ValueError(f"consumers must be 2 or 3; got {self.consumers}")
         if self.block_n % 16 or not 16 <= self.block_n <= 256:
             raise ValueError(f"block_n must be a multiple of 16 in [16, 256]; got {self.block_n}")
+        if not 0 <= self.exp2_fma_eighths <= 8:
+            raise ValueError(f"exp2_fma_eighths must be in [0, 8]; got {self.exp2_fma_eighths}")
         self.smem  # raises if the buffers do not fit
 
     @property

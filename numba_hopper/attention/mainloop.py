@@ -44,7 +44,7 @@ from ..kit.layouts import make_descriptors
 from ..kit.overlap import make_wait_after
 from ..kit.pipeline import make_ring
 from .config import WG_ROWS, AttentionConfig
-from .softmax import NEG_INF, make_mask, online_step
+from .softmax import NEG_INF, make_mask, make_online_step
 
 __all__ = ["Mainloop", "make_mainloop", "make_rings"]
 
@@ -79,6 +79,7 @@ def make_mainloop(cfg: AttentionConfig, turns) -> Mainloop:
     TAKE_TURNS, O_ALIASES_Q = cfg.take_turns, cfg.o_aliases_q
     EARLY_Q_RELEASE = cfg.early_q_release and not O_ALIASES_Q
     mask = make_mask(BN, BLOCK_M)
+    online_step = make_online_step(cfg.exp2_fma_eighths)
     wait_after = make_wait_after(0)
 
     @cuda.jit(device=True, forceinline=True)

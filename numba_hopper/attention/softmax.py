@@ -8,7 +8,8 @@ the quad only once, at the end) and the output accumulator ``O``. A block update
 
     m' = max(m, rowmax(S))
     corr = 2 ** ((m - m') c)                     (0 while m = -inf)
-    P = 2 ** (S c - m' c)                        (one FFMA + MUFU.EX2 an element)
+    P = 2 ** (S c - m' c)                        (one FFMA + MUFU.EX2 an element, or a share
+                                                  of them on the FMA pipe: ex2_fma)
     l' = l corr + rowsum(P),   O' = O corr + P V
 
 A masked block first sets the scores of hidden keys to ``-inf`` (:func:`make_mask`). A row
@@ -27,10 +28,10 @@ import numpy as np
 from numba import cuda
 
 from .. import intrinsics as nh
-from ..kit.fragments import exp2_rows, quad_sum, row_max, thread_row_sum, thread_rows
+from ..kit.fragments import make_exp2_rows, quad_sum, row_max, thread_row_sum, thread_rows
 from .config import WG_ROWS
 
-__all__ = ["make_mask", "online_step", "finalize", "NEG_INF"]
+__all__ = ["make_mask", "make_online_step", "finalize", "NEG_INF"]
 
 NEG_INF = np.float32(-np.inf)
 
@@ -67,21 +68,28 @@ def _finite(m):
     return np.float32(0) if m == NEG_INF else m
 
 
-@cuda.jit(device=True, forceinline=True)
-def online_step(s, m, l, scale_log2, check_inf):
-    """One block's update (module doc): ``(P, m', l', corr)`` for scores ``s``, the running
-    maxima ``m`` and this thread's partial sums ``l`` (two-row tuples). ``P`` (f32, in ``s``'s
-    registers) still needs packing for the P V wgmma; ``corr`` rescales ``O``. ``check_inf``
-    (a compile-time bool): the block may hold a row with no visible key."""
-    m_new = row_max(s, m)
-    if check_inf:
-        base = (_finite(m_new[0]), _finite(m_new[1]))
-    else:
-        base = m_new
-    corr = (nh.ex2_approx_ftz((m[0] - base[0]) * scale_log2), nh.ex2_approx_ftz((m[1] - base[1]) * scale_log2))
-    p = exp2_rows(s, scale_log2, (base[0] * scale_log2, base[1] * scale_log2))
-    l = thread_row_sum(p, (l[0] * corr[0], l[1] * corr[1]))
-    return p, m_new, l, corr
+def make_online_step(exp2_fma_eighths: int = 0):
+    """``online_step(s, m, l, scale_log2, check_inf)``: one block's update (module doc):
+    ``(P, m', l', corr)`` for scores ``s``, the running maxima ``m`` and this thread's partial
+    sums ``l`` (two-row tuples). ``P`` (f32, in ``s``'s registers) still needs packing for the
+    P V wgmma; ``corr`` rescales ``O``. ``check_inf`` (a compile-time bool): the block may hold
+    a row with no visible key. ``exp2_fma_eighths``: the share of ``P``'s exponentials computed
+    on the FMA pipe (:func:`numba_hopper.kit.fragments.make_exp2_rows`)."""
+    exp2_rows = make_exp2_rows(exp2_fma_eighths)
+
+    @cuda.jit(device=True, forceinline=True)
+    def online_step(s, m, l, scale_log2, check_inf):
+        m_new = row_max(s, m)
+        if check_inf:
+            base = (_finite(m_new[0]), _finite(m_new[1]))
+        else:
+            base = m_new
+        corr = (nh.ex2_approx_ftz((m[0] - base[0]) * scale_log2), nh.ex2_approx_ftz((m[1] - base[1]) * scale_log2))
+        p = exp2_rows(s, scale_log2, (base[0] * scale_log2, base[1] * scale_log2))
+        l = thread_row_sum(p, (l[0] * corr[0], l[1] * corr[1]))
+        return p, m_new, l, corr
+
+    return online_step
 
 
 @cuda.jit(device=True, forceinline=True)

@@ -60,8 +60,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from ..intrinsics import (array_as_tuple, byte_perm, ex2_approx_ftz, fmax, ldmatrix_x4, pack_e4m3x4, pack_e5m2x4,
-                          tuple_as_array)
+from ..intrinsics import (array_as_tuple, byte_perm, ex2_approx_ftz, ex2_fma, fmax, ldmatrix_x4, pack_e4m3x4,
+                          pack_e5m2x4, tuple_as_array)
 from .layouts import OperandLayout, box_address
 
 __all__ = [
@@ -76,6 +76,7 @@ __all__ = [
     "thread_row_sum",
     "scale_rows",
     "exp2_rows",
+    "make_exp2_rows",
     "mask_cols",
     "a_operand",
     "make_a_operand_fp8",
@@ -179,20 +180,42 @@ def scale_rows(acc, scales):
     return array_as_tuple(frag, acc)
 
 
-@cuda.jit(device=True, forceinline=True)
-def exp2_rows(acc, scale, bias):
-    """``2 ** (acc * scale - bias[j])`` for the registers of row ``j``: one FFMA and one
-    MUFU.EX2 each (:func:`~numba_hopper.intrinsics.ex2_approx_ftz`; ``2**-inf = 0``, so a row
-    whose ``bias`` is ``+inf`` (all masked) gives zeros, and one whose max is ``-inf`` gives
-    NaN unless ``bias`` is made finite first). Softmax: ``scale = log2(e) * softmax_scale``,
-    ``bias = row_max * scale``."""
-    frag = tuple_as_array(acc)
-    for i in range(len(acc) // 4):
-        frag[4 * i] = ex2_approx_ftz(frag[4 * i] * scale - bias[0])
-        frag[4 * i + 1] = ex2_approx_ftz(frag[4 * i + 1] * scale - bias[0])
-        frag[4 * i + 2] = ex2_approx_ftz(frag[4 * i + 2] * scale - bias[1])
-        frag[4 * i + 3] = ex2_approx_ftz(frag[4 * i + 3] * scale - bias[1])
-    return array_as_tuple(frag, acc)
+def make_exp2_rows(fma_eighths: int = 0):
+    """``exp2_rows(acc, scale, bias)``: ``2 ** (acc * scale - bias[j])`` for the registers of
+    row ``j``, one FFMA and one MUFU.EX2 each (:func:`~numba_hopper.intrinsics.ex2_approx_ftz`;
+    ``2**-inf = 0``, so a row whose ``bias`` is ``+inf`` (all masked) gives zeros, and one whose
+    max is ``-inf`` gives NaN unless ``bias`` is made finite first). Softmax: ``scale =
+    log2(e) * softmax_scale``, ``bias = row_max * scale``.
+
+    ``fma_eighths`` of the 8-column groups (spread evenly) take
+    :func:`~numba_hopper.intrinsics.ex2_fma` instead: a cubic on the FMA pipe, for a kernel
+    whose MUFU is its busiest unit. Their exponent must be ``<= 0`` (scores minus their row's
+    maximum)."""
+    if not 0 <= fma_eighths <= 8:
+        raise ValueError(f"fma_eighths must be in [0, 8]; got {fma_eighths}")
+
+    @cuda.jit(device=True, forceinline=True)
+    def exp2_rows(acc, scale, bias):
+        """``2 ** (acc * scale - bias[j])`` for the registers of row ``j``
+        (:func:`make_exp2_rows`; this module's ``exp2_rows``: all on the MUFU)."""
+        frag = tuple_as_array(acc)
+        for i in range(len(acc) // 4):
+            if i * fma_eighths % 8 < fma_eighths:
+                frag[4 * i] = ex2_fma(frag[4 * i] * scale - bias[0])
+                frag[4 * i + 1] = ex2_fma(frag[4 * i + 1] * scale - bias[0])
+                frag[4 * i + 2] = ex2_fma(frag[4 * i + 2] * scale - bias[1])
+                frag[4 * i + 3] = ex2_fma(frag[4 * i + 3] * scale - bias[1])
+            else:
+                frag[4 * i] = ex2_approx_ftz(frag[4 * i] * scale - bias[0])
+                frag[4 * i + 1] = ex2_approx_ftz(frag[4 * i + 1] * scale - bias[0])
+                frag[4 * i + 2] = ex2_approx_ftz(frag[4 * i + 2] * scale - bias[1])
+                frag[4 * i + 3] = ex2_approx_ftz(frag[4 * i + 3] * scale - bias[1])
+        return array_as_tuple(frag, acc)
+
+    return exp2_rows
+
+
+exp2_rows = make_exp2_rows()
 
 
 @cuda.jit(device=True, forceinline=True)
