@@ -1,4 +1,5 @@
-"""Fast float32 math, one PTX instruction each, without a whole-kernel ``fastmath=True``.
+"""Fast float32 math without a whole-kernel ``fastmath=True``: one PTX instruction each, save
+``ex2_fma`` (a short sequence).
 
 numba compiles ``math.exp2(x)`` on a float32 to ``ex2.approx.f32``, which ptxas expands into
 a range test, two multiplies and a ``MUFU.EX2`` to keep denormal results; ``1 / x`` to
@@ -81,13 +82,14 @@ _EX2_C1, _EX2_C2, _EX2_C3 = "0f3F31F323", "0f3E691C73", "0f3D9DD415"
     " mov.b32 {out}, pi; }",
     pure=True)
 def ex2_fma(x: f32) -> f32:
-    """``2**x`` for ``x <= 0`` without the MUFU (FlashAttention-4's software exponential): the
-    integer part goes into the exponent, the fraction through a cubic on the FMA pipe (PTX ISA
-    9.7.3 add, fma; 9.7.1 shl, add). Relative error below 9e-5 (a bf16 or f16 result rounds
-    by more); ``x <= -127`` gives +0, so ``ex2_fma(-inf) = +0``. Eleven instructions where
-    :func:`ex2_approx_ftz` is one, but on the FMA and integer pipes: a kernel whose MUFU is
-    the busiest unit (attention's softmax at head dim 64: as many exponentials as the tensor
-    cores' time allows) moves a share of them here."""
+    """PTX ISA 9.7.3 Floating-Point Instructions (max, add.rm, sub, fma) and 9.7.1 / 9.7.8
+    (add, shl): ``2**x`` for ``x <= 0`` without the MUFU (FlashAttention-4's software
+    exponential). The integer part goes into the exponent, the fraction through a cubic on the
+    FMA pipe: relative error below 9e-5 (a bf16 or f16 result rounds by more); ``x <= -127``
+    gives +0, so ``ex2_fma(-inf) = +0``. About eight SASS instructions where
+    :func:`ex2_approx_ftz` is one MUFU.EX2: it pays only where the MUFU is busy and the warp
+    has issue slots to spare (``kit.fragments.make_exp2_rows`` takes a share of a fragment's
+    exponentials here)."""
 
 
 @ptx_asm("rcp.approx.f32 {out}, {x};", pure=True)
