@@ -166,8 +166,9 @@ def main(argv=None):
     p.add_argument("--accumulate", default="promoted,fast",
                    help="comma-separated pairings: promoted (the defaults), fast (use_fast_accum=True on both sides)")
     p.add_argument("--configs", nargs="+", default=["default"],
-                   help="our kernels (bench_gemm.py's names, e.g. default m64-n128 n64 m128-n128-s2; n192 is the opt-in "
-                        "128x192 tile, which block-wise products never get by default); the first is the record's")
+                   help="our kernels (bench_gemm.py's names, e.g. default m64-n128 n64 m128-n128-s2; n192 is the "
+                        "opt-in 128x192 tile, which block-wise products never get by default); the first is the "
+                        "record's")
     p.add_argument("--shapes", nargs="+", help="names from the suite (default: all, or --quick's)")
     p.add_argument("--scalings", default=",".join(SCALINGS), help="comma-separated subset of " + ", ".join(SCALINGS))
     p.add_argument("--out-dtype", choices=("bf16", "e4m3"), default="bf16",

@@ -133,7 +133,8 @@ CONFIGS = [AttentionConfig(64, block_n=192, stages=3, early_q_release=False),
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"d{c.head_dim}-c{c.consumers}-n{c.block_n}-e{c.exp2_fma_eighths}")
+@pytest.mark.parametrize("config", CONFIGS,
+                         ids=lambda c: f"d{c.head_dim}-c{c.consumers}-n{c.block_n}-e{c.exp2_fma_eighths}")
 def test_explicit_configs(config, causal):
     q, k, v = (_rand(2, 3, 1000, config.head_dim) for _ in range(3))
     out = torch.full_like(q, float("nan"))

@@ -9,6 +9,7 @@ from numba import cuda
 from numba.core.errors import TypingError
 
 from numba_hopper import intrinsics as nh
+from numba_hopper.kit.fragments import make_exp2_rows
 from numba_hopper.tools.sass import inspect_kernel
 
 SIG = "void(float32[::1], uint32[::1])"
@@ -91,7 +92,6 @@ def test_ex2_fma_stays_off_the_mufu():
     assert "add.rm.f32" in r.ptx and r.ptx.count("fma.rn.f32") == 3
     assert not any(op.startswith("MUFU") for op in r.opcodes), r.opcodes
     assert r.count("FFMA") == 3 and r.count("FMNMX") == 1, r.opcodes
-    from numba_hopper.kit.fragments import make_exp2_rows
     with pytest.raises(ValueError, match="fma_eighths"):
         make_exp2_rows(9)
 

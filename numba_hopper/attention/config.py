@@ -47,8 +47,9 @@ class AttentionConfig:
     the next tile's Q loads under the last P V and the epilogue (else after the last P V).
     ``producer_regs``: registers the producer warpgroup keeps after ``setmaxnreg.dec``; the
     consumers share the rest. ``exp2_fma_eighths``: eighths of the softmax's exponentials
-    computed by a cubic on the FMA pipe rather than the MUFU (:func:`numba_hopper.intrinsics.ex2_fma`):
-    at head dim 64 the MUFU's 16 exponentials a clock per SM take as long as the wgmmas.
+    computed by a cubic on the FMA pipe rather than the MUFU
+    (:func:`numba_hopper.intrinsics.ex2_fma`); 0 in every tuned configuration, where it
+    measured no faster (the authoring guide's attention page says why).
     """
 
     head_dim: int = 128

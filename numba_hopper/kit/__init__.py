@@ -33,8 +33,9 @@ in :mod:`numba_hopper.intrinsics` (``fastmath``, ``convert``).
 
 from .barriers import NamedBarriers, make_ordered_barrier, warpgroup_arrive, warpgroup_sync
 from .epilogue import make_tile_store
-from .fragments import (a_operand, acc_col, acc_row, exp2_rows, make_a_loader, make_exp2_rows, make_a_operand_fp8, mask_cols, quad_max,
-                        quad_sum, row_max, row_sum, scale_rows, thread_row_sum, thread_rows, x4_lane_offset)
+from .fragments import (a_operand, acc_col, acc_row, exp2_rows, make_a_loader, make_a_operand_fp8, make_exp2_rows,
+                        mask_cols, quad_max, quad_sum, row_max, row_sum, scale_rows, thread_row_sum, thread_rows,
+                        x4_lane_offset)
 from .layouts import SmemPlan, box_address, make_descriptors, make_mma, make_tile_loads, operand_layout
 from .overlap import make_wait_after, wgmma_stages
 from .pipeline import PipelineState, make_ring, make_tma_pipeline
@@ -44,8 +45,8 @@ from .warpspec import register_budget, warp_specialization, warpgroup_index
 __all__ = [
     "NamedBarriers", "make_ordered_barrier", "warpgroup_arrive", "warpgroup_sync",
     "make_tile_store",
-    "a_operand", "acc_col", "acc_row", "exp2_rows", "make_a_loader", "make_exp2_rows", "make_a_operand_fp8", "mask_cols", "quad_max",
-    "quad_sum", "row_max",
+    "a_operand", "acc_col", "acc_row", "exp2_rows", "make_a_loader", "make_a_operand_fp8", "make_exp2_rows",
+    "mask_cols", "quad_max", "quad_sum", "row_max",
     "row_sum", "scale_rows", "thread_row_sum", "thread_rows", "x4_lane_offset",
     "SmemPlan", "box_address", "make_descriptors", "make_mma", "make_tile_loads", "operand_layout",
     "make_wait_after", "wgmma_stages",
