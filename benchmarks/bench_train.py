@@ -13,11 +13,12 @@ copy of the stock model (the same weights) on which ``numba_hopper.torch.replace
 every ``nn.Linear``, ``lm_head`` included, on numba_hopper's GEMMs, forward and backward, and
 (``--loss fused``, the default) ``numba_hopper.torch.fuse_linear_cross_entropy`` its loss: the
 head's GEMM and the cross-entropy over the vocabulary without float32 logits. ``--loss model``
-leaves the model's loss as it is.
+leaves the model's loss as it is. Its optimizer is ``numba_hopper.torch.AdamW`` (``--optimizer
+torch``: PyTorch's, as stock's).
 
 A step: ``zero_grad(set_to_none=True)``, the forward with ``labels=input_ids`` (the model's own
-loss), ``loss.backward()`` and ``torch.optim.AdamW(fused=True).step()``, each model with its own
-optimizer. Cases: 2x1024 and 4x2048 tokens (sequences x length), ``eager`` and ``compiled``
+loss), ``loss.backward()`` and the AdamW step (stock: ``torch.optim.AdamW(fused=True)``; both
+lr 1e-5), each model with its own optimizer. Cases: 2x1024 and 4x2048 tokens (sequences x length), ``eager`` and ``compiled``
 (``torch.compile(model, dynamic=False)`` of both models: static shapes, so a case never picks up
 another case's dynamic graphs). Each case builds its pair afresh; the first step, from identical
 weights, checks ours against stock: the losses' relative difference and layer 0's ``q_proj``
@@ -82,7 +83,13 @@ def build_model(name, device="cuda"):
     return model.train()
 
 
-def optimizer(model):
+OPTIMIZERS = ("numba_hopper", "torch")
+
+
+def optimizer(model, kind="torch"):
+    """AdamW (lr 1e-5) on ``model``'s parameters: ``numba_hopper.torch.AdamW`` or PyTorch's fused one."""
+    if kind == "numba_hopper":
+        return nht.AdamW(model.parameters(), lr=1e-5)
     return torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
 
 
@@ -111,7 +118,7 @@ def check_first_step(sides, ids):
     return _rel(losses["ours"], losses["ref"]), _rel(grads["ours"], grads["ref"])
 
 
-def bench_case(model_name, tokens, mode, rounds, loss="fused"):
+def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="numba_hopper"):
     """One case's record: the pair built, checked, warmed up and timed in paired rounds."""
     stock = build_model(model_name)
     ours = copy.deepcopy(stock)
@@ -121,7 +128,7 @@ def bench_case(model_name, tokens, mode, rounds, loss="fused"):
     sides = {}
     for side, module in (("ours", ours), ("ref", stock)):
         run = torch.compile(module, dynamic=False) if mode == "compiled" else module
-        sides[side] = (module, run, optimizer(module))
+        sides[side] = (module, run, optimizer(module, ours_optimizer if side == "ours" else "torch"))
     batch, seq = TOKENS[tokens]
     ids = torch.randint(0, stock.config.vocab_size, (batch, seq), device="cuda")
     loss_rel, grad_rel = check_first_step(sides, ids)
@@ -145,6 +152,7 @@ def bench_case(model_name, tokens, mode, rounds, loss="fused"):
         gc.enable()
     ours_ms, ref_ms = statistics.median(times["ours"]), statistics.median(times["ref"])
     return {"name": f"{model_name} {tokens} {mode}", "model": model_name, "tokens": tokens, "mode": mode, "loss": loss,
+            "optimizer": ours_optimizer,
             "ours_ms": ours_ms, "ref_ms": ref_ms, "ratio": paired_ratio(times, "ref", "ours"),
             "ratio_of_medians": ref_ms / ours_ms, "loss_rel_diff": loss_rel, "grad_rel_error": grad_rel,
             "linears": swapped}
@@ -174,12 +182,14 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--loss", choices=("fused", "model"), default="fused",
                    help="ours: fuse_linear_cross_entropy (default) or the model's own loss")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="numba_hopper",
+                   help="ours: numba_hopper.torch.AdamW (default) or torch's fused AdamW (stock always has torch's)")
     p.add_argument("--out", "--json", dest="out", metavar="PATH",
                    help="results file (default: benchmarks/results/train-<gpu>.json)")
     args = p.parse_args(argv)
     models = ["qwen3-4b"] if args.quick else args.models
     fields = {"models": {m: {"family": MODELS[m][0], "layers": LAYERS, **MODELS[m][1]} for m in models},
-              "step": "zero_grad, forward with labels, backward, AdamW(fused=True) step; bf16, SDPA",
+              "step": "zero_grad, forward with labels, backward, AdamW step; bf16, SDPA",
               "rounds": args.rounds, "records": []}
     records = fields["records"]
     for model_name in models:
@@ -187,7 +197,7 @@ def main(argv=None):
             for mode in args.modes:
                 started = time.perf_counter()
                 torch.cuda.reset_peak_memory_stats()
-                r = bench_case(model_name, tokens, mode, args.rounds, args.loss)
+                r = bench_case(model_name, tokens, mode, args.rounds, args.loss, args.optimizer)
                 peak_gb = torch.cuda.max_memory_allocated() / 2**30
                 _free()
                 records.append(r)

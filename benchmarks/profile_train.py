@@ -1,10 +1,12 @@
-"""Where a training step's time goes, ours against stock (``bench_train.py``'s eager case).
+"""Where a training step's time goes, ours against stock (a ``bench_train.py`` case).
 
     python benchmarks/profile_train.py [--model qwen3-4b] [--tokens 2x1024] [--rounds 5] [--loss fused|model]
     python benchmarks/profile_train.py --model llama-2048 --cprofile 30
+    python benchmarks/profile_train.py --model llama-3-8b --tokens 4x2048 --mode compiled
 
 For the stock model and ours (``replace_linear``; with ``--loss fused``, the default, also
-``fuse_linear_cross_entropy``), eager, alternating, medians:
+``fuse_linear_cross_entropy``; ``--optimizer`` as ``bench_train.py``'s), eager or (``--mode compiled``) each under
+``torch.compile(dynamic=False)``, alternating, medians:
 
 - ``host``: the step's host time, issued behind a GPU sleep (nothing waits on the GPU);
 - ``device``: the step's GPU time behind that sleep (kernels back to back, no gap where the GPU
@@ -30,7 +32,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from bench_train import TOKENS, _time_ms, build_model, optimizer, train_step  # noqa: E402
+from bench_train import OPTIMIZERS, TOKENS, _time_ms, build_model, optimizer, train_step  # noqa: E402
 from profile_compiled import device_ms, host_ms, kernel_times  # noqa: E402
 
 import numba_hopper.torch as nht  # noqa: E402
@@ -44,6 +46,8 @@ def main():
     p.add_argument("--tokens", default="2x1024", choices=sorted(TOKENS))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--loss", choices=("fused", "model"), default="fused")
+    p.add_argument("--mode", choices=("eager", "compiled"), default="eager")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="numba_hopper", help="ours' AdamW")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print a step's N costliest functions")
     args = p.parse_args()
     models = {"stock": build_model(args.model)}
@@ -55,9 +59,10 @@ def main():
     ids = torch.randint(0, models["stock"].config.vocab_size, (batch, seq), device="cuda")
     steps = {}
     for name, model in models.items():
-        opt = optimizer(model)
-        steps[name] = lambda model=model, opt=opt: train_step(model, opt, ids)
-        for _ in range(3):
+        opt = optimizer(model, args.optimizer if name == "ours" else "torch")
+        run = torch.compile(model, dynamic=False) if args.mode == "compiled" else model
+        steps[name] = lambda run=run, opt=opt: train_step(run, opt, ids)
+        for _ in range(3 if args.mode == "eager" else 5):
             steps[name]()
     times = collections.defaultdict(list)
     for r in range(args.rounds):

@@ -83,6 +83,39 @@ def test_ignored_and_invalid_targets():
     assert custom.item() == 0
 
 
+@pytest.mark.parametrize("layout", ["offset", "strided"])
+@pytest.mark.parametrize("vocab", [1, 9, 4097, 32000])
+def test_operators_on_unaligned_logits_with_masked_columns(layout, vocab):
+    """The two operators on logits that start off 16 bytes or skip columns (copied first), rows
+    of every alignment, -inf (masked) columns, and a row all -inf (NaN, as PyTorch)."""
+    rows = 37
+    torch.manual_seed(vocab)
+    full = torch.randn(rows, 2 * vocab + 1, device="cuda").to(torch.bfloat16)
+    logits = full[:, 1:vocab + 1] if layout == "offset" else full[:, ::2][:, :vocab]
+    logits[3, ::3] = float("-inf")
+    if vocab > 1:
+        logits[4, 1:] = float("-inf")
+    logits[5] = float("-inf")
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    target[3] = 1 if vocab > 1 else 0
+    target[6] = -100
+    got_rows, lse = torch.ops.numba_hopper.cross_entropy_rows(logits, target, -100)
+    d_rows = torch.randn(rows, device="cuda")
+    got = torch.ops.numba_hopper.cross_entropy_grad(logits, target, -100, lse, d_rows)
+    x = logits.double().requires_grad_()
+    ref_rows = F.cross_entropy(x, target, reduction="none")
+    ref_rows.backward(d_rows.double())
+    finite = torch.isfinite(ref_rows)
+    finite[5] = False
+    assert torch.isnan(got_rows[5]) and torch.isnan(ref_rows[5])  # no finite logit: no loss
+    assert rel_error(got_rows[finite], ref_rows[finite]) < 1e-5
+    assert got.is_contiguous() and got.shape == logits.shape
+    assert rel_error(got[finite], x.grad[finite]) < 1e-2  # the gradient rounded to bf16
+    assert got[6].abs().max() == 0  # an ignored row
+    if vocab > 1:
+        assert got[3, ::3].abs().max() == 0  # masked columns
+
+
 def test_leading_dimensions_and_the_current_stream():
     x, w, target = inputs(2 * 33, 5000, 128, torch.bfloat16)
     x3, t2 = x.detach().view(2, 33, 128), target.view(2, 33)

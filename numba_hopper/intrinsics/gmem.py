@@ -7,10 +7,12 @@ scope; the CTA that finishes the tile acquires the flag and reads the partials f
 The grouped GEMM's group sizes are a third (read by its scheduler), and the rows of an
 output tile that ends inside it (stored from registers, 16 bytes a thread). The tile slots
 that GPC-ordered clusters claim (compare-and-swap, and a counter of finished clusters) are
-a fourth.
+a fourth. Streaming kernels (the cross-entropy over a vocabulary's logits, the optimizer's
+update) read and write 16 bytes a thread through the vector forms, and the ends of a row or
+tensor that are no whole vector one 16-bit element at a time.
 """
 
-from ._ptx import f32, ptx_asm, u32, u64
+from ._ptx import f32, ptx_asm, u16, u32, u64
 
 __all__ = [
     "atom_cas_global_u32",
@@ -23,6 +25,11 @@ __all__ = [
     "ld_global_u32",
     "prefetch_global_l2",
     "st_global_v4_u32",
+    "ld_global_v4_u32",
+    "ld_global_nc_v4_u32",
+    "ld_global_u16",
+    "ld_global_nc_u16",
+    "st_global_u16",
 ]
 
 
@@ -87,3 +94,33 @@ def prefetch_global_l2(addr: u64):
 @ptx_asm("st.global.v4.u32 [{addr}], {{x}, {y}, {z}, {w}};")
 def st_global_v4_u32(addr: u64, x: u32, y: u32, z: u32, w: u32):
     """PTX ISA 9.7.9.10 st: 16 bytes (four u32) to a 16-byte-aligned global address."""
+
+
+@ptx_asm("ld.global.v4.u32 {{out0}, {out1}, {out2}, {out3}}, [{addr}];")
+def ld_global_v4_u32(addr: u64) -> tuple[u32, u32, u32, u32]:
+    """PTX ISA 9.7.9.8 ld.global: 16 bytes (four u32) from a 16-byte-aligned global address."""
+
+
+@ptx_asm("ld.global.nc.L1::no_allocate.v4.u32 {{out0}, {out1}, {out2}, {out3}}, [{addr}];")
+def ld_global_nc_v4_u32(addr: u64) -> tuple[u32, u32, u32, u32]:
+    """PTX ISA 9.7.9.8 ld.global.nc: 16 bytes (four u32) from a 16-byte-aligned global address,
+    through the read-only path without allocating in L1 (data read once, not written by this
+    kernel).
+    """
+
+
+@ptx_asm("ld.global.u16 {out}, [{addr}];")
+def ld_global_u16(addr: u64) -> u16:
+    """PTX ISA 9.7.9.8 ld.global: the 16 bits at the 2-byte-aligned global address ``addr``."""
+
+
+@ptx_asm("ld.global.nc.u16 {out}, [{addr}];")
+def ld_global_nc_u16(addr: u64) -> u16:
+    """PTX ISA 9.7.9.8 ld.global.nc: the 16 bits at the 2-byte-aligned global address ``addr``,
+    through the read-only path (not written by this kernel).
+    """
+
+
+@ptx_asm("st.global.u16 [{addr}], {value};")
+def st_global_u16(addr: u64, value: u16):
+    """PTX ISA 9.7.9.10 st: 16 bits to a 2-byte-aligned global address."""

@@ -5,6 +5,7 @@
     nht.replace_linear(model)                                 # every nn.Linear, in place
     nht.fuse_gated_mlps(model)                                # SwiGLU MLPs on one gated GEMM
     nht.fuse_linear_cross_entropy(model)                      # the LM loss without fp32 logits
+    opt = nht.AdamW(model.parameters(), lr=1e-5)              # one kernel a step (16-bit params)
     model = torch.compile(model, fullgraph=True)              # no graph break
 
 - :mod:`~numba_hopper.torch.ops`: the ``torch.library`` custom ops ``numba_hopper::gemm``,
@@ -24,6 +25,8 @@
 - :mod:`~numba_hopper.torch.loss`: ``linear_cross_entropy`` (a language model's head and its
   loss without float32 logits) and ``fuse_linear_cross_entropy`` (a transformers causal LM's
   training loss on it).
+- :mod:`~numba_hopper.torch.optim`: ``AdamW``, ``torch.optim.AdamW`` for 16-bit CUDA parameters
+  in one bandwidth-bound kernel a step.
 
 Everything runs on PyTorch's current stream and never synchronizes, so ``torch.cuda.graph``
 captures it (after a warm-up call, which compiles). bf16/fp16 CUDA tensors on a Hopper GPU;
@@ -45,7 +48,8 @@ from .linear import Linear, linear, replace_linear
 from .mlp import GatedMLP, fuse_gated_mlps
 from .attention import register_transformers_attention, scaled_dot_product_attention
 from .loss import fuse_linear_cross_entropy, linear_cross_entropy
+from .optim import AdamW
 
 __all__ = ["ops", "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "Linear", "replace_linear", "GatedMLP",
            "fuse_gated_mlps", "scaled_dot_product_attention", "register_transformers_attention",
-           "linear_cross_entropy", "fuse_linear_cross_entropy"]
+           "linear_cross_entropy", "fuse_linear_cross_entropy", "AdamW"]

@@ -20,9 +20,8 @@ import torch
 
 from ..errors import DeviceMismatchError, DtypeError, ShapeError
 from ..kernels.cross_entropy import THREADS, grad_kernel, loss_kernel
-from ..runtime.device import on_device
-from ..runtime.launch import prepare_launch
 from . import ops
+from ._launch import launch
 
 __all__ = ["linear_cross_entropy", "fuse_linear_cross_entropy"]
 
@@ -76,33 +75,12 @@ def _check(x, weight, target, reduction):
                                   f"{target.device}")
 
 
-_PREPARED = {}  # (kernel, device, argument layouts) -> (PreparedLaunch, binds)
-
-
-def _launch(kernel, device, *args):
-    """``kernel`` on PyTorch's current stream, one CTA per row of ``args[0]``: prepared once per
-    argument layout (``runtime.launch.prepare_launch``), then each call rebinds the tensors' data
-    pointers and the scalars, without numba's per-call argument handling."""
-    key = (kernel, device.index, tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else type(t)
-                                       for t in args))
-    values = [t.data_ptr() if isinstance(t, torch.Tensor) else t for t in args]
-    with on_device(device.index or 0):
-        entry = _PREPARED.get(key)
-        if entry is None:
-            from numba import cuda
-
-            launch = prepare_launch(kernel, args[0].shape[0], THREADS,
-                                    [cuda.as_cuda_array(t.detach(), sync=False) if isinstance(t, torch.Tensor) else t
-                                     for t in args])  # (the logits require grad: a custom op's input)
-            if len(_PREPARED) >= 64:
-                _PREPARED.clear()
-            entry = _PREPARED[key] = (launch, [(launch.leaves[i], i, 0) for i in range(len(args))])
-        launch, binds = entry
-        launch(torch.cuda.current_stream(device).cuda_stream, values, binds)
-
-
-def _bits(t):
-    return t.view(torch.int16)
+def _streamable(logits):
+    """``logits`` contiguous and starting on 16 bytes, as the head's GEMM writes them (the
+    kernels' vector accesses need a row's alignment to be the gradient's): copied if not."""
+    if logits.is_contiguous() and logits.data_ptr() % 16 == 0:
+        return logits
+    return logits.clone(memory_format=torch.contiguous_format)
 
 
 # --- the operators: per-row losses (and log-sum-exps) of 16-bit logits, and their gradient ----
@@ -113,7 +91,9 @@ def _rows_impl(logits, target, ignore_index):
     rows = logits.new_empty(n, dtype=torch.float32)
     lse = logits.new_empty(n, dtype=torch.float32)
     if n and logits.shape[1]:
-        _launch(loss_kernel(_DTYPES[logits.dtype]), logits.device, _bits(logits), target, ignore_index, lse, rows)
+        logits = _streamable(logits)
+        launch(loss_kernel(_DTYPES[logits.dtype]), logits.device, n, THREADS, logits.data_ptr(), logits.shape[1],
+               target, ignore_index, lse, rows)
     else:  # no rows, or no classes (every loss NaN, as PyTorch)
         rows.fill_(float("nan"))
     return rows, lse
@@ -125,15 +105,17 @@ def _rows_fake(logits, target, ignore_index):
 
 
 def _grad_impl(logits, target, ignore_index, lse, d_rows):
-    grad = torch.empty_like(logits)
-    if grad.numel():
-        _launch(grad_kernel(_DTYPES[logits.dtype]), logits.device, _bits(logits), target, ignore_index, lse,
-                d_rows.float().contiguous(), _bits(grad))
+    if not logits.numel():
+        return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    logits = _streamable(logits)
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    launch(grad_kernel(_DTYPES[logits.dtype]), logits.device, logits.shape[0], THREADS, logits.data_ptr(),
+           grad.data_ptr(), logits.shape[1], target, ignore_index, lse, d_rows.float().contiguous())
     return grad
 
 
 def _grad_fake(logits, target, ignore_index, lse, d_rows):
-    return torch.empty_like(logits)
+    return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
 
 
 def _rows_setup(ctx, inputs, output):
