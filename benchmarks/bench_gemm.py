@@ -71,6 +71,27 @@ SMALL_SUITE = [
     ("32x(1024x1024x128)", 1024, 1024, 128, "bf16", "RR", 32),
     ("8x(4096x4096x4096)", 4096, 4096, 4096, "bf16", "RR", 8),
 ]
+# A training step's products (--suite train): each linear's forward (x @ W^T: RC), dX (dY @ W: RR)
+# and dW (dY^T @ X: CR), bench_train.py's Llama-3-8B at 4 x 2048 tokens and Qwen3-4B at 2 x 1024.
+# (model, tokens, hidden, q width, kv width, MLP width, vocabulary)
+TRAIN_MODELS = [("llama-3-8b", 8192, 4096, 4096, 1024, 14336, 128256), ("qwen3-4b", 2048, 2560, 4096, 1024, 9728, 151936)]
+
+
+def _train_suite():
+    suite, seen = [], set()
+    for model, tokens, hidden, q, kv, mlp, vocab in TRAIN_MODELS:
+        linears = [("q", hidden, q), ("k/v", hidden, kv), ("o", q, hidden), ("gate/up", hidden, mlp),
+                   ("down", mlp, hidden), ("lm_head", hidden, vocab)]
+        for linear, fan_in, fan_out in linears:
+            for product, M, N, K, layout in (("fwd", tokens, fan_out, fan_in, "RC"), ("dX", tokens, fan_in, fan_out, "RR"),
+                                             ("dW", fan_out, fan_in, tokens, "CR")):
+                if (M, N, K, layout) not in seen:
+                    seen.add((M, N, K, layout))
+                    suite.append((f"{model} {linear} {product}", M, N, K, "bf16", layout))
+    return suite
+
+
+TRAIN_SUITE = _train_suite()
 TORCH_DTYPE = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
@@ -275,8 +296,9 @@ def _parse_shape(s):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="4096^3 and 8192^3 only")
-    p.add_argument("--suite", choices=["large", "small"], default="large",
-                   help="large: squares, partial waves, layouts; small: skinny, partial-wave and batched shapes")
+    p.add_argument("--suite", choices=["large", "small", "train"], default="large",
+                   help="large: squares, partial waves, layouts; small: skinny, partial-wave and batched shapes; "
+                        "train: a training step's products in their autograd layouts")
     p.add_argument("--shapes", nargs="*", help="MxNxK[:layout] shapes (bf16, layout RR by default), not the suite")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--configs", nargs="*", default=["default"],
@@ -287,7 +309,8 @@ def main(argv=None):
                    help="results file (default: benchmarks/results/<name>-<gpu>.json, the name saying what ran)")
     args = p.parse_args(argv)
 
-    suite = [_parse_shape(s) for s in args.shapes] if args.shapes else (SMALL_SUITE if args.suite == "small" else SUITE)
+    suite = [_parse_shape(s) for s in args.shapes] if args.shapes else \
+        {"large": SUITE, "small": SMALL_SUITE, "train": TRAIN_SUITE}[args.suite]
     if args.quick:
         suite = [s for s in SUITE if s[0] in ("4096^3", "8192^3")]
     props = torch.cuda.get_device_properties(0)
@@ -302,7 +325,7 @@ def main(argv=None):
                             "layout": layout, "config": config, **r})
             print(f"{label:40s} ours {r['ours_tflops']:7.1f}  cuBLAS {r['cublas_tflops']:7.1f} TFLOP/s"
                   f"  ratio {r['ratio']:.3f}  (out=: {r['out_ratio']:.3f})", flush=True)
-    kind = results_name("gemm", args.suite == "small" and "small", args.quick and "quick", args.shapes and "shapes",
+    kind = results_name("gemm", args.suite != "large" and args.suite, args.quick and "quick", args.shapes and "shapes",
                         args.configs != ["default"] and "configs", args.device_time and "device")
     out = save_results(kind, {"timing": "device" if args.device_time else "wall (host call rate included)",
                               "calls": "ratio: gemm(a, b) vs torch.matmul(a, b), fresh operands and outputs; "
