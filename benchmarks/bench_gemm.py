@@ -74,16 +74,19 @@ SMALL_SUITE = [
 # A training step's products (--suite train): each linear's forward (x @ W^T: RC), dX (dY @ W: RR)
 # and dW (dY^T @ X: CR), bench_train.py's Llama-3-8B at 4 x 2048 tokens and Qwen3-4B at 2 x 1024.
 # (model, tokens, hidden, q width, kv width, MLP width, vocabulary)
-TRAIN_MODELS = [("llama-3-8b", 8192, 4096, 4096, 1024, 14336, 128256), ("qwen3-4b", 2048, 2560, 4096, 1024, 9728, 151936)]
+TRAIN_MODELS = [("llama-3-8b", 8192, 4096, 4096, 1024, 14336, 128256),
+                ("qwen3-4b", 2048, 2560, 4096, 1024, 9728, 151936)]
 
 
 def _train_suite():
+    """:data:`TRAIN_MODELS`' products, each shape and layout once (Llama's o is its q)."""
     suite, seen = [], set()
     for model, tokens, hidden, q, kv, mlp, vocab in TRAIN_MODELS:
         linears = [("q", hidden, q), ("k/v", hidden, kv), ("o", q, hidden), ("gate/up", hidden, mlp),
                    ("down", mlp, hidden), ("lm_head", hidden, vocab)]
         for linear, fan_in, fan_out in linears:
-            for product, M, N, K, layout in (("fwd", tokens, fan_out, fan_in, "RC"), ("dX", tokens, fan_in, fan_out, "RR"),
+            for product, M, N, K, layout in (("fwd", tokens, fan_out, fan_in, "RC"),
+                                             ("dX", tokens, fan_in, fan_out, "RR"),
                                              ("dW", fan_out, fan_in, tokens, "CR")):
                 if (M, N, K, layout) not in seen:
                     seen.add((M, N, K, layout))

@@ -17,18 +17,18 @@ leaves the model's loss as it is. Its optimizer is ``numba_hopper.torch.AdamW`` 
 torch``: PyTorch's, as stock's).
 
 A step: ``zero_grad(set_to_none=True)``, the forward with ``labels=input_ids`` (the model's own
-loss), ``loss.backward()`` and the AdamW step (stock: ``torch.optim.AdamW(fused=True)``; both
-lr 1e-5), each model with its own optimizer. Cases: 2x1024 and 4x2048 tokens (sequences x length), ``eager`` and ``compiled``
-(``torch.compile(model, dynamic=False)`` of both models: static shapes, so a case never picks up
-another case's dynamic graphs). Each case builds its pair afresh; the first step, from identical
-weights, checks ours against stock: the losses' relative difference and layer 0's ``q_proj``
-weight gradient's relative norm error (printed, not asserted: bf16 all the way). Then warm-up
-steps, then ``--rounds`` rounds, each timing one whole step of each model between CUDA events,
-the order reversed every other round, the garbage collector paused. ``ours_ms`` and ``ref_ms``
-are medians; ``ratio = ref / ours`` is the median of the rounds' ratios (``paired_ratio``: the
-two steps of a round share the clock, which moves under the power limit between rounds);
-``ratio_of_medians`` is there beside it. The bar, printed: ours at 1.05x stock or better in
-every case.
+loss), ``loss.backward()`` and the AdamW step (stock: ``torch.optim.AdamW(fused=True)``; both lr
+1e-5), each model with its own optimizer. Cases: 2x1024 and 4x2048 tokens (sequences x length),
+``eager`` and ``compiled`` (``torch.compile(model, dynamic=False)`` of both models: static
+shapes, so a case never picks up another case's dynamic graphs). Each case builds its pair
+afresh; the first step, from identical weights, checks ours against stock: the losses' relative
+difference and layer 0's ``q_proj`` weight gradient's relative norm error (printed, not
+asserted: bf16 all the way). Then warm-up steps, then ``--rounds`` rounds, each timing one whole
+step of each model between CUDA events, the order reversed every other round, the garbage
+collector paused. ``ours_ms`` and ``ref_ms`` are medians; ``ratio = ref / ours`` is the median
+of the rounds' ratios (``paired_ratio``: the two steps of a round share the clock, which moves
+under the power limit between rounds); ``ratio_of_medians`` is there beside it. The bar,
+printed: ours at 1.05x stock or better in every case.
 
 The results file is rewritten after each case, so a run stopped by a time limit keeps the cases
 it finished. Split runs (``--models``, ``--tokens``, ``--modes``) need an ``--out`` each.

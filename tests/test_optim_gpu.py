@@ -31,7 +31,8 @@ def float64_adamw(ps, grads, steps, lr, betas, eps, weight_decay, maximize=False
     """AdamW in float64 from the 16-bit starting values (the moments in float64 too)."""
     out = []
     for p, gs in zip(ps, grads):
-        x, m, v = p.detach().double(), torch.zeros_like(p, dtype=torch.float64), torch.zeros_like(p, dtype=torch.float64)
+        x = p.detach().double()
+        m, v = torch.zeros_like(x), torch.zeros_like(x)
         for t in range(1, steps + 1):
             g = -gs[t - 1].double() if maximize else gs[t - 1].double()
             x = x - lr * weight_decay * x

@@ -9,15 +9,16 @@ float32 only in registers.
 - ``loss_kernel(dtype)``: ``loss(logits, width, target, ignore_index, lse, rows)``:
   per row the log-sum-exp of its logits (float32) and ``rows[r] = lse[r] - logits[r, target[r]]``
   (0 where ``target[r] == ignore_index``, NaN where the target is outside ``[0, width)``).
-- ``grad_kernel(dtype)``: ``grad(logits, out, width, target, ignore_index, lse, d_rows)``: ``out[r, c] = d_rows[r] * (exp(logits[r, c] - lse[r]) - (c == target[r]))``, a
-  zero row where the target is ``ignore_index``.
+- ``grad_kernel(dtype)``: ``grad(logits, out, width, target, ignore_index, lse, d_rows)``:
+  ``out[r, c] = d_rows[r] * (exp(logits[r, c] - lse[r]) - (c == target[r]))``, a zero row
+  where the target is ``ignore_index``.
 
 ``logits`` and ``out`` are the global addresses of row-major (rows, ``width``) arrays
 (``int``), 16-byte aligned (the caller's checks: a row is then aligned alike in both);
 ``target``, ``lse``, ``rows`` and ``d_rows`` are numba arrays. Both kernels are bound by memory
-bandwidth: each thread moves 16 bytes (eight elements) a load or store, the vector
-loads of a row starting at its first 16-byte-aligned element; the up to seven elements before
-it and after the last whole vector go one at a time. The loss kernel keeps an online
+bandwidth: each thread moves 16 bytes (eight elements) a load or store, the vector loads of a
+row starting at its first 16-byte-aligned element; the up to seven elements before it and
+after the last whole vector go one at a time. The loss kernel keeps an online
 (maximum, sum) pair a thread and rescales it once a vector, by the vector's maximum. The
 exponentials are ``ex2.approx`` (relative error about 2^-22), the row's log ``math.log2``.
 """

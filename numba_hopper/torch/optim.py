@@ -69,8 +69,8 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            by_kernel = {}
+        launches = {}  # (group index, device, dtype) -> parameters: all checked before any update
+        for index, group in enumerate(self.param_groups):
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -83,27 +83,16 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 elif state["step"].device.type != "cpu":  # loaded from a fused or capturable AdamW: read once
                     state["step"] = state["step"].to("cpu", torch.float32)
-                by_kernel.setdefault((p.device, p.dtype), []).append(p)
-            for (device, dtype), params in by_kernel.items():
-                self._update(group, device, dtype, params)
+                _check_param(p, state["exp_avg"], state["exp_avg_sq"])  # (a parameter's data may have been swapped)
+                launches.setdefault((index, p.device, p.dtype), []).append(p)
+        for (index, device, dtype), params in launches.items():
+            self._update(self.param_groups[index], device, dtype, params)
         return loss
 
     def _update(self, group, device, dtype, params):
-        steps = [self.state[p]["step"] for p in params]
-        torch._foreach_add_(steps, 1.0)
-        meta = np.empty((len(params), META_COLUMNS), np.int64)
-        chunks, copies = 0, []  # (the copies live until the launch: their memory is in the table)
-        for row, p in zip(meta, params):
-            state, grad = self.state[p], p.grad
-            if grad.dtype != dtype or not grad.is_contiguous() or grad.data_ptr() % 16:
-                grad = grad.to(dtype, memory_format=torch.contiguous_format, copy=True)
-                copies.append(grad)
-            if group["maximize"]:
-                grad = -grad
-                copies.append(grad)
-            row[:] = (p.data_ptr(), grad.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
-                      p.numel(), chunks, int(state["step"].item()))
-            chunks += -(-p.numel() // CHUNK)
+        states = [self.state[p] for p in params]
+        torch._foreach_add_([state["step"] for state in states], 1.0)
+        meta, chunks, copies = step_table(params, states, dtype, group["maximize"])  # (copies: live to the launch)
         if not chunks:
             return
         table = torch.from_numpy(meta).pin_memory().to(device, non_blocking=True)
@@ -113,12 +102,37 @@ class AdamW(torch.optim.Optimizer):
                np.float32(lr * group["weight_decay"]), np.float32(beta1), np.float32(beta2), np.float32(group["eps"]))
 
 
-def _check_param(p):
+def step_table(params, states, dtype, maximize=False):
+    """The kernel's table of one launch (``numba_hopper.kernels.adamw``), the chunks it spans (its
+    grid), and the gradient copies the table points to, which must live until the launch: a
+    gradient not contiguous, not 16-byte aligned or of another dtype is copied, and negated for
+    ``maximize``."""
+    meta = np.empty((len(params), META_COLUMNS), np.int64)
+    chunks, copies = 0, []
+    for row, p, state in zip(meta, params, states):
+        grad = p.grad
+        if grad.dtype != dtype or not grad.is_contiguous() or grad.data_ptr() % 16:
+            grad = grad.to(dtype, memory_format=torch.contiguous_format, copy=True)
+            copies.append(grad)
+        if maximize:
+            grad = -grad
+            copies.append(grad)
+        row[:] = (p.data_ptr(), grad.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
+                  p.numel(), chunks, int(state["step"].item()))
+        chunks += -(-p.numel() // CHUNK)
+    return meta, chunks, copies
+
+
+def _check_param(p, *state):
+    """``p`` (and its moments, ``state``) as the kernel reads them, or a clear error."""
     if p.dtype not in _DTYPES:
         raise DtypeError(f"numba_hopper.torch.AdamW updates bf16 and fp16 parameters; got {p.dtype} "
                          "(use torch.optim.AdamW for these)")
+    for t in (p, *state):
+        if (not t.is_contiguous() or t.data_ptr() % 16 or t.dtype != p.dtype or t.shape != p.shape
+                or t.device != p.device):
+            raise LayoutError(f"numba_hopper.torch.AdamW needs contiguous parameters and moments of one dtype, "
+                              f"shape and device that start on 16 bytes; got shape {tuple(t.shape)}, strides "
+                              f"{t.stride()}, {t.dtype} on {t.device}, address {t.data_ptr():#x}")
     if p.device.type != "cuda":
         raise DeviceMismatchError(f"numba_hopper.torch.AdamW updates CUDA parameters; got one on {p.device}")
-    if not p.is_contiguous() or p.data_ptr() % 16:
-        raise LayoutError(f"numba_hopper.torch.AdamW needs contiguous parameters that start on 16 bytes; got shape "
-                          f"{tuple(p.shape)}, strides {p.stride()}, address {p.data_ptr():#x}")
