@@ -31,7 +31,9 @@ class AdamW(torch.optim.Optimizer):
     parameter; it loads into ``torch.optim.AdamW`` and back).
 
     Each ``step()`` updates the parameters of a group that have a gradient, per dtype in one
-    kernel launch, without waiting for the GPU. Not supported (raises before any update):
+    kernel launch, without waiting for the GPU. The step counts live on the host and the table
+    of addresses is built there each step, so a step cannot be captured in a CUDA graph (as
+    ``torch.optim.AdamW(capturable=True)`` can). Not supported (raises before any update):
     ``amsgrad``, a tensor ``lr``, sparse gradients, other dtypes or devices, and parameters
     that are views not starting on 16 bytes or not contiguous. A gradient not contiguous is
     copied first.
