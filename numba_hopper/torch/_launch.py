@@ -8,7 +8,9 @@ import torch
 from ..runtime.device import on_device
 from ..runtime.launch import prepare_launch
 
-__all__ = ["launch"]
+__all__ = ["launch", "KERNEL_DTYPES"]
+
+KERNEL_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}  # the streaming kernels' element types
 
 _PREPARED = {}  # (kernel, device, grid, block, argument layouts) -> (PreparedLaunch, binds)
 

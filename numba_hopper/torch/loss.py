@@ -21,11 +21,10 @@ import torch
 from ..errors import DeviceMismatchError, DtypeError, ShapeError
 from ..kernels.cross_entropy import THREADS, grad_kernel, loss_kernel
 from . import ops
-from ._launch import launch
+from ._launch import KERNEL_DTYPES, launch
 
 __all__ = ["linear_cross_entropy", "fuse_linear_cross_entropy"]
 
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -59,7 +58,7 @@ def linear_cross_entropy(x, weight, target, *, ignore_index: int = -100, reducti
 def _check(x, weight, target, reduction):
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}; got {reduction!r}")
-    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
+    if x.dtype not in KERNEL_DTYPES or weight.dtype != x.dtype:
         raise DtypeError(f"linear_cross_entropy takes bf16 or fp16 x and weight of one dtype; got x {x.dtype}, "
                          f"weight {weight.dtype}")
     if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
@@ -92,7 +91,7 @@ def _rows_impl(logits, target, ignore_index):
     lse = logits.new_empty(n, dtype=torch.float32)
     if n and logits.shape[1]:
         logits = _streamable(logits)
-        launch(loss_kernel(_DTYPES[logits.dtype]), logits.device, n, THREADS, logits.data_ptr(), logits.shape[1],
+        launch(loss_kernel(KERNEL_DTYPES[logits.dtype]), logits.device, n, THREADS, logits.data_ptr(), logits.shape[1],
                target, ignore_index, lse, rows)
     else:  # no rows, or no classes (every loss NaN, as PyTorch)
         rows.fill_(float("nan"))
@@ -109,7 +108,7 @@ def _grad_impl(logits, target, ignore_index, lse, d_rows):
         return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     logits = _streamable(logits)
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-    launch(grad_kernel(_DTYPES[logits.dtype]), logits.device, logits.shape[0], THREADS, logits.data_ptr(),
+    launch(grad_kernel(KERNEL_DTYPES[logits.dtype]), logits.device, logits.shape[0], THREADS, logits.data_ptr(),
            grad.data_ptr(), logits.shape[1], target, ignore_index, lse, d_rows.float().contiguous())
     return grad
 

@@ -16,11 +16,10 @@ import torch
 
 from ..errors import DeviceMismatchError, DtypeError, LayoutError
 from ..kernels.adamw import CHUNK, META_COLUMNS, THREADS, adamw_kernel
-from ._launch import launch
+from ._launch import KERNEL_DTYPES, launch
 
 __all__ = ["AdamW"]
 
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 class AdamW(torch.optim.Optimizer):
@@ -100,7 +99,7 @@ class AdamW(torch.optim.Optimizer):
         table = torch.from_numpy(meta).pin_memory().to(device, non_blocking=True)
         beta1, beta2 = group["betas"]
         lr = group["lr"]
-        launch(adamw_kernel(_DTYPES[dtype]), device, chunks, THREADS, table, np.float32(lr),
+        launch(adamw_kernel(KERNEL_DTYPES[dtype]), device, chunks, THREADS, table, np.float32(lr),
                np.float32(lr * group["weight_decay"]), np.float32(beta1), np.float32(beta2), np.float32(group["eps"]))
 
 
@@ -127,7 +126,7 @@ def step_table(params, states, dtype, maximize=False):
 
 def _check_param(p, *state):
     """``p`` (and its moments, ``state``) as the kernel reads them, or a clear error."""
-    if p.dtype not in _DTYPES:
+    if p.dtype not in KERNEL_DTYPES:
         raise DtypeError(f"numba_hopper.torch.AdamW updates bf16 and fp16 parameters; got {p.dtype} "
                          "(use torch.optim.AdamW for these)")
     for t in (p, *state):
