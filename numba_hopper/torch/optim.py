@@ -21,7 +21,6 @@ from ._launch import KERNEL_DTYPES, launch
 __all__ = ["AdamW"]
 
 
-
 class AdamW(torch.optim.Optimizer):
     """``torch.optim.AdamW(params, lr, betas, eps, weight_decay, maximize=)`` for bf16 and fp16
     parameters on a CUDA device, each contiguous and 16-byte aligned (as PyTorch allocates
