@@ -78,6 +78,13 @@ TRAIN_MODELS = [("llama-3-8b", 8192, 4096, 4096, 1024, 14336, 128256),
                 ("qwen3-4b", 2048, 2560, 4096, 1024, 9728, 151936)]
 
 
+def linear_products(tokens, fan_in, fan_out):
+    """A linear's products in autograd's layouts, ``(name, M, N, K, layout)``: the forward
+    ``x @ W.T``, ``dX = dY @ W`` and ``dW = dY.T @ x`` (K = the tokens)."""
+    return (("fwd", tokens, fan_out, fan_in, "RC"), ("dX", tokens, fan_in, fan_out, "RR"),
+            ("dW", fan_out, fan_in, tokens, "CR"))
+
+
 def _train_suite():
     """:data:`TRAIN_MODELS`' products, each shape and layout once (Llama's o is its q)."""
     suite, seen = [], set()
@@ -85,9 +92,7 @@ def _train_suite():
         linears = [("q", hidden, q), ("k/v", hidden, kv), ("o", q, hidden), ("gate/up", hidden, mlp),
                    ("down", mlp, hidden), ("lm_head", hidden, vocab)]
         for linear, fan_in, fan_out in linears:
-            for product, M, N, K, layout in (("fwd", tokens, fan_out, fan_in, "RC"),
-                                             ("dX", tokens, fan_in, fan_out, "RR"),
-                                             ("dW", fan_out, fan_in, tokens, "CR")):
+            for product, M, N, K, layout in linear_products(tokens, fan_in, fan_out):
                 if (M, N, K, layout) not in seen:
                     seen.add((M, N, K, layout))
                     suite.append((f"{model} {linear} {product}", M, N, K, "bf16", layout))

@@ -2,17 +2,21 @@
 
     python benchmarks/bench_sustained.py --shapes 8192x28672x4096:RC --configs default n256-2x1
     python benchmarks/bench_sustained.py --shapes 4096x7168x16384 --fp8 blockwise   # vs torch._scaled_mm
+    python benchmarks/bench_sustained.py --suite train --out sustained   # benchmarks/results/sustained-<gpu>.json
 
 Under seconds of back-to-back GEMMs the H100 runs at its power limit, and a kernel that spends
 more energy per cycle (more L2 and shared-memory traffic per FLOP) gets a lower clock. Each
 contender runs ``--seconds`` of ``out=`` calls (``--fp8``: a new output per call, both sides)
 on the same operands while ``nvidia-smi`` samples power and SM clock every 50 ms (reads
-only); contenders alternate over ``--rounds``,
+only; the instantaneous power where the driver reports it, else its average). One unmeasured run
+first brings the card to its working temperature, then contenders alternate over ``--rounds``,
 and each figure is the median. ``TFLOP/s per MHz`` separates the kernel's efficiency per cycle
-from the clock it gets; ``J/TFLOP`` is board energy per unit of work.
+from the clock it gets; ``J/TFLOP`` is board energy per unit of work. ``--suite train``: the
+largest products of ``bench_train.py``'s 4 x 2048-token steps, in their autograd layouts.
 """
 
 import argparse
+import functools
 import pathlib
 import statistics
 import subprocess
@@ -24,14 +28,43 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from bench_fp8 import _operands as fp8_operands, _scales as fp8_scales  # noqa: E402
-from bench_gemm import _config, _operand, _parse_shape  # noqa: E402
+from bench_gemm import (TRAIN_MODELS, _config, _operand, _parse_shape, linear_products, print_table,  # noqa: E402
+                        save_results)
 
 import numba_hopper  # noqa: E402
 
 
+@functools.lru_cache(maxsize=None)
+def _power_field():
+    """``power.draw.instant`` where this nvidia-smi has it (``power.draw`` may be a 1 s average,
+    which would mix a contender's power with the pause before it)."""
+    probe = subprocess.run(["nvidia-smi", "--query-gpu=power.draw.instant", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True)
+    try:
+        float(probe.stdout.split()[0])
+        return "power.draw.instant"
+    except (IndexError, ValueError):
+        return "power.draw"
+
+
+TRAIN_TOKENS = 8192  # bench_train.py's 4 x 2048
+
+
+def _train_shapes():
+    """The largest products of ``bench_train.py``'s 4 x 2048-token steps (``bench_gemm.TRAIN_MODELS``):
+    each model's MLP gate/up projection and the largest LM head, forward, dX and dW."""
+    linears = [(hidden, mlp) for _, _, hidden, _, _, mlp, _ in TRAIN_MODELS]
+    linears.append(max(((hidden, vocab) for _, _, hidden, _, _, _, vocab in TRAIN_MODELS), key=lambda w: w[0] * w[1]))
+    return [f"{M}x{N}x{K}:{layout}" for fan_in, fan_out in linears
+            for _, M, N, K, layout in linear_products(TRAIN_TOKENS, fan_in, fan_out)]
+
+
+TRAIN_SHAPES = _train_shapes()
+
+
 def _sample(stop, samples):
     """(watts, MHz) from nvidia-smi every 50 ms until ``stop`` is set."""
-    proc = subprocess.Popen(["nvidia-smi", "--query-gpu=power.draw,clocks.sm", "--format=csv,noheader,nounits",
+    proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={_power_field()},clocks.sm", "--format=csv,noheader,nounits",
                              "-lms", "50"], stdout=subprocess.PIPE, text=True)
     while not stop.is_set():
         try:
@@ -41,7 +74,7 @@ def _sample(stop, samples):
     proc.terminate()
 
 
-def _run(fn, reps):
+def sustained_run(fn, reps):
     """(ms per call, mean watts, mean MHz) over ``reps`` calls, after the power ramp."""
     samples, stop = [], threading.Event()
     sampler = threading.Thread(target=_sample, args=(stop, samples))
@@ -61,14 +94,21 @@ def _run(fn, reps):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", nargs="+", required=True, help="MxNxK[:layout] (bf16)")
+    p.add_argument("--shapes", nargs="+", help="MxNxK[:layout] (bf16)")
+    p.add_argument("--suite", choices=["train"], help="the training steps' largest products (TRAIN_SHAPES)")
     p.add_argument("--fp8", choices=("tensor", "rowwise", "blockwise"),
                    help="e4m3 TN operands with these scales (bench_fp8.py's), against torch._scaled_mm")
     p.add_argument("--configs", nargs="+", default=["default"], help="as bench_gemm.py's --configs")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--seconds", type=float, default=1.2)
+    p.add_argument("--out", metavar="KIND_OR_PATH",
+                   help="write the records: a name (benchmarks/results/<name>-<gpu>.json) or a .json path")
     args = p.parse_args()
-    for shape in args.shapes:
+    shapes = (args.shapes or []) + (TRAIN_SHAPES if args.suite == "train" else [])
+    if not shapes:
+        p.error("give --shapes or --suite")
+    records = []
+    for shape in shapes:
         _, M, N, K, dtype, layout = _parse_shape(shape)
         if args.fp8:  # a new bf16 output per call on both sides, as bench_fp8.py
             layout = "RC"
@@ -82,7 +122,12 @@ def main():
             c = torch.empty(M, N, device="cuda", dtype=a.dtype)
             fns = {"cublas": lambda: torch.matmul(a, b, out=c)}
             for name in args.configs:
-                fns[name] = lambda cfg=_config(name, layout): numba_hopper.gemm(a, b, out=c, config=cfg)
+                try:
+                    cfg = _config(name, layout)
+                except ValueError as e:  # a config that does not take this layout
+                    print(f"{shape} {name}: skipped ({e})")
+                    continue
+                fns[name] = lambda cfg=cfg: numba_hopper.gemm(a, b, out=c, config=cfg)
         reference = fns[next(iter(fns))]
         for fn in fns.values():
             fn()
@@ -91,16 +136,29 @@ def main():
         reference()
         torch.cuda.synchronize()
         reps = max(20, int(args.seconds / (time.perf_counter() - t)))
+        sustained_run(reference, reps)  # (unmeasured: the card warms up)
         rows = {name: [] for name in fns}
         for r in range(args.rounds):
             for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
-                rows[name].append(_run(fns[name], reps))
+                rows[name].append(sustained_run(fns[name], reps))
                 time.sleep(0.3)
+        ref_tflops = None
         for name, runs in rows.items():
             ms, watts, mhz = (statistics.median(x[i] for x in runs) for i in range(3))
             tflops = 2 * M * N * K / ms / 1e9
+            ref_tflops = ref_tflops or tflops  # (the library's call runs first)
+            records.append({"name": f"{shape} {name}", "M": M, "N": N, "K": K, "layout": layout, "fp8": args.fp8,
+                            "kernel": name, "tflops": tflops, "ratio": tflops / ref_tflops, "watts": watts, "mhz": mhz,
+                            "tflops_per_mhz": tflops / mhz, "j_per_tflop": watts / tflops})
             print(f"{shape} {name:12s} {tflops:7.1f} TFLOP/s  {watts:6.1f} W  {mhz:5.0f} MHz  "
                   f"TFLOP/s per MHz {tflops / mhz:.4f}  J/TFLOP {watts / tflops:.3f}", flush=True)
+    if args.out:
+        kind, path = (None, args.out) if args.out.endswith(".json") else (args.out, None)
+        out = save_results(kind or "sustained", {"power": _power_field(), "seconds": args.seconds, "rounds": args.rounds,
+                                                 "records": records}, path)
+        print_table(records, [("name", "case", "s"), ("tflops", "TFLOP/s", ".1f"), ("ratio", "vs reference", ".3f"),
+                              ("watts", "W", ".0f"), ("mhz", "MHz", ".0f"), ("tflops_per_mhz", "TFLOP/s per MHz", ".4f"),
+                              ("j_per_tflop", "J/TFLOP", ".3f")], out)
 
 
 if __name__ == "__main__":

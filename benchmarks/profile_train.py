@@ -3,6 +3,7 @@
     python benchmarks/profile_train.py [--model qwen3-4b] [--tokens 2x1024] [--rounds 5] [--loss fused|model]
     python benchmarks/profile_train.py --model llama-2048 --cprofile 30
     python benchmarks/profile_train.py --model llama-3-8b --tokens 4x2048 --mode compiled
+    python benchmarks/profile_train.py --model qwen3-4b --tokens 4x2048 --mode compiled --sustained 3
 
 For the stock model and ours (``replace_linear``; with ``--loss fused``, the default, also
 ``fuse_linear_cross_entropy``; ``--optimizer`` as ``bench_train.py``'s), eager or (``--mode compiled``) each under
@@ -17,7 +18,12 @@ For the stock model and ours (``replace_linear``; with ``--loss fused``, the def
 If ``device`` is the gap, the kernels are slower; if ``sync`` exceeds ``device``, the GPU waited
 for the host. ``--cprofile N`` then prints the N functions of most own host time in one step of
 each side (``cProfile``; a wait for the GPU shows as the synchronizing call), for where ours
-spends the host's time.
+spends the host's time. ``--sustained S`` runs each side's steps back to back for S seconds
+(after one unmeasured run that warms the card up; ``SUSTAINED_ROUNDS`` alternating rounds,
+medians) with ``nvidia-smi`` sampling board power and SM clock (``bench_sustained.py``'s
+sampler): at the power limit a step's time is its energy over the limit, and a step that spends
+more energy per cycle gets a lower clock, which slows every kernel in it, the ones both sides
+share included.
 """
 
 import argparse
@@ -32,11 +38,13 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from bench_sustained import sustained_run  # noqa: E402
 from bench_train import OPTIMIZERS, TOKENS, _time_ms, build_model, optimizer, train_step  # noqa: E402
 from profile_compiled import device_ms, host_ms, kernel_times  # noqa: E402
 
 import numba_hopper.torch as nht  # noqa: E402
 
+SUSTAINED_ROUNDS = 4
 SLEEP_CYCLES = 200_000_000  # ~100 ms at the H200's clock: longer than a step's host time
 
 
@@ -48,6 +56,7 @@ def main():
     p.add_argument("--loss", choices=("fused", "model"), default="fused")
     p.add_argument("--mode", choices=("eager", "compiled"), default="eager")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="numba_hopper", help="ours' AdamW")
+    p.add_argument("--sustained", type=float, default=0, metavar="S", help="S seconds of steps: power and clock")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print a step's N costliest functions")
     args = p.parse_args()
     models = {"stock": build_model(args.model)}
@@ -78,6 +87,17 @@ def main():
         print(f"== {name}: kernel time per step {sum(sums.values()) / 1e3:.2f} ms")
         for kernel, us in sorted(sums.items(), key=lambda kv: -kv[1])[:10]:
             print(f"   {us:9.1f} us  {kernel}")
+    if args.sustained:
+        reps = max(5, int(args.sustained * 1e3 / statistics.median(times["sync", "ours"])))
+        sustained_run(steps["stock"], reps)  # (unmeasured: the card warms up)
+        runs = collections.defaultdict(list)
+        for r in range(SUSTAINED_ROUNDS):
+            for name in ("ours", "stock") if r % 2 == 0 else ("stock", "ours"):
+                runs[name].append(sustained_run(steps[name], reps))
+        for name, rows in runs.items():
+            ms, watts, mhz = (statistics.median(x[i] for x in rows) for i in range(3))
+            print(f"sustained {name:5s} {ms:8.2f} ms a step  {watts:6.1f} W  {mhz:5.0f} MHz  "
+                  f"J a step {watts * ms / 1e3:.2f}  Mcycles a step {ms * mhz / 1e3:.1f}")
     for name, step in steps.items() if args.cprofile else ():
         print(f"== {name}: one step's host time by function (own time)")
         profile = cProfile.Profile()
