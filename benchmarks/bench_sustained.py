@@ -152,10 +152,11 @@ def main():
                             "tflops_per_mhz": tflops / mhz, "j_per_tflop": watts / tflops})
             print(f"{shape} {name:12s} {tflops:7.1f} TFLOP/s  {watts:6.1f} W  {mhz:5.0f} MHz  "
                   f"TFLOP/s per MHz {tflops / mhz:.4f}  J/TFLOP {watts / tflops:.3f}", flush=True)
+        if args.out:  # (after each shape: a run stopped by a time limit keeps the shapes it finished)
+            kind, path = (None, args.out) if args.out.endswith(".json") else (args.out, None)
+            out = save_results(kind, {"power": _power_field(), "seconds": args.seconds, "rounds": args.rounds,
+                                      "records": records}, path)
     if args.out:
-        kind, path = (None, args.out) if args.out.endswith(".json") else (args.out, None)
-        out = save_results(kind or "sustained", {"power": _power_field(), "seconds": args.seconds, "rounds": args.rounds,
-                                                 "records": records}, path)
         print_table(records, [("name", "case", "s"), ("tflops", "TFLOP/s", ".1f"), ("ratio", "vs reference", ".3f"),
                               ("watts", "W", ".0f"), ("mhz", "MHz", ".0f"), ("tflops_per_mhz", "TFLOP/s per MHz", ".4f"),
                               ("j_per_tflop", "J/TFLOP", ".3f")], out)
