@@ -35,3 +35,21 @@ def test_attention_configs_parse_per_head_dim():
     assert point_configs(specs, 256) == {}  # (neither fits in shared memory at head dim 256)
     assert list(points((1024, 2048), (64,), (True,))) == [(64, 32, 32, 1024, True), (64, 32, 32, 2048, True)]
     assert sum(1 for p in points((2048,), (128,), (False,)) if p[2] != p[1]) == 2  # GQA 8:1, 4:1
+
+
+@pytest.mark.parametrize("stdout,field", [("702.15\n", "power.draw.instant"), ("[N/A]\n", "power.draw"),
+                                          ("", "power.draw")])
+def test_sustained_power_prefers_the_instantaneous_reading(monkeypatch, stdout, field):
+    """``bench_sustained.py`` samples ``power.draw.instant`` where nvidia-smi reports a number for
+    it, else ``power.draw`` (a one-second average on some drivers)."""
+    import subprocess
+
+    import bench_sustained
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout, ""))
+    bench_sustained._power_field.cache_clear()
+    try:
+        assert bench_sustained._power_field() == field
+    finally:
+        bench_sustained._power_field.cache_clear()
+
