@@ -4,8 +4,8 @@
     python benchmarks/bench_sustained.py --shapes 4096x7168x16384 --fp8 blockwise   # vs torch._scaled_mm
     python benchmarks/bench_sustained.py --suite train --out sustained   # benchmarks/results/sustained-<gpu>.json
 
-Under seconds of back-to-back GEMMs the H100 runs at its power limit, and a kernel that spends
-more energy per cycle (more L2 and shared-memory traffic per FLOP) gets a lower clock. Each
+Under seconds of back-to-back GEMMs an H100 or H200 runs at its power limit, and a kernel that
+spends more energy per FLOP (for one, more reads from the L2) gets a lower clock. Each
 contender runs ``--seconds`` of ``out=`` calls (``--fp8``: a new output per call, both sides)
 on the same operands while ``nvidia-smi`` samples power and SM clock every 50 ms (reads
 only; the instantaneous power where the driver reports it, else its average). One unmeasured run
