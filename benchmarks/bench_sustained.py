@@ -7,12 +7,13 @@
 Under seconds of back-to-back GEMMs an H100 or H200 runs at its power limit, and a kernel that
 spends more energy per FLOP (for one, more reads from the L2) gets a lower clock. Each
 contender runs ``--seconds`` of ``out=`` calls (``--fp8``: a new output per call, both sides)
-on the same operands while ``nvidia-smi`` samples power and SM clock every 50 ms (reads
-only; the instantaneous power where the driver reports it, else its average). One unmeasured run
-first brings the card to its working temperature, then contenders alternate over ``--rounds``,
-and each figure is the median. ``TFLOP/s per MHz`` separates the kernel's efficiency per cycle
-from the clock it gets; ``J/TFLOP`` is board energy per unit of work. ``--suite train``: the
-largest products of ``bench_train.py``'s 4 x 2048-token steps, in their autograd layouts.
+on the same operands while ``nvidia-smi`` samples power and SM clock every 50 ms (reads only;
+the instantaneous power where the driver reports it, else its average). Each 16-bit contender's
+output is first checked against float64 (``rel_error``). One unmeasured run brings the card to
+its working temperature, then contenders alternate over ``--rounds``, and each figure is the
+median. ``TFLOP/s per MHz`` separates the kernel's efficiency per cycle from the clock it gets;
+``J/TFLOP`` is board energy per unit of work. ``--suite train``: the largest products of
+``bench_train.py``'s 4 x 2048-token steps, in their autograd layouts.
 """
 
 import argparse
@@ -74,6 +75,17 @@ def _sample(stop, samples):
     proc.terminate()
 
 
+def checked_error(fn, out, ref):
+    """The relative norm error of ``fn()``, which writes ``out``, against the float64 ``ref``,
+    ``out`` poisoned (NaN) first; an error of 1e-2 or more raises."""
+    out.fill_(float("nan"))
+    fn()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    if not err < 1e-2:
+        raise AssertionError(f"relative error {err} against float64")
+    return err
+
+
 def sustained_run(fn, reps):
     """(ms per call, mean watts, mean MHz) over ``reps`` calls, after the power ramp."""
     samples, stop = [], threading.Event()
@@ -113,6 +125,7 @@ def main():
         if args.fp8:  # a new bf16 output per call on both sides, as bench_fp8.py
             layout = "RC"
             a, b = fp8_operands(M, N, K)
+            errors = {}  # (bench_fp8.py checks these products)
             (sa, sb), (ra, rb) = fp8_scales(args.fp8, M, N, K)
             fns = {"scaled_mm": lambda: torch._scaled_mm(a, b, scale_a=ra, scale_b=rb, out_dtype=torch.bfloat16)}
             for name in args.configs:
@@ -121,6 +134,8 @@ def main():
             a, b = _operand(M, K, dtype, layout[0]), _operand(K, N, dtype, layout[1])
             c = torch.empty(M, N, device="cuda", dtype=a.dtype)
             fns = {"cublas": lambda: torch.matmul(a, b, out=c)}
+            ref = a.double() @ b.double()
+            errors = {"cublas": checked_error(fns["cublas"], c, ref)}
             for name in args.configs:
                 try:
                     cfg = _config(name, layout)
@@ -128,6 +143,8 @@ def main():
                     print(f"{shape} {name}: skipped ({e})")
                     continue
                 fns[name] = lambda cfg=cfg: numba_hopper.gemm(a, b, out=c, config=cfg)
+                errors[name] = checked_error(fns[name], c, ref)
+            del ref
         reference = fns[next(iter(fns))]
         for fn in fns.values():
             fn()
@@ -149,7 +166,8 @@ def main():
             ref_tflops = ref_tflops or tflops  # (the library's call runs first)
             records.append({"name": f"{shape} {name}", "M": M, "N": N, "K": K, "layout": layout, "fp8": args.fp8,
                             "kernel": name, "tflops": tflops, "ratio": tflops / ref_tflops, "watts": watts, "mhz": mhz,
-                            "tflops_per_mhz": tflops / mhz, "j_per_tflop": watts / tflops})
+                            "tflops_per_mhz": tflops / mhz, "j_per_tflop": watts / tflops,
+                            "rel_error": errors.get(name)})
             print(f"{shape} {name:12s} {tflops:7.1f} TFLOP/s  {watts:6.1f} W  {mhz:5.0f} MHz  "
                   f"TFLOP/s per MHz {tflops / mhz:.4f}  J/TFLOP {watts / tflops:.3f}", flush=True)
         if args.out:  # (after each shape: a run stopped by a time limit keeps the shapes it finished)

@@ -53,3 +53,20 @@ def test_sustained_power_prefers_the_instantaneous_reading(monkeypatch, stdout, 
     finally:
         bench_sustained._power_field.cache_clear()
 
+
+
+def test_sustained_checks_each_output_against_float64():
+    """``bench_sustained.checked_error``: the output is poisoned before the call, so a call that
+    writes nothing (or garbage) raises instead of being timed."""
+    import torch
+
+    from bench_sustained import checked_error
+
+    a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
+    out = torch.empty(64, 48, dtype=torch.bfloat16)
+    ref = a.double() @ b.double()
+    assert checked_error(lambda: torch.matmul(a, b, out=out), out, ref) < 1e-2
+    with pytest.raises(AssertionError, match="relative error"):
+        checked_error(lambda: None, out, ref)  # (NaN left in place)
+    with pytest.raises(AssertionError, match="relative error"):
+        checked_error(lambda: out.copy_(a[:, :1].expand(64, 48)), out, ref)
