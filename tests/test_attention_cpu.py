@@ -14,7 +14,8 @@ import pytest
 from numba_hopper.attention.config import (HEAD_DIMS, SHORT_CAUSAL_64, AttentionConfig, argument_types,
                                            attention_config, l2_section, tuned_configs)
 from numba_hopper.attention.kernel import make_attention_kernel, warp_split
-from numba_hopper.attention.scheduler import make_key_blocks, walk_host
+from numba_hopper.attention.scheduler import (NO_TILE, TILE_OVERHEAD, balanced_schedule, make_key_blocks,
+                                              schedule_walks, tile_costs, walk_host)
 from numba_hopper.kit.overlap import make_wait_after, wgmma_stages
 from numba_hopper.tools.sass import inspect_kernel
 
@@ -129,6 +130,30 @@ def test_causal_walk_balances_the_ctas(m_blocks, pairs, section):
     S = m_blocks * 128
     loads = [sum(key_blocks(m * 128, S, S, 0)[0] for m, _ in walk) for walk in walk_host(m_blocks, pairs, section, True, 132)]
     assert max(loads) <= 1.05 * sum(loads) / len(loads)
+
+
+@pytest.mark.parametrize("m_blocks, pairs, section, ctas", [(5, 7, 1, 4), (4, 6, 4, 5), (1, 1, 1, 1), (7, 5, 5, 35)])
+def test_balanced_schedule_covers_every_tile_once(m_blocks, pairs, section, ctas):
+    table = balanced_schedule(tile_costs(m_blocks, 128, 128, 128 * m_blocks, 128 * m_blocks, 0), pairs, section, ctas)
+    assert table.shape[1] == ctas and (table[-1] == NO_TILE).all()
+    tiles = [tile for walk in schedule_walks(table, m_blocks) for tile in walk]
+    assert sorted(tiles) == sorted(itertools.product(range(m_blocks), range(pairs)))
+    for column in table.T:  # a CTA's tiles come first, then NO_TILE only
+        assert (column[:(column != NO_TILE).sum()] != NO_TILE).all()
+
+
+@pytest.mark.parametrize("m_blocks, pairs, section", CAUSAL_LAUNCHES)
+def test_balanced_schedule_beats_the_paired_walk(m_blocks, pairs, section):
+    """In the cost model, every CTA ends within one tile of the mean (list scheduling's bound),
+    and the launch (its slowest CTA) ends sooner than the paired walk's."""
+    S = 128 * m_blocks
+    costs = tile_costs(m_blocks, 128, 128, S, S, 0)
+    assert costs == [m + 1 + TILE_OVERHEAD for m in range(m_blocks)]
+    mean = sum(costs) * pairs / 132
+    scheduled = [sum(costs[m] for m, _ in walk) for walk in schedule_walks(balanced_schedule(costs, pairs, section, 132),
+                                                                          m_blocks)]
+    paired = [sum(costs[m] for m, _ in walk) for walk in walk_host(m_blocks, pairs, section, True, 132)]
+    assert max(scheduled) <= mean + max(costs) and max(scheduled) < max(paired)
 
 
 def test_l2_section():

@@ -9,6 +9,7 @@ processes into the kernel cache, then every test reuses them. A table of the mea
 printed at the end.
 """
 
+import importlib
 import itertools
 import math
 
@@ -140,6 +141,23 @@ def test_explicit_configs(config, causal):
     out = torch.full_like(q, float("nan"))
     check(f"config d{config.head_dim} c{config.consumers} n{config.block_n} {'causal' if causal else 'full'}",
           q, k, v, causal, out=out, config=config)
+
+
+@pytest.mark.parametrize("walk", ["balanced", "paired"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_causal_walks_of_many_tiles_a_cta(head_dim, walk, monkeypatch):
+    """A causal launch of eight tiles a CTA, the last partial: through the balanced schedule
+    (the default for dense calls), and through the paired walk of launches without one."""
+    api = importlib.import_module("numba_hopper.attention.api")
+    if walk == "paired":
+        monkeypatch.setattr(api, "MAX_SCHEDULED_TILES", 0)
+    api.clear_plans()
+    try:
+        q, k, v = (_rand(2, 33, 2000, head_dim) for _ in range(3))  # 66 x 16 tiles of 128 rows
+        out = torch.full_like(q, float("nan"))
+        check(f"causal d{head_dim} 2x33x2000 {walk}", q, k, v, True, out=out)
+    finally:
+        api.clear_plans()
 
 
 @pytest.mark.parametrize("align", ["bottom_right", "top_left"])

@@ -24,12 +24,19 @@ from ..runtime.tensormap import TensorMapArg, encode_template
 from .checks import addressable, check_call, check_config, check_device
 from .config import AttentionParams, attention_config, l2_section, tuned_configs
 from .kernel import make_attention_kernel
-from .scheduler import pair_items
+from .scheduler import balanced_schedule, pair_items, tile_costs
 
 __all__ = ["attention", "PLAN_CACHE_SIZE", "clear_plans", "precompile", "cache_key"]
 
 PLAN_CACHE_SIZE = 256
 _plans: "OrderedDict[tuple, _Plan]" = OrderedDict()
+# Balanced schedules (device tables, kept for the process: a launch in flight on any stream may
+# read one, so none is freed): up to MAX_SCHEDULES of them, of launches up to
+# MAX_SCHEDULED_TILES query tiles (beyond, each CTA walks 250 tiles or more and the paired
+# walk's quantization is under 0.5%).
+MAX_SCHEDULES = 64
+MAX_SCHEDULED_TILES = 1 << 15
+_schedules: dict = {}
 _lock = threading.Lock()
 # a call's values: the addresses a prepared launch takes anew each call
 Q, K, V, O, LSE, CU_Q, CU_K = range(7)
@@ -212,22 +219,26 @@ def _plan(key, problem, views, values, lse_strides, config) -> _Plan:
     boxes = ((1, 1, cfg.block_m, 64), (1, 1, cfg.block_n, 64), (1, 1, cfg.block_n, 64), (1, 1, 64, 64))
     templates = [encode_template(view, box, swizzle=128) for view, box in zip(views, boxes)]
     m_blocks = max(1, -(-problem.seqlen_q // cfg.block_m))
-    items = pair_items(m_blocks, problem.causal) * problem.batch * problem.heads
-    section = (l2_section(problem.batch * problem.heads, problem.seqlen_k, problem.head_dim, problem.kv_group)
-               if problem.causal else 1)
+    pairs = problem.batch * problem.heads
+    items = pair_items(m_blocks, problem.causal) * pairs
+    section = l2_section(pairs, problem.seqlen_k, problem.head_dim, problem.kv_group) if problem.causal else 1
+    grid, positions = min(items, device_limits(key[0] or 0).sm_count), 2 * items
+    schedule = _schedule(key[0] or 0, cfg, problem, m_blocks, section) if problem.causal and not problem.varlen else None
+    if schedule is not None:
+        grid, positions = schedule.shape[1], 2 * (schedule.shape[0] - 1) * schedule.shape[1]
     out = views[O]
     params = AttentionParams(
         maps=tuple(TensorMapArg(tmpl, values[i]) for tmpl, i in zip(templates, _MAP_VALUES)),
         batch=problem.batch, heads=problem.heads, kv_group=problem.kv_group,
         seqlen_q=problem.seqlen_q, seqlen_k=problem.seqlen_k,
         cu_seqlens_q=values[CU_Q], cu_seqlens_k=values[CU_K],
-        m_blocks=m_blocks, pair_items=pair_items(m_blocks, problem.causal), positions=2 * items, section=section,
+        m_blocks=m_blocks, pair_items=pair_items(m_blocks, problem.causal), positions=positions, section=section,
+        schedule=0 if schedule is None else schedule.data_ptr(),
         causal=int(problem.causal), bottom_right=int(problem.bottom_right),
         scale_log2=np.float32(problem.scale * LOG2E), scale=np.float32(problem.scale),
         out=values[O], out_row=out.strides[2], out_head=out.strides[1],
         out_batch=out.strides[0] if out.shape[0] > 1 else 0,
         lse=values[LSE], lse_batch=lse_strides[0], lse_head=lse_strides[1])
-    grid = min(items, device_limits(key[0] or 0).sm_count)
     launch = prepare_launch(make_attention_kernel(cfg), grid, cfg.threads, (params,), shared_mem=cfg.shared_bytes,
                             cache_key=cache_key(cfg))
     fields = launch.leaves[0]
@@ -239,3 +250,27 @@ def _plan(key, problem, views, values, lse_strides, config) -> _Plan:
         while len(_plans) > PLAN_CACHE_SIZE:
             _plans.popitem(last=False)
     return plan
+
+
+def _schedule(device, cfg, problem, m_blocks, section):
+    """The balanced schedule (:mod:`.scheduler`) of a dense causal launch, on ``device``; None
+    where the paired walk runs instead: over :data:`MAX_SCHEDULED_TILES` tiles, with
+    :data:`MAX_SCHEDULES` tables made, or while the stream is being captured (the table's copy
+    cannot be)."""
+    import torch
+
+    pairs = problem.batch * problem.heads
+    if m_blocks * pairs > MAX_SCHEDULED_TILES:
+        return None
+    diag = problem.seqlen_k - problem.seqlen_q if problem.bottom_right else 0
+    costs = tile_costs(m_blocks, cfg.block_m, cfg.block_n, problem.seqlen_q, problem.seqlen_k, diag)
+    ctas = min(m_blocks * pairs, device_limits(device).sm_count)
+    key = (device, tuple(costs), pairs, section, ctas)
+    with _lock:
+        table = _schedules.get(key)
+    if table is None and len(_schedules) < MAX_SCHEDULES and not torch.cuda.is_current_stream_capturing():
+        table = torch.from_numpy(balanced_schedule(costs, pairs, section, ctas).view(np.int32)).to(f"cuda:{device}")
+        torch.cuda.current_stream(device).synchronize()  # (a launch on another stream reads it)
+        with _lock:
+            table = _schedules.setdefault(key, table)
+    return table

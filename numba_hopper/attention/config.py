@@ -28,7 +28,7 @@ __all__ = ["AttentionConfig", "AttentionParams", "attention_config", "tuned_conf
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bf16", "f16")
 WG_ROWS = 64  # query rows per consumer warpgroup (wgmma M)
-SHORT_CAUSAL_64 = 4096  # head dim 64: causal calls of fewer queries take 128-row tiles
+SHORT_CAUSAL_64 = 1536  # head dim 64: causal calls of fewer queries take 128-row tiles
 SWIZZLE = 128  # every tile: 128-byte swizzled rows of 64 16-bit elements
 
 
@@ -152,8 +152,9 @@ def attention_config(head_dim: int, dtype: str = "bf16", causal: bool = False,
     - 64: 192 x 128 tiles (three consumer warpgroups of 160 registers), three K and V slots.
       Causal calls of fewer than :data:`SHORT_CAUSAL_64` queries (``seqlen_q``, the longest
       sequence's when packed) take 128 x 128 tiles with Q released after the last P V: a
-      192-row tile straddles two masked K blocks on the diagonal where a 128-row one has one
-      (3-5% faster at 2k tokens, 10% slower at 16k).
+      192-row tile straddles two masked K blocks on the diagonal where a 128-row one has one,
+      and pads more of its last tile (13% faster at 1k tokens; from 1.5k on, 192-row tiles
+      are 4-10% faster).
     - 128: 128 x 128 tiles, two slots each: Q 32 KB, K and V 128 KB, O 32 KB.
     - 256: 128 x 80 tiles, two slots each: Q 64 KB and K/V 160 KB fill shared memory, so the
       output is staged in Q's buffer; the consumers do not take turns (as FlashAttention-3,
@@ -190,8 +191,11 @@ class AttentionParams(NamedTuple):
     ``heads``: query heads; ``kv_group``: query heads per K/V head (GQA). The walk
     (:mod:`.scheduler`): ``m_blocks`` query tiles per (batch, head) (of ``max_seqlen_q`` rows
     for a packed batch) in ``pair_items`` work items, taken in ``section``s of that many
-    (batch, head) pairs; ``positions``: twice the work items. ``causal``: 0 or 1; ``bottom_right``: the causal diagonal ends at the
-    last key (query i sees keys <= i + seqlen_k - seqlen_q), else at the first (keys <= i).
+    (batch, head) pairs; ``positions``: twice the work items. ``schedule``: the device address
+    of a balanced schedule's uint32 table (0: the walk above), which then sets ``positions``
+    (twice its rows, less the last, times the grid). ``causal``: 0 or 1; ``bottom_right``: the
+    causal diagonal ends at the last key (query i sees keys <= i + seqlen_k - seqlen_q), else at
+    the first (keys <= i).
     ``scale_log2``: the softmax scale times log2(e); ``scale``: the scale (for the log-sum-exp).
 
     ``out`` (bytes) and its element strides: where a tile that ends inside its sequence of a
@@ -212,6 +216,7 @@ class AttentionParams(NamedTuple):
     pair_items: int
     positions: int
     section: int
+    schedule: int
     causal: int
     bottom_right: int
     scale_log2: float

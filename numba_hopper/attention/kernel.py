@@ -80,12 +80,14 @@ def make_attention_kernel(cfg: AttentionConfig):
             st_k, st_v = pipeline_start(), pipeline_start()
             q_phase = 0
             pos = scheduler.first()
+            entry = scheduler.fetch(p, pos)
             while pos < p.positions:
-                w = scheduler.work(p, pos)
+                w = scheduler.work(p, pos, entry)
+                pos = scheduler.next(p, pos)
+                entry = scheduler.fetch(p, pos)
                 if w.valid:
                     st_k, st_v = mainloop.load(maps, smem, w, st_k, st_v, q_phase)
                     q_phase ^= 1
-                pos = scheduler.next(p, pos)
 
     @cuda.jit(device=True, forceinline=True)
     def consumer(cw, t, args):
@@ -96,16 +98,19 @@ def make_attention_kernel(cfg: AttentionConfig):
         st_k, st_v = pipeline_start(), pipeline_start()
         q_phase = 0
         pos = scheduler.first()
+        entry = scheduler.fetch(p, pos)
         while pos < p.positions:
-            w = scheduler.work(p, pos)
+            w = scheduler.work(p, pos, entry)
+            next_pos = scheduler.next(p, pos)
+            next_entry = scheduler.fetch(p, next_pos)  # read now: its latency hides under this tile
             if w.valid:
                 o, m, l, st_k, st_v = mainloop.consume(smem, w, cw, t, st_k, st_v, q_phase, p.scale_log2)
                 # The epilogue's view of the tile, computed again rather than held in registers
                 # through the mainloop (LLVM would reuse the first: the id goes through an opaque mov).
-                w = scheduler.work(p, opaque_u32(pos))
+                w = scheduler.work(p, opaque_u32(pos), entry)
                 epilogue.store(o, m, l, p, maps, smem, w, cw, t, EPILOGUE + cw)
                 q_phase ^= 1
-            pos = scheduler.next(p, pos)
+            pos, entry = next_pos, next_entry
         epilogue.drain(t)
 
     body = ws.body(init, producer, consumer)
