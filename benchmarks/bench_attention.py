@@ -25,14 +25,15 @@ heads of 128, 4 K/V heads, MLP 5632, vocabulary 32000, bf16) on 4 x 2048 tokens 
 ``torch.inference_mode()``: stock (transformers' SDPA attention), its attention routed to
 numba_hopper (``register_transformers_attention``), and that plus every linear on
 numba_hopper (``numba_hopper.torch.replace_linear``); ``ratio``: stock's time over ours, paired
-the same way.
+the same way, over ``--prefill-rounds`` rounds (attention is about a twentieth of the model's
+time, so its gain is a percent or less: ten rounds leave the ratio +-1%).
 
 ``--configs``: kernel configurations (``AttentionConfig`` fields as ``name=value``, comma-separated;
 the head dim is each point's) timed beside the tuned one at each point where they fit, through
 ``numba_hopper.attention(..., config=)``; each record's ``configs`` gives their TFLOP/s and
 ``vs_tuned``, the tuned kernel's time over theirs (paired). Such runs go to
 ``attention-configs-<gpu>.json``, runs of a subset of the points (``--seqlens``, ``--head-dims``,
-``--causal``) to ``attention-subset-<gpu>.json``.
+``--causal``) to ``attention-subset-<gpu>.json``, ``--prefill-only`` to ``attention-prefill-<gpu>.json``.
 
 The table printed last has FlashAttention-3's published H100 figures (bf16, non-causal, 16k
 tokens: about 497, 648 and 756 TFLOP/s at head dims 64, 128, 256) beside ours: the H200 has the
@@ -225,6 +226,8 @@ def bench_prefill(rounds, window_ms):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--prefill-rounds", type=int, default=30,
+                   help="the prefill's rounds (attention is a twentieth of its time: ten rounds leave +-1%%)")
     p.add_argument("--window-ms", type=float, default=20.0, help="a timing's length (the fastest function's)")
     p.add_argument("--quick", action="store_true", help="seqlens 2k and 16k only")
     p.add_argument("--seqlens", nargs="+", type=int, choices=SEQLENS, help="default: all (--quick: 2k and 16k)")
@@ -251,9 +254,11 @@ def main(argv=None):
             print(f"{r['name']:32} ours {r['ours_tflops']:7.1f}  best {r['ref_backend']} {r['ref_tflops']}  "
                   f"ratio {r['ratio']}  {r['backends_tflops']}", flush=True)
     if not (args.no_prefill or args.configs):
-        prefill = bench_prefill(args.rounds, args.window_ms)
+        prefill = bench_prefill(args.prefill_rounds, args.window_ms)
     subset = args.seqlens or tuple(args.head_dims) != tuple(HEADS) or args.causal != "both"
-    out = save_results(results_name("attention", args.configs and "configs", subset and "subset"), {"tokens_per_batch": TOKENS, "rounds": args.rounds, "window_ms": args.window_ms,
+    variant = "configs" if args.configs else "prefill" if args.prefill_only else "subset" if subset else None
+    out = save_results(results_name("attention", variant), {"tokens_per_batch": TOKENS, "rounds": args.rounds,
+                                     "prefill_rounds": args.prefill_rounds, "window_ms": args.window_ms,
                                      "fa3_h100_tflops": FA3_H100, "results": records, "prefill": prefill},
                        args.out)
     print("\n| point | ours TFLOP/s | best SDPA | TFLOP/s | ratio | FA3 H100 |\n|---|---|---|---|---|---|")

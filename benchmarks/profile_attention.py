@@ -11,7 +11,8 @@ The call runs three times to compile and warm up, then once between ``cudaProfil
 ``cudaProfilerStop``, so ``--profile-from-start off`` profiles that call's kernels alone (the
 clocks left alone: ``--clock-control none``). The point is bench_attention.py's: 16384 tokens a
 batch, the head count of the head dim, bf16. ``--backend cudnn`` (or ``flash``, ``efficient``)
-profiles torch's SDPA backend instead, for the same reading of the fastest reference.
+profiles torch's SDPA backend instead, for the same reading of the fastest reference;
+``--config`` (bench_attention.py's ``--configs`` syntax) another kernel configuration than the tuned one.
 """
 
 import argparse
@@ -21,7 +22,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from bench_attention import HEADS, TOKENS  # noqa: E402
+from bench_attention import HEADS, TOKENS, parse_config  # noqa: E402
 
 import numba_hopper  # noqa: E402
 
@@ -34,7 +35,9 @@ def main(argv=None):
     p.add_argument("--seqlen", type=int, default=2048)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--backend", choices=("ours", *BACKENDS), default="ours")
+    p.add_argument("--config", metavar="FIELD=VALUE,...", help="ours: this AttentionConfig instead of the tuned one")
     args = p.parse_args(argv)
+    config = parse_config(args.config, args.head_dim) if args.config else None
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     heads = HEADS[args.head_dim]
@@ -43,7 +46,7 @@ def main(argv=None):
 
     def call():
         if args.backend == "ours":
-            return numba_hopper.attention(q, k, v, causal=args.causal)
+            return numba_hopper.attention(q, k, v, causal=args.causal, config=config)
         with sdpa_kernel(getattr(SDPBackend, BACKENDS[args.backend])):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
 

@@ -33,7 +33,8 @@ _plans: "OrderedDict[tuple, _Plan]" = OrderedDict()
 # Balanced schedules (device tables, kept for the process: a launch in flight on any stream may
 # read one, so none is freed): up to MAX_SCHEDULES of them, of launches up to
 # MAX_SCHEDULED_TILES query tiles (beyond, each CTA walks 250 tiles or more and the paired
-# walk's quantization is under 0.5%).
+# walk's quantization is under 0.5%; 0 sends every launch down the paired walk, as
+# benchmarks/bench_attention_schedule.py does to compare them: part of a plan's key).
 MAX_SCHEDULES = 64
 MAX_SCHEDULED_TILES = 1 << 15
 _schedules: dict = {}
@@ -107,7 +108,8 @@ def attention(q, k, v, *, causal=False, causal_align="bottom_right", scale=None,
     q, k, v = (t if addressable(t) else t.contiguous() for t in (q, k, v))
     views = [_view4(t, problem.varlen, problem.dtype) for t in (q, k, v, out)]
     lse_strides = _lse_strides(problem) if return_lse else (0, 0)
-    key = (q.device.index, problem, tuple((view.shape, view.strides) for view in views), lse_strides, config)
+    key = (q.device.index, problem, tuple((view.shape, view.strides) for view in views), lse_strides, config,
+           MAX_SCHEDULED_TILES)
     values = [view.ptr for view in views] + [lse.data_ptr() if lse is not None else 0,
                                              _address(cu_seqlens_q), _address(cu_seqlens_k)]
     with on_device(q.device.index or 0):
