@@ -36,7 +36,7 @@ def main():
     launch, binds = plan._steps[0]
     parts = (("numba_hopper.gemm(a, b)", lambda i: numba_hopper.gemm(*pairs[i % 64])),
              ("torch.matmul(a, b)", lambda i: torch.matmul(*pairs[i % 64])),
-             ("  plan(stream, values)", lambda i: plan(stream, values, False)),
+             ("  plan(stream, values)", lambda i: plan(stream, values)),
              ("  its GEMM launch", lambda i: launch(stream, values, binds)),  # (a plan without scratch)
              ("  torch.empty", lambda i: torch.empty((256, 256), dtype=torch.bfloat16, device=a.device)))
     for name, fn in parts:

@@ -1,4 +1,4 @@
-"""Issue 7 paths on the H100: split-K, 128-wide tiles for narrow N, batched GEMM (bmm)."""
+"""Split-K, 128-wide tiles for narrow N and batched GEMM (bmm) on a Hopper GPU."""
 
 import pytest
 

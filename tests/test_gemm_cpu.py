@@ -316,7 +316,7 @@ def test_rows_together_needs_a_on_128_byte_lines():
     (1024, 3584, 3584, (128, 224)), (2048, 3584, 18944, (128, 224)),  # 128 and 256 tiles: whole waves
     (512, 3584, 18944, (128, 112)), (512, 4608, 3584, (128, 144)), (1024, 4608, 3584, (128, 144)),
     (4096, 6144, 4096, (128, 256)), (4096, 32000, 2048, (128, 192)),  # 256 and 192 fill their waves as well
-    (1024, 14336, 4096, (128, 224)),  # ties 128 by the estimate; measured 2.5% faster (session 23)
+    (1024, 14336, 4096, (128, 224)),  # ties 128 by the estimate; measured 2.5% faster (bench_gemm --configs)
 ])
 def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, tile):
     from numba_hopper.runtime.arrays import transpose
@@ -334,7 +334,7 @@ def test_tiles_of_a_k_major_b_fill_waves_with_224_144_and_112_columns(M, N, K, t
 
 
 @pytest.mark.parametrize("M,N,K,layout,width", [
-    # measured faster than the cooperative default (session 35)
+    # measured faster than the cooperative default (docs/design/tiles.md)
     (1024, 14336, 4096, "RC", 176), (512, 28672, 4096, "RC", 176), (4096, 5632, 2048, "RC", 176),
     (4096, 4096, 1024, "RC", 128), (4096, 4096, 4096, "RR", 128), (4096, 2048, 2048, "RC", 128),
     # an N-major B takes no 176-wide tiles
