@@ -153,8 +153,8 @@ def attention_config(head_dim: int, dtype: str = "bf16", causal: bool = False,
       Causal calls of fewer than :data:`SHORT_CAUSAL_64` queries (``seqlen_q``, the longest
       sequence's when packed) take 128 x 128 tiles with Q released after the last P V: a
       192-row tile straddles two masked K blocks on the diagonal where a 128-row one has one,
-      and pads more of its last tile (13% faster at 1k tokens; from 1.5k on, 192-row tiles
-      are 4-10% faster).
+      and pads more of its last tile (12% faster at 1k tokens, 2% at 1.25k; from 1.5k on the
+      192-row tiles are 5-17% faster).
     - 128: 128 x 128 tiles, two slots each: Q 32 KB, K and V 128 KB, O 32 KB.
     - 256: 128 x 80 tiles, two slots each: Q 64 KB and K/V 160 KB fill shared memory, so the
       output is staged in Q's buffer; the consumers do not take turns (as FlashAttention-3,
