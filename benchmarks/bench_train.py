@@ -27,7 +27,9 @@ asserted: bf16 all the way). Then warm-up steps, then ``--rounds`` rounds, each 
 step of each model between CUDA events, the order reversed every other round, the garbage
 collector paused. ``ours_ms`` and ``ref_ms`` are medians; ``ratio = ref / ours`` is the median
 of the rounds' ratios (``paired_ratio``: the two steps of a round share the clock, which moves
-under the power limit between rounds); ``ratio_of_medians`` is there beside it. The bar,
+under the power limit between rounds); ``ratio_of_medians`` is there beside it, and
+``rounds_ms`` has every round's two timings (where the two ratios disagree, the rounds are
+bimodal). The bar,
 printed: ours at 1.05x stock or better in every case.
 
 The results file is rewritten after each case, so a run stopped by a time limit keeps the cases
@@ -155,7 +157,7 @@ def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="n
             "optimizer": ours_optimizer,
             "ours_ms": ours_ms, "ref_ms": ref_ms, "ratio": paired_ratio(times, "ref", "ours"),
             "ratio_of_medians": ref_ms / ours_ms, "loss_rel_diff": loss_rel, "grad_rel_error": grad_rel,
-            "linears": swapped}
+            "linears": swapped, "rounds_ms": {side: [round(t, 3) for t in ts] for side, ts in times.items()}}
 
 
 def _free():

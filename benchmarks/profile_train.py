@@ -16,7 +16,8 @@ For the stock model and ours (``replace_linear``; with ``--loss fused``, the def
 - the kernel time per step (``torch.profiler``): GEMMs together, then the largest others.
 
 If ``device`` is the gap, the kernels are slower; if ``sync`` exceeds ``device``, the GPU waited
-for the host. ``--cprofile N`` then prints the N functions of most own host time in one step of
+for the host. (An eager transformers forward without an attention mask reads a device value
+once, ``find_packed_sequence_indices``: there ``host`` includes the sleep.) ``--cprofile N`` then prints the N functions of most own host time in one step of
 each side (``cProfile``; a wait for the GPU shows as the synchronizing call), for where ours
 spends the host's time. ``--sustained S`` runs each side's steps back to back for S seconds
 (after one unmeasured run that warms the card up; ``SUSTAINED_ROUNDS`` alternating rounds,
