@@ -7,7 +7,9 @@ templates of Q, K, V and O, and a prepared launch. Later calls with that layout 
 and only set the new addresses in the launch's arguments: no encoding, no allocation but the
 output's (through PyTorch), no synchronization. The first call of a kernel in a process compiles
 it (seconds; then kept on disk, ``numba_hopper.runtime.kernel_cache``): warm up before capturing
-a CUDA graph.
+a CUDA graph. The first call of a dense causal layout also copies its balanced schedule to the
+device (:func:`_schedule`) and waits for the current stream, queued work included, so that a
+launch on any stream may read it.
 """
 
 from __future__ import annotations
