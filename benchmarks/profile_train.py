@@ -17,9 +17,9 @@ For the stock model and ours (``replace_linear``; with ``--loss fused``, the def
 
 If ``device`` is the gap, the kernels are slower; if ``sync`` exceeds ``device``, the GPU waited
 for the host. (An eager transformers forward without an attention mask reads a device value
-once, ``find_packed_sequence_indices``: there ``host`` includes the sleep.) ``--cprofile N`` then prints the N functions of most own host time in one step of
-each side (``cProfile``; a wait for the GPU shows as the synchronizing call), for where ours
-spends the host's time. ``--sustained S`` runs each side's steps back to back for S seconds
+once, ``find_packed_sequence_indices``: there ``host`` includes the sleep.) ``--cprofile N``
+then prints the N functions of most own host time in one step of each side (``cProfile``; a
+wait for the GPU shows as the synchronizing call), for where ours spends the host's time. ``--sustained S`` runs each side's steps back to back for S seconds
 (after one unmeasured run that warms the card up; ``SUSTAINED_ROUNDS`` alternating rounds,
 medians) with ``nvidia-smi`` sampling board power and SM clock (``bench_sustained.py``'s
 sampler): at the power limit a step's time is its energy over the limit, and a step that spends
