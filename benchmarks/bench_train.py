@@ -10,7 +10,8 @@ The models (random init, nothing downloaded; bf16 parameters, SDPA attention, 4 
 Llama-3-8B's (hidden 4096, MLP 14336, 32 heads, 8 K/V heads, vocabulary 128256); ``llama-2048``,
 ``benchmarks/bench_model.py``'s (hidden 2048, MLP 5632, 16 heads, vocabulary 32000). "ours" is a
 copy of the stock model (the same weights) on which ``numba_hopper.torch.replace_linear`` put
-every ``nn.Linear``, ``lm_head`` included, on numba_hopper's GEMMs, forward and backward, and
+every ``nn.Linear``, ``lm_head`` included, on numba_hopper's GEMMs, forward and backward (``--mlp
+gated``: each SwiGLU MLP one operator instead, ``fuse_gated_mlps(fused_training=True)``), and
 (``--loss fused``, the default) ``numba_hopper.torch.fuse_linear_cross_entropy`` its loss: the
 head's GEMM and the cross-entropy over the vocabulary without float32 logits. ``--loss model``
 leaves the model's loss as it is. Its optimizer is ``numba_hopper.torch.AdamW`` (``--optimizer
@@ -120,13 +121,20 @@ def check_first_step(sides, ids):
     return _rel(losses["ours"], losses["ref"]), _rel(grads["ours"], grads["ref"])
 
 
-def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="numba_hopper"):
-    """One case's record: the pair built, checked, warmed up and timed in paired rounds."""
-    stock = build_model(model_name)
+def make_ours(stock, loss="fused", mlp="linears"):
+    """Ours, a copy of ``stock`` (module doc): ``(model, MLPs fused, linears swapped)``."""
     ours = copy.deepcopy(stock)
+    gated = nht.fuse_gated_mlps(ours, fused_training=True) if mlp == "gated" else 0
     swapped = nht.replace_linear(ours)
     if loss == "fused":
         nht.fuse_linear_cross_entropy(ours)
+    return ours, gated, swapped
+
+
+def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="numba_hopper", mlp="linears"):
+    """One case's record: the pair built, checked, warmed up and timed in paired rounds."""
+    stock = build_model(model_name)
+    ours, gated, swapped = make_ours(stock, loss, mlp)
     sides = {}
     for side, module in (("ours", ours), ("ref", stock)):
         run = torch.compile(module, dynamic=False) if mode == "compiled" else module
@@ -154,7 +162,7 @@ def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="n
         gc.enable()
     ours_ms, ref_ms = statistics.median(times["ours"]), statistics.median(times["ref"])
     return {"name": f"{model_name} {tokens} {mode}", "model": model_name, "tokens": tokens, "mode": mode, "loss": loss,
-            "optimizer": ours_optimizer,
+            "optimizer": ours_optimizer, "mlp": mlp, "gated_mlps": gated,
             "ours_ms": ours_ms, "ref_ms": ref_ms, "ratio": paired_ratio(times, "ref", "ours"),
             "ratio_of_medians": ref_ms / ours_ms, "loss_rel_diff": loss_rel, "grad_rel_error": grad_rel,
             "linears": swapped, "rounds_ms": {side: [round(t, 3) for t in ts] for side, ts in times.items()}}
@@ -186,6 +194,8 @@ def main(argv=None):
                    help="ours: fuse_linear_cross_entropy (default) or the model's own loss")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="numba_hopper",
                    help="ours: numba_hopper.torch.AdamW (default) or torch's fused AdamW (stock always has torch's)")
+    p.add_argument("--mlp", choices=("linears", "gated"), default="linears",
+                   help="ours: each MLP's three linears (default) or one operator (fuse_gated_mlps(fused_training=True))")
     p.add_argument("--out", "--json", dest="out", metavar="PATH",
                    help="results file (default: benchmarks/results/train-<gpu>.json)")
     args = p.parse_args(argv)
@@ -199,7 +209,7 @@ def main(argv=None):
             for mode in args.modes:
                 started = time.perf_counter()
                 torch.cuda.reset_peak_memory_stats()
-                r = bench_case(model_name, tokens, mode, args.rounds, args.loss, args.optimizer)
+                r = bench_case(model_name, tokens, mode, args.rounds, args.loss, args.optimizer, args.mlp)
                 peak_gb = torch.cuda.max_memory_allocated() / 2**30
                 _free()
                 records.append(r)

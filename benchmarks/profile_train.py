@@ -5,9 +5,9 @@
     python benchmarks/profile_train.py --model llama-3-8b --tokens 4x2048 --mode compiled
     python benchmarks/profile_train.py --model qwen3-4b --tokens 4x2048 --mode compiled --sustained 3
 
-For the stock model and ours (``replace_linear``; with ``--loss fused``, the default, also
-``fuse_linear_cross_entropy``; ``--optimizer`` as ``bench_train.py``'s), eager or (``--mode compiled``) each under
-``torch.compile(dynamic=False)``, alternating, medians:
+For the stock model and ours (``bench_train.py``'s, with its ``--loss``, ``--mlp`` and
+``--optimizer``), eager or (``--mode compiled``) each under ``torch.compile(dynamic=False)``,
+alternating, medians:
 
 - ``host``: the step's host time, issued behind a GPU sleep (nothing waits on the GPU);
 - ``device``: the step's GPU time behind that sleep (kernels back to back, no gap where the GPU
@@ -29,7 +29,6 @@ share included.
 
 import argparse
 import collections
-import copy
 import cProfile
 import pathlib
 import pstats
@@ -40,10 +39,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from bench_sustained import sustained_run  # noqa: E402
-from bench_train import OPTIMIZERS, TOKENS, _time_ms, build_model, optimizer, train_step  # noqa: E402
+from bench_train import OPTIMIZERS, TOKENS, _time_ms, build_model, make_ours, optimizer, train_step  # noqa: E402
 from profile_compiled import device_ms, host_ms, kernel_times  # noqa: E402
 
-import numba_hopper.torch as nht  # noqa: E402
 
 SUSTAINED_ROUNDS = 4
 SLEEP_CYCLES = 200_000_000  # ~100 ms at the H200's clock: longer than a step's host time
@@ -56,15 +54,13 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--loss", choices=("fused", "model"), default="fused")
     p.add_argument("--mode", choices=("eager", "compiled"), default="eager")
+    p.add_argument("--mlp", choices=("linears", "gated"), default="linears")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="numba_hopper", help="ours' AdamW")
     p.add_argument("--sustained", type=float, default=0, metavar="S", help="S seconds of steps: power and clock")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print a step's N costliest functions")
     args = p.parse_args()
     models = {"stock": build_model(args.model)}
-    models["ours"] = copy.deepcopy(models["stock"])
-    nht.replace_linear(models["ours"])
-    if args.loss == "fused":
-        nht.fuse_linear_cross_entropy(models["ours"])
+    models["ours"] = make_ours(models["stock"], args.loss, args.mlp)[0]
     batch, seq = TOKENS[args.tokens]
     ids = torch.randint(0, models["stock"].config.vocab_size, (batch, seq), device="cuda")
     steps = {}

@@ -172,3 +172,37 @@ def training_losses(model, device, dtype, steps=40):
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+class SwiGLU(torch.nn.Module):
+    """A Llama MLP, ``down(silu(gate(x)) * up(x))``, whose down projection may have a bias."""
+
+    def __init__(self, hidden, inner, device, dtype, bias=False):
+        super().__init__()
+        self.gate_proj, self.up_proj = (torch.nn.Linear(hidden, inner, False, device, dtype) for _ in range(2))
+        self.down_proj = torch.nn.Linear(inner, hidden, bias, device, dtype)
+        self.act_fn = torch.nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def gated_mlp_errors(device, dtype, shape, hidden=64, inner=96, bias=False, compiled=False):
+    """``fuse_gated_mlps(fused_training=True)``' training path against the stock MLP in float64 on one fresh batch of
+    ``shape`` (..., hidden): ``{"y": error, "x": error, parameter name: error}``. ``compiled``:
+    through ``torch.compile(fullgraph=True)``."""
+    torch.manual_seed(sum(shape))
+    model = torch.nn.Sequential(SwiGLU(hidden, inner, device, dtype, bias))
+    ref = copy.deepcopy(model).double()
+    assert nht.fuse_gated_mlps(model, fused_training=True) == 1
+    x = torch.randn(*shape, device=device, dtype=dtype).requires_grad_()
+    xr = x.detach().double().requires_grad_()
+    y = (torch.compile(model, fullgraph=True) if compiled else model)(x)
+    yr = ref(xr)
+    dy = torch.randn_like(yr)
+    y.backward(dy.to(dtype))
+    yr.backward(dy)
+    errors = {"y": rel_error(y, yr), "x": rel_error(x.grad, xr.grad)}
+    for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
+        errors[name] = rel_error(p.grad, r.grad)
+    return errors

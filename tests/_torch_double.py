@@ -12,10 +12,12 @@ the same way, and the PyTorch layer gets the real API's outputs. Install it with
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
+from numba_hopper.kernels.epilogue.glu import glu_backward
 from numba_hopper.matmul import api, heuristics, plan as _plan, plan_cache
 from numba_hopper.runtime import arrays
 from numba_hopper.tools import prebuild
@@ -28,6 +30,17 @@ _ACT = {
     "silu": torch.nn.functional.silu,
     "sigmoid": torch.sigmoid,
 }
+def _silu_glu_backward(dtype, dh, gate, up, d_up):
+    """``glu_backward("silu", dtype)``'s math, on the int16 views of the 16-bit arrays it takes."""
+    g, u = (t.view(dtype).double() for t in (gate, up))
+    s = torch.sigmoid(g)
+    d_up.copy_((dh * g * s).to(dtype).view(torch.int16))
+    return dh * u * s * (1 + g * (1 - s))
+
+
+# the user epilogues the PyTorch layer passes, as float64 math
+_USER = {glu_backward("silu", name): functools.partial(_silu_glu_backward, dtype)
+         for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16))}
 _REAL_GEMM, _REAL_BMM, _REAL_FROM_TORCH = api.gemm, api.bmm, arrays._from_torch
 PLANS = []  # the plan of each call, in order (the latest last)
 
@@ -53,7 +66,8 @@ def _reference(a, b, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=None, acti
     m, n = math.prod(a.shape[:-1]), b.shape[-1]
     a2 = a.detach().double().reshape(m, a.shape[-1])
     if up is not None:
-        return _ACT[activation](a2 @ b.double()) * (a2 @ up.double()), None
+        gate, up = a2 @ b.double(), a2 @ up.double()
+        return _ACT[activation](gate) * up, torch.cat([gate, up], dim=1)
     acc = alpha * (a2 @ b.double())
     if c is not None and beta != 0:
         acc = acc + beta * c.double().reshape(m, n)
@@ -67,6 +81,8 @@ def gemm(a, b, out=None, **kw):
     """``numba_hopper.gemm``'s checks and plan (recorded), then the product in float64."""
     result = _REAL_GEMM(a, b, out, stream=0, **kw)
     value, pre = _reference(a, b, **kw)
+    if kw.get("epilogue") is not None:
+        value = _USER[kw["epilogue"]](value, *kw["epilogue_args"])
     if kw.get("aux_out") is not None:
         kw["aux_out"].copy_(pre.reshape(kw["aux_out"].shape))
     return result.copy_(value.reshape(result.shape))

@@ -12,6 +12,7 @@ printed at the end.
 import importlib
 import itertools
 import math
+import time
 
 import pytest
 
@@ -158,6 +159,27 @@ def test_causal_walks_of_many_tiles_a_cta(head_dim, walk, monkeypatch):
         check(f"causal d{head_dim} 2x33x2000 {walk}", q, k, v, True, out=out)
     finally:
         api.clear_plans()
+
+
+def test_a_new_causal_layout_never_waits_for_the_gpu():
+    """The first call of a layout makes its balanced schedule's table, and still returns while
+    the GPU is busy with work queued before it."""
+    api = importlib.import_module("numba_hopper.attention.api")
+    numba_hopper.attention(*(_rand(1, 4, 300, 128) for _ in range(3)), causal=True)  # the kernel is loaded
+    q, k, v = (_rand(3, 41, 1900, 128) for _ in range(3))  # a layout, and a schedule, new to the process
+    schedules = len(api._schedules)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)  # ~0.5 s of spinning on the current stream
+    gate = torch.cuda.Event()
+    gate.record()
+    start = time.perf_counter()
+    got = numba_hopper.attention(q, k, v, causal=True)
+    host = time.perf_counter() - start
+    assert not gate.query(), "the call returned only after the queued sleep had finished"
+    assert host < 0.2 and len(api._schedules) == schedules + 1, host
+    torch.cuda.synchronize()
+    ref, _ = reference(q[:1], k[:1], v[:1], True, True, 1 / math.sqrt(128))
+    assert rel_err(got[:1], ref) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("align", ["bottom_right", "top_left"])

@@ -11,7 +11,7 @@ from numba_hopper.matmul import plan as _plan
 from numba_hopper.runtime.arrays import device_view
 from numba_hopper.matmul.fusion import Fusion
 from numba_hopper.matmul.heuristics import max_stages
-from numba_hopper.errors import DtypeError, LayoutError
+from numba_hopper.errors import DtypeError, LayoutError, ShapeError
 from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.epilogue import EpilogueConfig
 from numba_hopper.kernels.gemm_config import GemmConfig
@@ -54,7 +54,7 @@ def test_gated_config_refuses_what_it_does_not_run(kw):
 
 
 def test_gated_epilogue_fuses_an_activation_only():
-    with pytest.raises(ValueError, match="activation only; got bias"):
+    with pytest.raises(ValueError, match="activation and aux only; got bias"):
         GemmConfig(b_major="K", block_n=256, gated=True, epilogue=EpilogueConfig(activation="silu", bias="col"))
 
 
@@ -114,8 +114,8 @@ X = _m(16, 64)
 
 
 @pytest.mark.parametrize("kw,exc,msg", [
-    (dict(up=_w(32, 64), bias=FakeCAI((32,), "<f4")), ValueError, "only an activation; got bias"),
-    (dict(up=_w(32, 64), alpha=2.0), ValueError, "only an activation; got alpha"),
+    (dict(up=_w(32, 64), bias=FakeCAI((32,), "<f4")), ValueError, "only an activation and aux_out; got bias"),
+    (dict(up=_w(32, 64), alpha=2.0), ValueError, "only an activation and aux_out; got alpha"),
     (dict(up=_w(16, 64)), ValueError, "up has shape"),
     (dict(up=_w(32, 64, "<f4")), TypeError, "up.dtype"),
     (dict(up=_m(64, 32)), LayoutError, "up= needs up column-major"),
@@ -145,3 +145,49 @@ def test_valid_gated_call_reaches_the_gpu_check(monkeypatch):
     monkeypatch.setattr(g, "hopper_device_reason", lambda: "no GPU here")
     with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
         gemm(X, _w(32, 64), up=_w(32, 64), activation="silu")
+
+
+@pytest.mark.kernel_matrix
+def test_gated_kernel_keeping_both_products_does_not_spill():
+    """``aux_out`` on a gated kernel: both products stored beside the gated tile, no spills."""
+    from numba.cuda import types
+
+    ecfg = EpilogueConfig(activation="silu", aux_dtype="bf16")
+    stages = max_stages("bf16", "bf16", 256, epilogue=ecfg, gated=True, b_major="K")
+    cfg = GemmConfig("bf16", "bf16", "K", "K", block_n=256, stages=stages, epilogue=ecfg, gated=True)
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.uint16[:, ::1],)))
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert r.count("MUFU.TANH") == 256 // 4 and r.count("UTMASTG") == 2
+    assert r.count("STG") == 256 // 2  # a thread's 64 gate and 64 up values
+
+
+@pytest.mark.kernel_matrix
+def test_glu_backward_epilogue_does_not_spill():
+    """The gated unit's backward as the epilogue of ``dy @ W_down``: reads gate and up, writes
+    d_up, returns d_gate; one tanh per element (the sigmoid), no spills."""
+    from numba.cuda import types
+
+    from numba_hopper.kernels.epilogue.glu import glu_backward
+
+    bits = types.Array(types.int16, 2, "A")
+    ecfg = EpilogueConfig(user=glu_backward("silu", "bf16"))
+    cfg = GemmConfig("bf16", "bf16", "K", "N", stages=max_stages("bf16", "bf16", 256, epilogue=ecfg), epilogue=ecfg)
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.Tuple((bits, bits, bits)),)))
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    # a thread's 128 values of the 128 x 256 tile: gate and up read, d_up written (generic addresses)
+    assert r.count("MUFU.TANH") == 128 and r.count("LD.E.U16") == 256 and r.count("ST.E.U16") == 128
+
+
+def test_glu_backward_takes_silu_and_16_bit_dtypes():
+    from numba_hopper.kernels.epilogue.glu import glu_backward
+
+    assert glu_backward("silu", "bf16") is glu_backward("silu", "bf16") is not glu_backward("silu", "f16")
+    with pytest.raises(ValueError, match="activation"):
+        glu_backward("gelu", "bf16")
+    with pytest.raises(ValueError, match="bf16 or f16"):
+        glu_backward("silu", "f32")
+
+
+def test_gated_aux_out_holds_both_products():
+    with pytest.raises(ShapeError, match=r"aux_out has shape \(16, 32\), expected \(16, 64\)"):
+        gemm(X, _w(32, 64), up=_w(32, 64), activation="silu", aux_out=_m(16, 32))

@@ -139,3 +139,55 @@ def test_compiled_swiglu_mlp_runs_one_gated_gemm(torch):
     assert code.count("extern_kernels.numba_hopper_gated_mm(") == 1, code
     assert _rel(torch, got, expected) < 2e-2
 
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 64, 64), (7, 200, 136), (129, 1000, 520), (1000, 384, 1000)])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_gated_product_keeps_both_products(torch, M, N, K, dtype):
+    """``aux_out`` (M, 2N): the gate's product, then up's, beside the gated output."""
+    x, wg, wu = _case(torch, M, N, K, dtype, seed=3)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=x.dtype)
+    pre = torch.full((M, 2 * N), float("nan"), device="cuda", dtype=x.dtype)
+    gemm(x, wg.t(), out=out, up=wu.t(), activation="silu", aux_out=pre)
+    xd = x.double()
+    assert _rel(torch, out, _reference(torch, x, wg, wu, "silu")) < TOL[dtype]
+    assert _rel(torch, pre[:, :N], xd @ wg.double().t()) < TOL[dtype]
+    assert _rel(torch, pre[:, N:], xd @ wu.double().t()) < TOL[dtype]
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 64, 64), (7, 200, 136), (129, 1000, 520), (1000, 384, 1000)])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_glu_backward_epilogue(torch, M, N, K, dtype):
+    """``dy @ W_down`` with the SwiGLU derivative in its epilogue: d_gate returned, d_up written."""
+    from numba_hopper.kernels.epilogue.glu import glu_backward
+
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    dy, w = (torch.randn(*s, generator=gen, device="cuda").to(tdt) for s in ((M, K), (K, N)))
+    gate, up = (torch.randn(M, N, generator=gen, device="cuda").mul(2).to(tdt) for _ in range(2))
+    d_gate, d_up = (torch.full((M, N), float("nan"), device="cuda", dtype=tdt) for _ in range(2))
+    gemm(dy, w, out=d_gate, epilogue=glu_backward("silu", dtype),
+         epilogue_args=(gate.view(torch.int16), up.view(torch.int16), d_up.view(torch.int16)))
+    dh, g, u = dy.double() @ w.double(), gate.double(), up.double()
+    s = torch.sigmoid(g)
+    assert _rel(torch, d_up, dh * g * s) < TOL[dtype]
+    assert _rel(torch, d_gate, dh * u * s * (1 + g * (1 - s))) < TOL[dtype]
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 127, 129, 1000])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_gated_mlp_training_matches_float64(torch, tokens, dtype):
+    """The fused MLP's forward and every gradient (x, the three weights, down's bias) against the
+    float64 MLP, at ragged token counts and widths."""
+    import _torch_cases as cases
+
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    errors = cases.gated_mlp_errors("cuda", tdt, (tokens, 264), hidden=264, inner=1000, bias=tokens % 2 == 1)
+    assert max(errors.values()) < 2 * TOL[dtype], errors
+
+
+def test_compiled_gated_mlp_training_matches_float64(torch):
+    import _torch_cases as cases
+
+    errors = cases.gated_mlp_errors("cuda", torch.bfloat16, (4, 300, 512), hidden=512, inner=1408, compiled=True)
+    assert max(errors.values()) < 2 * TOL["bf16"], errors

@@ -384,6 +384,34 @@ def test_fused_gated_mlp_keeps_the_module_and_its_answers(double, monkeypatch):
     with torch.no_grad():
         assert cases.rel_error(torch.compile(model, fullgraph=True, backend=record)(x), ref) < 1e-2
     assert "numba_hopper.gated_mm.default" in graphs[0], graphs
+    calls.clear()
     x.requires_grad_(True)
-    model(x).float().square().sum().backward()  # the unfused path, differentiable
-    assert x.grad is not None and model[0].gate_proj.weight.grad is not None
+    model(x).float().square().sum().backward()  # training: the three linears
+    assert calls == [False] * 9 and x.grad is not None and model[0].gate_proj.weight.grad is not None
+    model[0].fused_training = True
+    calls.clear()
+    model(x).float().square().sum().backward()  # the operator gated_mlp, forward and backward
+    assert calls == [True] + [False] * 7
+
+
+@pytest.mark.parametrize("shape,bias", [((1, 64), False), ((2, 33, 64), True), ((129, 64), False)])
+def test_gated_mlp_training_matches_float64(double, shape, bias):
+    errors = cases.gated_mlp_errors("cpu", torch.bfloat16, shape, bias=bias)
+    assert max(errors.values()) < 1e-2, errors
+
+
+def test_compiled_gated_mlp_training_is_one_operator_each_way(double):
+    """Traced with a gradient, the fused MLP is ``numba_hopper::gated_mlp`` and its backward
+    ``numba_hopper::gated_mlp_backward``: nothing between the products for Inductor to fuse."""
+    from torch._inductor.utils import run_and_get_code
+
+    model = torch.nn.Sequential(cases.SwiGLU(64, 96, "cpu", torch.bfloat16))
+    nht.fuse_gated_mlps(model, fused_training=True)
+    x = torch.randn(2, 33, 64, dtype=torch.bfloat16, requires_grad=True)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch._inductor.config.patch(force_disable_caches=True):  # (a cached backward shows no code)
+        y, (forward_code, *_) = run_and_get_code(compiled, x)
+        _, (backward_code, *_) = run_and_get_code(lambda: y.float().square().sum().backward())
+    assert "torch.ops.numba_hopper.gated_mlp.default(" in forward_code, forward_code
+    assert "torch.ops.numba_hopper.gated_mlp_backward.default(" in backward_code, backward_code
+    assert max(cases.gated_mlp_errors("cpu", torch.bfloat16, (2, 33, 64), compiled=True).values()) < 1e-2

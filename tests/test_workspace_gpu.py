@@ -111,8 +111,9 @@ def test_a_reused_stream_handle_never_shares_scratch_with_queued_work(torch, mon
 
     (stream_1, lo_1, hi_1), (stream_2, lo_2, hi_2) = taken
     assert stream_1 == stream_2 == a_handle
-    assert hi_2 <= lo_1 or hi_1 <= lo_2, f"B's scratch [{lo_2:#x}, {hi_2:#x}) overlaps A's [{lo_1:#x}, {hi_1:#x})"
+    # (first: once A's kernel is done its scratch may serve B, so an overlap says nothing)
     assert start_b.elapsed_time(end_a) > 0, "the construction needs B's call to start while A's kernel runs"
+    assert hi_2 <= lo_1 or hi_1 <= lo_2, f"B's scratch [{lo_2:#x}, {hi_2:#x}) overlaps A's [{lo_1:#x}, {hi_1:#x})"
     for out, a in ((o1, a1), (o2, a2)):
         assert _rel(torch, out, a.float() @ b.float()) < 1e-2
 
@@ -151,6 +152,34 @@ def test_a_thread_with_no_current_context_takes_scratch(torch):
     def call():
         try:
             seen.append(int(driver.cuCtxGetCurrent()[1]))  # 0: none, as in an autograd thread
+            gemm(a, b, out=out)
+            seen.append(None)
+        except Exception as exc:  # reported by the main thread
+            seen.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join()
+    assert seen == [0, None], seen
+    torch.cuda.synchronize()
+    assert _rel(torch, out, a.double() @ b.double()) < 1e-2
+
+
+@pytest.mark.parametrize("layout", ["new", "planned"])
+def test_a_thread_with_no_current_context_runs_a_gemm(torch, layout):
+    """The same thread without a context, for a call that takes no scratch: a new layout's plan
+    (its tensor maps) and a planned layout's launch each bind the primary context."""
+    m = {"new": 328, "planned": 320}[layout]
+    a, b = _bf16(torch, m, 512), _bf16(torch, 512, 256)
+    out = torch.full((m, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    if layout == "planned":
+        gemm(a, b, out=torch.empty_like(out))
+    torch.cuda.synchronize()
+    seen = []
+
+    def call():
+        try:
+            seen.append(int(driver.cuCtxGetCurrent()[1]))
             gemm(a, b, out=out)
             seen.append(None)
         except Exception as exc:  # reported by the main thread

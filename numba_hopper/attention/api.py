@@ -8,12 +8,13 @@ and only set the new addresses in the launch's arguments: no encoding, no alloca
 output's (through PyTorch), no synchronization. The first call of a kernel in a process compiles
 it (seconds; then kept on disk, ``numba_hopper.runtime.kernel_cache``): warm up before capturing
 a CUDA graph. The first call of a dense causal layout also copies its balanced schedule to the
-device (:func:`_schedule`) and waits for the current stream, queued work included, so that a
-launch on any stream may read it.
+device (:func:`_schedule`) on a stream of its own and waits for that copy alone (never for the
+work queued on the caller's streams), so that a launch on any stream may read it.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 
@@ -257,8 +258,9 @@ def _plan(key, problem, views, values, lse_strides, config) -> _Plan:
 
 
 def _schedule(device, cfg, problem, m_blocks, section):
-    """The balanced schedule (:mod:`.scheduler`) of a dense causal launch, on ``device``; None
-    where the paired walk runs instead: over :data:`MAX_SCHEDULED_TILES` tiles, with
+    """The balanced schedule (:mod:`.scheduler`) of a dense causal launch, on ``device``, made by
+    the first call of its layout without waiting for the GPU's queued work; None where the
+    paired walk runs instead: over :data:`MAX_SCHEDULED_TILES` tiles, with
     :data:`MAX_SCHEDULES` tables made, or while the stream is being captured (the table's copy
     cannot be)."""
     import torch
@@ -273,8 +275,19 @@ def _schedule(device, cfg, problem, m_blocks, section):
     with _lock:
         table = _schedules.get(key)
     if table is None and len(_schedules) < MAX_SCHEDULES and not torch.cuda.is_current_stream_capturing():
-        table = torch.from_numpy(balanced_schedule(costs, pairs, section, ctas).view(np.int32)).to(f"cuda:{device}")
-        torch.cuda.current_stream(device).synchronize()  # (a launch on another stream reads it)
+        upload = _upload_stream(device)
+        with torch.cuda.stream(upload):
+            table = torch.from_numpy(balanced_schedule(costs, pairs, section, ctas).view(np.int32)).to(upload.device)
+        upload.synchronize()  # the copy alone: launches on any stream may read the table at once
         with _lock:
             table = _schedules.setdefault(key, table)
     return table
+
+
+@functools.lru_cache(maxsize=None)
+def _upload_stream(device):
+    """A stream of ``device`` for the schedules' copies, which never waits for the work queued on
+    the caller's streams (a non-blocking one: not even the legacy default stream's)."""
+    import torch
+
+    return torch.cuda.Stream(device)

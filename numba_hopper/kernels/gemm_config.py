@@ -98,7 +98,8 @@ class GemmConfig:
     computes both products side by side and the epilogue writes the ``block_n / 2`` gated
     columns (``out_block_n``), ``act`` being the epilogue's activation (none: the identity);
     16-bit inputs, a K-major B, ``block_n`` in ``GATED_NS``, no cluster or grouping, and no other
-    epilogue term. Block-scaled and gated kernels compile the fused epilogue's store (the gating
+    epilogue term but ``aux`` (both products before the gating, B's beside B_up's: what a training
+    backward reads). Block-scaled and gated kernels compile the fused epilogue's store (the gating
     multiply is part of it; the block-scaled tiles' register budgets were fitted with it), so
     their ``epilogue`` is never None: ``EpilogueConfig()`` where none is given.
     """
@@ -243,11 +244,11 @@ class GemmConfig:
                 or self.out_major != "N" or self.cluster_size > 1 or self.grouped is not None):
             raise ValueError(f"a gated kernel runs 16-bit products with a K-major B on tiles {GATED_NS} wide, "
                              "without a cluster or grouping")
-        # (its store multiplies each gate by its up value, after the activation alone)
-        others = [f.name for f in dataclasses.fields(self.epilogue) if f.name != "activation"
+        # (its store multiplies each gate by its up value, after the activation alone; aux keeps both)
+        others = [f.name for f in dataclasses.fields(self.epilogue) if f.name not in ("activation", "aux_dtype")
                   and getattr(self.epilogue, f.name) != f.default]
         if others:
-            raise ValueError(f"a gated kernel's epilogue fuses an activation only; got {', '.join(others)}")
+            raise ValueError(f"a gated kernel's epilogue fuses an activation and aux only; got {', '.join(others)}")
 
     def _check_grouped(self):
         if self.grouped not in GROUPED_MODES:

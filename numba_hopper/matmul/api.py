@@ -104,9 +104,11 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       ``out = activation(a @ b) * (a @ up)`` (SwiGLU's ``silu(x @ W_gate.T) * (x @ W_up.T)`` with
       ``b = W_gate.t()``, ``up = W_up.t()``; GeGLU with "gelu"). One kernel computes both
       products in one tile (its B tile is ``b``'s columns beside ``up``'s) and writes only the
-      gated output: the two (M, N) products never reach memory. 16-bit ``a``, ``b`` and ``up`` of
-      one dtype, ``b`` and ``up`` column-major (``w.t()`` of row-major (N, K) weights) and
-      TMA-addressable, a row-major ``out``, no other epilogue option than ``activation``.
+      gated output: the two (M, N) products never reach memory, unless ``aux_out`` (M, 2N) asks
+      for them (``aux_out[:, :N] = a @ b``, ``aux_out[:, N:] = a @ up``: what the gated unit's
+      backward reads). 16-bit ``a``, ``b`` and ``up`` of one dtype, ``b`` and ``up``
+      column-major (``w.t()`` of row-major (N, K) weights) and TMA-addressable, a row-major
+      ``out``, no other epilogue option than ``activation`` and ``aux_out``.
 
     FP8 (``a`` and ``b`` each ``float8_e4m3fn`` or ``float8_e5m2``, mixed included; numba/CuPy:
     uint8 arrays with ``dtype="e4m3"``/``"e5m2"`` for both), accumulated in float32, output

@@ -40,7 +40,8 @@ _KEYED = tuple((op.keyword, op.default if op.form == "number" else None, op.form
 # The transposed problem's names (Fusion.transposed).
 _SWAPPED = {"row_scale": "col_scale", "col_scale": "row_scale"}
 # The fused keywords that a gated product (``up``) leaves at their defaults.
-_NOT_GATED = tuple(name for name in NAMES if name not in ("activation", "up", "epilogue_args", "alpha", "beta"))
+_NOT_GATED = tuple(name for name in NAMES
+                   if name not in ("activation", "up", "aux_out", "epilogue_args", "alpha", "beta"))
 
 
 def fusion_args(alpha, beta, c, bias, bias_dim, activation, aux_out, epilogue, epilogue_args, row_scale, col_scale,
@@ -162,9 +163,10 @@ def check_fusion(f, M, N, K, device, dtype, out_dtype, rows=None) -> Fusion:
         others = [name for name in _NOT_GATED if f[name] is not None] + \
             [name for name in ("alpha", "beta") if f[name] != OPERAND[name].default]
         if others:
-            raise ValueError(f"up= fuses only an activation; got {', '.join(others)} too")
+            raise ValueError(f"up= fuses only an activation and aux_out; got {', '.join(others)} too")
     sizes = {"M": M, "N": N, "K": K, "KB": -(-K // KBLOCK_SCALE), "NB": -(-N // KBLOCK_SCALE), "rows": rows or (M,),
              "bias": bias_shape}
+    gated_sizes = {**sizes, "N": 2 * N}  # a gated aux_out holds both products
     operands = {}
     for op in VALUE_OPERANDS:
         x = f[op.keyword]
@@ -173,7 +175,7 @@ def check_fusion(f, M, N, K, device, dtype, out_dtype, rows=None) -> Fusion:
                 operands[op.name] = float(x)
         elif x is not None and (op.name != "c" or f["beta"] != 0.0):  # BLAS: C is not read when beta == 0
             operands[op.name] = float(x) if op.form != "array" and isinstance(x, Real) else \
-                _checked_view(op, x, sizes, device, dtype)
+                _checked_view(op, x, gated_sizes if op.name == "aux" and f["up"] is not None else sizes, device, dtype)
     return Fusion(operands, 1 if bias_dim is None else bias_dim, f["activation"], user, f["epilogue_args"])
 
 

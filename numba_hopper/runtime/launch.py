@@ -41,6 +41,7 @@ import threading
 from dataclasses import dataclass
 
 from . import kernel_cache as _kernel_cache
+from .workspace import NO_CONTEXT as _NO_CONTEXT, bind_primary_context
 from .. import _numba_internals as _internals
 
 __all__ = [
@@ -299,14 +300,14 @@ class PreparedLaunch:
     layout without numba's per-call packing.
     """
 
-    __slots__ = ("kernel", "config", "args", "leaves", "dependent", "_dims", "_shared", "_func", "_params", "_params_address",
-                 "_per_stream", "_launch_ex", "_success", "_lock")
+    __slots__ = ("kernel", "config", "args", "leaves", "dependent", "device", "_dims", "_shared", "_func", "_params",
+                 "_params_address", "_per_stream", "_launch_ex", "_success", "_lock")
 
-    def __init__(self, kernel, config, args, dims, shared_mem, leaves=(), dependent=False):
+    def __init__(self, kernel, config, args, dims, shared_mem, leaves=(), dependent=False, device=0):
         from cuda.bindings import driver
 
         self.kernel, self.config, self.args, self.leaves = kernel, config, args, leaves  # args: ctypes values
-        self.dependent = dependent
+        self.dependent, self.device = dependent, device
         self._dims, self._shared = dims, shared_mem
         self._lock = threading.Lock()  # binds and the launch that reads them go together
         self._func = driver.CUfunction(int(kernel.handle))  # a CUkernel launches as a CUfunction
@@ -350,6 +351,9 @@ class PreparedLaunch:
             for index, value, offset in binds:
                 args[index].value = values[value] + offset
             (err,) = self._launch_ex(cfg, self._func, self._params_address, 0)
+            if err == _NO_CONTEXT:  # a thread without a current context (PyTorch's autograd threads)
+                bind_primary_context(self.device)
+                (err,) = self._launch_ex(cfg, self._func, self._params_address, 0)
         if err != self._success:
             raise RuntimeError(f"cuLaunchKernelEx failed: {err}")
 
@@ -391,7 +395,7 @@ def prepare_launch(kernel, grid, block, args=(), *, cluster=None, shared_mem: in
     if dims.cluster is not None:
         config["cluster"] = dims.cluster
     return PreparedLaunch(core_kernel, LaunchConfig(**config), packed, dims, shared_mem,
-                          _internals.argument_leaves(compiled), dependent)
+                          _internals.argument_leaves(compiled), dependent, device)
 
 
 # numba compiles and loads kernels without a lock: two threads asking for the same new kernel

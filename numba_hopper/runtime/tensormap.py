@@ -49,6 +49,7 @@ from numba.cuda.extending import typeof_impl
 
 from .. import _numba_internals as _internals
 from .arrays import ITEMSIZE, device_view
+from .workspace import ensure_context
 
 __all__ = [
     "TensorMap",
@@ -350,6 +351,7 @@ def encode_template(array, box, *, swizzle: int = 0, oob_fill: str = "zero", l2_
     view = device_view(array, dtype)
     params = validate_tiled(dtype=view.dtype, address=view.ptr, shape=view.shape, strides=view.strides, box=box,
                             swizzle=swizzle, l2_promotion=l2_promotion, oob_fill=oob_fill)
+    ensure_context(view.device)  # (the driver checks the address in the current context)
     tmap = _encode_map(params)
     words = tuple(np.uint64(w) for w in tmap.opaque)
     _check_address_word(tmap, view.ptr)

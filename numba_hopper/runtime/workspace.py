@@ -48,8 +48,8 @@ from cuda.bindings import driver
 
 from ..errors import DeviceOutOfMemoryError
 
-__all__ = ["ALIGN", "CLAIMS_BYTES", "KEEP_BYTES", "alloc_scratch", "bind_primary_context", "free_scratch",
-           "scratch_pool_bytes"]
+__all__ = ["ALIGN", "CLAIMS_BYTES", "KEEP_BYTES", "NO_CONTEXT", "alloc_scratch", "bind_primary_context",
+           "ensure_context", "free_scratch", "scratch_pool_bytes"]
 
 ALIGN = 256  # every region a plan carves out starts on this boundary
 CLAIMS_BYTES = 4 * ALIGN  # a u32 count and 255 slots: 2-CTA clusters on up to 510 SMs
@@ -57,7 +57,7 @@ KEEP_BYTES = 256 << 20  # the pool's release threshold
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _OUT_OF_MEMORY = driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY
-_NO_CONTEXT = driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
+NO_CONTEXT = driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
 
 _pools: dict = {}  # device ordinal -> CUmemoryPool
 _lock = threading.Lock()
@@ -72,7 +72,7 @@ def alloc_scratch(device, stream, nbytes, zero_claims) -> int:
         pool = _pool(device)
     asked = CLAIMS_BYTES + nbytes
     err, base = driver.cuMemAllocFromPoolAsync(asked, pool, stream)
-    if err == _NO_CONTEXT:  # a thread the driver has no context for: PyTorch's autograd threads
+    if err == NO_CONTEXT:  # a thread the driver has no context for: PyTorch's autograd threads
         bind_primary_context(device)
         err, base = driver.cuMemAllocFromPoolAsync(asked, pool, stream)
     if err == _OUT_OF_MEMORY:
@@ -98,6 +98,14 @@ def bind_primary_context(device):
     dev = _check(driver.cuDeviceGet(device), f"cuDeviceGet({device})")
     ctx = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
     _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def ensure_context(device):
+    """Bind ``device``'s primary context (:func:`bind_primary_context`) where this thread has no
+    current context: before a driver call that fails without one (encoding a tensor map)."""
+    err, ctx = driver.cuCtxGetCurrent()
+    if err != _SUCCESS or not int(ctx):
+        bind_primary_context(device)
 
 
 def free_scratch(scratch, stream):

@@ -32,10 +32,11 @@ output tile:
     v = v * out_scale                                  (if asked; fp8 outputs saturate)
 
 A gated kernel (``cfg.gated``: ``act(A @ B) * (A @ B_up)``, the GLU of SwiGLU and GeGLU MLPs)
-has only the activation: the kernel's tile is B's ``block_n / 2`` columns then B_up's, so
-register ``k`` of a thread's fragment (column ``col``) and register ``k + block_n / 4`` (column
+has only the activation and ``aux``: the kernel's tile is B's ``block_n / 2`` columns then B_up's,
+so register ``k`` of a thread's fragment (column ``col``) and register ``k + block_n / 4`` (column
 ``col + block_n / 2``) are the same output element's two products, and the store writes
-``activation(acc[k]) * acc[k + block_n / 4]`` to the tile's ``block_n / 2`` output columns.
+``activation(acc[k]) * acc[k + block_n / 4]`` to the tile's ``block_n / 2`` output columns
+(and, with ``aux``, ``acc[k]`` to ``aux[r, c]`` and ``acc[k + block_n / 4]`` to ``aux[r, N + c]``).
 
 ``amax`` is a thread's running maximum over every tile it stores, kept as the bits of
 ``|v|`` (which order as the floats do, NaN highest); at the end each warp reduces it
