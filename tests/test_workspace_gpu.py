@@ -111,11 +111,12 @@ def test_a_reused_stream_handle_never_shares_scratch_with_queued_work(torch, mon
 
     (stream_1, lo_1, hi_1), (stream_2, lo_2, hi_2) = taken
     assert stream_1 == stream_2 == a_handle
-    # (first: once A's kernel is done its scratch may serve B, so an overlap says nothing)
-    assert start_b.elapsed_time(end_a) > 0, "the construction needs B's call to start while A's kernel runs"
-    assert hi_2 <= lo_1 or hi_1 <= lo_2, f"B's scratch [{lo_2:#x}, {hi_2:#x}) overlaps A's [{lo_1:#x}, {hi_1:#x})"
     for out, a in ((o1, a1), (o2, a2)):
         assert _rel(torch, out, a.float() @ b.float()) < 1e-2
+    if start_b.elapsed_time(end_a) <= 0:  # then A's scratch may serve B: an overlap says nothing
+        pytest.skip("this driver ran the new stream's work after the destroyed stream's (seen with the "
+                    "H200's 580 driver): B's call could not run while A's kernel did")
+    assert hi_2 <= lo_1 or hi_1 <= lo_2, f"B's scratch [{lo_2:#x}, {hi_2:#x}) overlaps A's [{lo_1:#x}, {hi_1:#x})"
 
 
 @pytest.mark.serial  # it orders calls against queued GPU work
