@@ -142,37 +142,19 @@ def test_calls_that_take_scratch_never_wait_for_the_gpu(torch):
         assert _rel(torch, got, ref) < 1e-3
 
 
-def test_a_thread_with_no_current_context_takes_scratch(torch):
-    """PyTorch runs backward in threads of its own, where the driver has no current context: a
-    call that takes scratch there (an odd-length row, copied) binds the device's primary one."""
-    a, b = _bf16(torch, 300, 1001), _bf16(torch, 1001, 256)
-    out = torch.full((300, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
-    torch.cuda.synchronize()
-    seen = []
-
-    def call():
-        try:
-            seen.append(int(driver.cuCtxGetCurrent()[1]))  # 0: none, as in an autograd thread
-            gemm(a, b, out=out)
-            seen.append(None)
-        except Exception as exc:  # reported by the main thread
-            seen.append(exc)
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    thread.join()
-    assert seen == [0, None], seen
-    torch.cuda.synchronize()
-    assert _rel(torch, out, a.double() @ b.double()) < 1e-2
+# (layout: a, b) -> the operands' shapes
+_THREAD_CASES = {"scratch": ((300, 1001), (1001, 256)), "new": ((328, 512), (512, 256)),
+                 "planned": ((320, 512), (512, 256))}
 
 
-@pytest.mark.parametrize("layout", ["new", "planned"])
+@pytest.mark.parametrize("layout", list(_THREAD_CASES))
 def test_a_thread_with_no_current_context_runs_a_gemm(torch, layout):
-    """The same thread without a context, for a call that takes no scratch: a new layout's plan
-    (its tensor maps) and a planned layout's launch each bind the primary context."""
-    m = {"new": 328, "planned": 320}[layout]
-    a, b = _bf16(torch, m, 512), _bf16(torch, 512, 256)
-    out = torch.full((m, 256), float("nan"), device="cuda", dtype=torch.bfloat16)
+    """PyTorch runs backward in threads of its own, where the driver has no current context: a
+    call there binds the device's primary one, whether it takes scratch (an odd-length row,
+    copied), encodes a new layout's tensor maps, or only launches a planned layout."""
+    (m, k), (_, n) = _THREAD_CASES[layout]
+    a, b = _bf16(torch, m, k), _bf16(torch, k, n)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     if layout == "planned":
         gemm(a, b, out=torch.empty_like(out))
     torch.cuda.synchronize()
@@ -180,7 +162,7 @@ def test_a_thread_with_no_current_context_runs_a_gemm(torch, layout):
 
     def call():
         try:
-            seen.append(int(driver.cuCtxGetCurrent()[1]))
+            seen.append(int(driver.cuCtxGetCurrent()[1]))  # 0: none, as in an autograd thread
             gemm(a, b, out=out)
             seen.append(None)
         except Exception as exc:  # reported by the main thread

@@ -21,11 +21,11 @@ That is two launches and one autograd node forward where the linears take four a
 six launches backward where they take nine or more. It is not the default because its epilogues
 move the products element by element (2-byte global loads and stores, where the output leaves
 through shared memory and TMA): at Qwen3-4B's widths and 8192 tokens the gated GEMM with both
-products takes 1.68 ms against 1.27 for two GEMMs and Inductor's SiLU-and-multiply, and ``dy @
-W_down`` with the derivative 1.36 ms against 0.79 for the GEMM and Inductor's derivative, so the
-compiled Qwen3-4B step at 4 x 2048 tokens measured 0.994x stock against 1.031x with the linears
-(``python benchmarks/bench_train.py --models qwen3-4b --tokens 4x2048 --modes compiled --mlp
-gated``, and ``--mlp linears``).
+products takes 1.70 ms against 1.24 for two GEMMs and Inductor's SiLU-and-multiply, and ``dy @
+W_down`` with the derivative 1.23 ms against 0.72 for the GEMM and Inductor's derivative
+(``python benchmarks/bench_gated_training.py``), so the compiled Qwen3-4B step at 4 x 2048 tokens
+measured 0.994x stock against 1.031x with the linears (``python benchmarks/bench_train.py
+--models qwen3-4b --tokens 4x2048 --modes compiled --mlp gated``, and ``--mlp linears``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 from ..kernels.epilogue.glu import glu_backward
 from ..matmul import api as _matmul
 from . import ops
-from .linear import Linear
+from .linear import Linear, linear
 
 __all__ = ["GatedMLP", "fuse_gated_mlps", "gated_mlp"]
 
@@ -98,8 +98,6 @@ def _grads(ctx, dy, *_):
 
 
 def _unfused(x, w_gate, w_up, w_down, b_down):
-    from .linear import linear
-
     return linear(torch.nn.functional.silu(linear(x, w_gate)) * linear(x, w_up), w_down, b_down)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from numba import cuda
 
 from ...intrinsics import bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16
-from .math import ONE, _sigmoid
+from .math import ONE, sigmoid
 
 __all__ = ["GLU_ACTIVATIONS", "glu_backward"]
 
@@ -27,7 +27,7 @@ def _make(load, store):
     @cuda.jit(device=True, forceinline=True)
     def silu_glu_backward(dh, row, col, gate, up, d_up):
         g, u = load(np.uint16(gate[row, col])), load(np.uint16(up[row, col]))
-        s = _sigmoid(g)  # silu(g) = g s, silu'(g) = s (1 + g (1 - s))
+        s = sigmoid(g)  # silu(g) = g s, silu'(g) = s (1 + g (1 - s))
         d_up[row, col] = store(dh * g * s)
         return dh * u * s * (ONE + g * (ONE - s))
 

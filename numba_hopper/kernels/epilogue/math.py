@@ -15,7 +15,7 @@ from ...intrinsics import (bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, ld_
 from ...kit.epilogue import NO_MAX
 from ..epilogue_config import EpilogueConfig
 
-__all__ = ["EpilogueMath", "epilogue_math", "STORE", "ZERO", "ONE", "NO_AMAX"]
+__all__ = ["EpilogueMath", "epilogue_math", "sigmoid", "STORE", "ZERO", "ONE", "NO_AMAX"]
 
 # float32 constants: a Python float would promote the math to float64.
 ZERO, ONE, _HALF = np.float32(0), np.float32(1), np.float32(0.5)
@@ -52,17 +52,17 @@ def _gelu_tanh(v):
 
 
 @cuda.jit(device=True, forceinline=True)
-def _sigmoid(v):
+def sigmoid(v):
     return _HALF + _HALF * tanh_approx(_HALF * v)  # = 1 / (1 + exp(-v)), one MUFU op
 
 
 @cuda.jit(device=True, forceinline=True)
 def _silu(v):
-    return v * _sigmoid(v)
+    return v * sigmoid(v)
 
 
 _ACTIVATION = {None: _f32, "relu": _relu, "gelu": _gelu, "gelu_tanh": _gelu_tanh,
-               "silu": _silu, "sigmoid": _sigmoid}
+               "silu": _silu, "sigmoid": sigmoid}
 
 
 EpilogueMath = namedtuple("EpilogueMath", ["tile_terms", "stage_columns", "column_terms", "apply"])
