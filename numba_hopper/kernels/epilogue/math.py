@@ -53,7 +53,8 @@ def _gelu_tanh(v):
 
 @cuda.jit(device=True, forceinline=True)
 def sigmoid(v):
-    return _HALF + _HALF * tanh_approx(_HALF * v)  # = 1 / (1 + exp(-v)), one MUFU op
+    """``1 / (1 + exp(-v))`` as ``0.5 + 0.5 tanh(v / 2)``: one MUFU.TANH (relative error about 2^-11)."""
+    return _HALF + _HALF * tanh_approx(_HALF * v)
 
 
 @cuda.jit(device=True, forceinline=True)
