@@ -72,10 +72,9 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, pre = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            # create_graph=True (a double backward): a differentiable backward through the
-            # operators' formulas, from the forward run again on the saved inputs.
-            return _differentiable_backward(ctx, dy, x, weight, bias)
+        if torch.is_grad_enabled():  # create_graph=True: through the operators' formulas
+            return ops.differentiable_backward(
+                ctx, dy, (x, weight, bias), lambda *xwb: _linear_ops(*xwb, ctx.activation, needs_grad=True))
         d = ops.ACTIVATION_BACKWARD[ctx.activation](dy, pre) if ctx.activation else dy
         d2 = d.contiguous().view(-1, weight.shape[0])
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
@@ -83,16 +82,6 @@ class _LinearFunction(torch.autograd.Function):
         dw = _matmul.gemm(d2.t(), x.reshape(-1, x.shape[-1])) if need_w else None  # weight's (out, in), row-major
         db = d2.sum(0).to(bias.dtype) if need_b else None
         return dx, dw, db, None
-
-
-def _differentiable_backward(ctx, dy, x, weight, bias):
-    inputs = [(i, t) for i, t in enumerate((x, weight, bias)) if ctx.needs_input_grad[i]]
-    y = _linear_ops(x, weight, bias, ctx.activation, needs_grad=True)
-    grads = torch.autograd.grad(y, [t for _, t in inputs], dy, create_graph=True)
-    out = [None] * 4
-    for (i, _), g in zip(inputs, grads):
-        out[i] = g
-    return tuple(out)
 
 
 class Linear(torch.nn.Linear):

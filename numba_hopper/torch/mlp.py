@@ -83,14 +83,8 @@ def _grads(ctx, dy, *_):
     x, w_gate, w_up, w_down, b_down, pre, h = ctx.saved_tensors
     if dy is None:
         return None, None, None, None, None
-    if torch.is_grad_enabled():  # create_graph=True: the unfused MLP's differentiable formula
-        inputs = [(i, t) for i, t in enumerate((x, w_gate, w_up, w_down, b_down)) if ctx.needs_input_grad[i]]
-        y = _unfused(x, w_gate, w_up, w_down, b_down)
-        grads = torch.autograd.grad(y, [t for _, t in inputs], dy, create_graph=True)
-        out = [None] * 5
-        for (i, _), g in zip(inputs, grads):
-            out[i] = g
-        return tuple(out)
+    if torch.is_grad_enabled():  # create_graph=True: through the unfused MLP's formulas
+        return ops.differentiable_backward(ctx, dy, (x, w_gate, w_up, w_down, b_down), _unfused)
     dy = dy.contiguous()
     dx, dwg, dwu, dwd = _gated_mlp_backward(dy, x, w_gate, w_up, w_down, pre, h)
     db = dy.sum(0, dtype=torch.float32).to(b_down.dtype) if b_down is not None and ctx.needs_input_grad[4] else None

@@ -46,7 +46,8 @@ from ..matmul import api as _matmul
 from ..errors import DtypeError, ShapeError
 from . import _lowering
 
-__all__ = ["gemm", "gemm_aux", "gated_mm", "bmm", "tracing", "needs_grad", "DTYPE_NAMES", "ACTIVATION_BACKWARD"]
+__all__ = ["gemm", "gemm_aux", "gated_mm", "bmm", "tracing", "needs_grad", "differentiable_backward", "DTYPE_NAMES",
+           "ACTIVATION_BACKWARD"]
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
@@ -258,6 +259,18 @@ def _gemm_no_grad(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype):
     if c is None and bias is None and alpha == 1.0 and activation is None and out_dtype is None:
         return _mm_op(a, b)
     return _gemm_no_grad_op(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype)
+
+
+def differentiable_backward(ctx, dy, inputs, forward):
+    """A backward under ``create_graph=True`` (a double backward): ``forward(*inputs)`` run again
+    and differentiated through the operators' formulas; None for each input that needs no
+    gradient (and for the arguments after ``inputs``)."""
+    wanted = [i for i, t in enumerate(inputs) if ctx.needs_input_grad[i]]
+    grads = torch.autograd.grad(forward(*inputs), [inputs[i] for i in wanted], dy, create_graph=True)
+    out = [None] * len(ctx.needs_input_grad)
+    for i, g in zip(wanted, grads):
+        out[i] = g
+    return tuple(out)
 
 
 def eager_function(name, impl, grads, setup):
