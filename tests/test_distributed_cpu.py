@@ -129,7 +129,7 @@ def _local_shape(shape, placement, world, rank):
 @pytest.mark.parametrize("pa, pb, expected", [(S1, S0, P), (R, S1, S1), (S0, R, S0)])
 def test_mm_rules(fake_mesh, pa, pb, expected):
     mesh = fake_mesh()
-    assert ops.mm(meta(mesh, A, pa), meta(mesh, B, pb)).placements == (expected,)
+    assert ops.mm(meta(mesh, A, pa), meta(mesh, B, pb), False).placements == (expected,)
 
 
 @pytest.mark.parametrize("pa, pb, pup, expected", [(R, R, R, R), (S0, R, R, S0), (R, S1, S1, S1)])
@@ -202,7 +202,7 @@ REFUSED = [  # (operator, arguments as (shape, placement) or values, what the er
     ("gemm", [(A, Partial("max")), (B, R)], {}, "no sharding rule for a=P(max)"),
     ("gemm", [(A, P), (B, S1)], {}, "no sharding rule for a=P(sum), b=S(1)"),
     ("gemm", [(A, S1), (B, S0)], {"bias": ((12,), S0)}, "bias=S(0)"),
-    ("mm", [(A, S0), (B, S0)], {}, "no sharding rule for a=S(0), b=S(0)"),
+    ("mm", [(A, S0), (B, S0), True], {}, "no sharding rule for a=S(0), b=S(0)"),
     ("gated_mm", [(A, S1), (B, S0), (B, S0), "silu"], {}, "the gated product is nonlinear"),
     ("bmm", [((4, 8, 16), S1), ((4, 16, 12), S2)], {}, "no sharding rule for a=S(1), b=S(2)"),
     ("attention", [((2, 4, 32, 64), S2), ((2, 4, 32, 64), S2), ((2, 4, 32, 64), S2)], {},

@@ -361,6 +361,34 @@ def test_plain_products_take_ping_pong_tiles_where_they_fill_waves(M, N, K, layo
         assert not fused.pingpong
 
 
+@pytest.mark.parametrize("M,N,K,layout,clustered", [
+    # a training step's forward (RC) and dW (CR) products of 4 waves or more: 2x1 clusters
+    (8192, 2560, 9728, "RC", True), (8192, 4096, 4096, "RC", True), (9728, 2560, 8192, "CR", True),
+    (8192, 151936, 2560, "RC", True),
+    # dX (RR), under 4 waves (4096x2560: 320 tiles), a small step's products, a default other than
+    # 128 x 256 or ping-pong (192 wide: what was measured is left as it is)
+    (8192, 4096, 14336, "RR", False), (4096, 2560, 8192, "CR", False), (2048, 2048, 2048, "RC", False),
+    (8192, 9728, 2560, "RC", False),
+])
+def test_sustained_config_takes_2x1_clusters_for_large_forward_and_dw_products(M, N, K, layout, clustered):
+    from numba_hopper.matmul.heuristics import choose_config
+    from numba_hopper.tools.prebuild import H100, _view
+
+    a, b = _view(M, K, "bf16", layout[0] == "R"), _view(K, N, "bf16", layout[1] == "R")
+    out = _view(M, N, "bf16", True)
+    default = choose_config(a, b, out, None, False, limits=H100)
+    sustained = choose_config(a, b, out, None, False, limits=H100, sustained=True)
+    if clustered:
+        assert default.cluster_size == 1
+        assert (sustained.block_m, sustained.block_n, sustained.cluster_m, sustained.cluster_n) == (128, 256, 2, 1)
+        assert not sustained.pingpong
+    else:
+        assert sustained == default
+    fused = EpilogueConfig(activation="relu")  # plain products only: what was measured
+    assert choose_config(a, b, out, None, False, fused, limits=H100, sustained=True) == \
+        choose_config(a, b, out, None, False, fused, limits=H100)
+
+
 @pytest.mark.parametrize("M,N,K,layout,tile", [
     # one wave of 1x2 cluster tiles under 128 wide, 3/4 full or more, over K >= 8192: GPC-ordered clusters
     (512, 3584, 18944, "RC", (128, 112)), (256, 3584, 18944, "RC", (128, 64)),

@@ -188,7 +188,8 @@ def test_no_grad_ops_pass_opcheck(double):
     bias = torch.randn(9, dtype=torch.bfloat16)
     # (schemas without defaults: the traced call passes every argument, by position)
     torch.library.opcheck(torch.ops.numba_hopper.gemm_no_grad.default, (a, b, None, bias, 0.5, 0.0, 1, "relu", None))
-    torch.library.opcheck(torch.ops.numba_hopper.mm.default, (a, b))
+    for sustained in (False, True):
+        torch.library.opcheck(torch.ops.numba_hopper.mm.default, (a, b, sustained))
     torch.library.opcheck(torch.ops.numba_hopper.bmm_no_grad.default,
                           (torch.randn(3, 5, 10, dtype=torch.float16), torch.randn(3, 10, 6, dtype=torch.float16), None))
 
@@ -224,7 +225,7 @@ def test_inductor_calls_numba_hopper_gemm_directly_for_mm(double):
     from torch._inductor.utils import run_and_get_code
 
     x, w = torch.randn(33, 64, dtype=torch.bfloat16), torch.randn(48, 64, dtype=torch.bfloat16)
-    compiled = torch.compile(lambda x, w: torch.ops.numba_hopper.mm.default(x, w.t()), fullgraph=True)
+    compiled = torch.compile(lambda x, w: torch.ops.numba_hopper.mm.default(x, w.t(), False), fullgraph=True)
     got, (code, *_) = run_and_get_code(compiled, x, w)
     assert "extern_kernels.numba_hopper_mm(" in code and "torch.ops.numba_hopper" not in code, code
     assert cases.rel_error(got, x.double() @ w.double().t()) < 1e-2
@@ -232,8 +233,8 @@ def test_inductor_calls_numba_hopper_gemm_directly_for_mm(double):
 
 def test_inductor_calls_numba_hopper_gemm_directly_in_training(double):
     """A compiled training step's plain products (the forward's linears, the backward's dX and dW,
-    traced as ``numba_hopper::gemm``) are called directly, as ``mm``'s are (``_lowering``); a
-    linear with a bias keeps the operator."""
+    traced as ``numba_hopper::gemm``) are called directly, as ``mm``'s are (``_lowering``), in the
+    training tiles (``sustained``); a linear with a bias keeps the operator."""
     from torch._inductor.utils import run_and_get_code
 
     torch.manual_seed(0)
@@ -255,8 +256,8 @@ def test_inductor_calls_numba_hopper_gemm_directly_in_training(double):
     loss, codes = run_and_get_code(step)
     forward, backward = codes
     # forward: the first linear (the second has a bias); backward: dX and dW of both
-    assert forward.count("extern_kernels.numba_hopper_mm(") == 1, forward
-    assert backward.count("extern_kernels.numba_hopper_mm(") == 4, backward
+    assert forward.count("extern_kernels.numba_hopper_mm(") == forward.count("sustained=True") == 1, forward
+    assert backward.count("extern_kernels.numba_hopper_mm(") == backward.count("sustained=True") == 4, backward
     assert forward.count("torch.ops.numba_hopper.gemm.default(") == 1, forward
     assert "torch.ops.numba_hopper.gemm.default(" not in backward, backward
     assert cases.rel_error(loss, ref) < 1e-2
@@ -265,13 +266,36 @@ def test_inductor_calls_numba_hopper_gemm_directly_in_training(double):
 
 
 @pytest.mark.long
+@pytest.mark.parametrize("training_config", ["sustained", None])
+def test_eager_training_products_take_the_training_tiles(double, monkeypatch, training_config):
+    """With a gradient, a linear's forward and its gradients' products are planned with
+    ``TRAINING_GEMM_CONFIG`` (a 4096 x 8448 forward: 2x1 clusters where "sustained"); without, the
+    burst-tuned default."""
+    from numba_hopper.matmul.plan import _Gemm
+    from numba_hopper.torch import ops
+
+    monkeypatch.setattr(ops, "TRAINING_GEMM_CONFIG", training_config)
+    linear = nht.Linear(64, 8448, bias=False, dtype=torch.bfloat16)
+    x = torch.randn(4096, 64, dtype=torch.bfloat16)
+
+    def clusters():
+        (gemm,) = [s for s in _torch_double.PLANS[-1].specs if isinstance(s, _Gemm)]
+        return gemm.cfg.cluster_m
+
+    with torch.no_grad():
+        linear(x)
+    assert clusters() == 1
+    linear(x.requires_grad_())
+    assert clusters() == (2 if training_config else 1)
+
+
 def test_inductor_cpp_wrapper_keeps_the_mm_operator(double):
     """A C++ wrapper (AOTInductor's) cannot call Python: the lowering leaves it the operator."""
     from torch._inductor.utils import run_and_get_code
 
     x, w = torch.randn(33, 64, dtype=torch.bfloat16), torch.randn(48, 64, dtype=torch.bfloat16)
     with torch._inductor.config.patch(cpp_wrapper=True):
-        compiled = torch.compile(lambda x, w: torch.ops.numba_hopper.mm.default(x, w.t()), fullgraph=True)
+        compiled = torch.compile(lambda x, w: torch.ops.numba_hopper.mm.default(x, w.t(), False), fullgraph=True)
         got, codes = run_and_get_code(compiled, x, w)
     assert any('"numba_hopper::mm"' in c for c in codes) and not any("numba_hopper_mm(" in c for c in codes)
     assert cases.rel_error(got, x.double() @ w.double().t()) < 1e-2

@@ -67,6 +67,38 @@ def test_linear_gradients_match_float64(activation, m):
         assert cases.rel_error(g, r) < 2e-2
 
 
+@pytest.mark.parametrize("layout", ["RC", "CR"])
+def test_sustained_config_matches_float64(layout):
+    """``gemm(config="sustained")``'s 2x1-cluster tiles (a forward and a dW layout of 4 waves or
+    more, ragged edges) into an output poisoned with NaN."""
+    import numba_hopper
+
+    torch.manual_seed(0)
+    M, N, K = 4000, 8456, 200
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).t()  # x @ W.T
+    if layout == "CR":  # dY.T @ X
+        a, b = torch.randn(K, M, device="cuda", dtype=torch.bfloat16).t(), b.contiguous()
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    numba_hopper.gemm(a, b, out=out, config="sustained")
+    assert cases.rel_error(out, a.double() @ b.double()) < 1e-2
+
+
+def test_linear_gradients_in_the_training_tiles_match_float64():
+    """A linear whose forward and dW products are large enough for the training tiles."""
+    torch.manual_seed(0)
+    x = torch.randn(4000, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(8456, 2048, device="cuda", dtype=torch.bfloat16) / 40).requires_grad_()
+    y = nht.linear(x, w)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w)]
+    ref = torch.nn.functional.linear(*leaves)
+    grad_out = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, w), grad_out)
+    assert cases.rel_error(y, ref) < 1e-2
+    for g, r in zip(grads, torch.autograd.grad(ref, leaves, grad_out.double())):
+        assert cases.rel_error(g, r) < 2e-2
+
+
 @pytest.mark.parametrize("shape", [(7, 384), (2, 33, 384), (1, 1, 5, 384)])
 def test_linear_inference_eager_and_compiled(shape):
     """Under no_grad: eagerly one gemm on x's rows (no reshape), compiled the ``gemm_no_grad`` op."""

@@ -41,6 +41,7 @@ from ..runtime.arrays import byte_span, device_view, is_col_major, tma_addressab
 from .checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, check_out_dtype, default_out_dtype,
                      overlap_pairs, rows_of)
 from .fusion import VALUE_OPERANDS, check_fusion, fusion_args, fusion_key_and_values
+from .heuristics import SUSTAINED
 from ..runtime.operands import describe
 from .plan import A, B, OUT, VALUE_INDEX, Plan, bmm_plan, gemm_plan, zero_fill_plan
 from .plan_cache import PLAN_CACHE_SIZE, clear_plans, first_run, plans, remember, run
@@ -74,7 +75,14 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     ``stream``: a numba, CuPy or PyTorch stream or a raw ``CUstream`` handle; default the
     current PyTorch stream for PyTorch inputs, else the default stream.
     ``config``: a :class:`GemmConfig` to override the kernel choice (layouts, dtypes and the
-    fused features in it are ignored; they come from the arrays and keywords).
+    fused features in it are ignored; they come from the arrays and keywords), or "sustained":
+    the default choice tuned for products run back to back at the board's power limit, as a
+    training step runs them, where the default is tuned for bursts. Large plain 16-bit forward
+    (``x @ W.T``) and weight-gradient (``dY.T @ X``) products then take 128 x 256 tiles in 2x1
+    clusters, which share each B tile through multicast: less energy per FLOP, so a higher clock
+    at the limit (a compiled training step 2% faster), though 1-4% slower in bursts
+    (:func:`numba_hopper.matmul.heuristics.sustained_clusters_pay`). ``numba_hopper.torch``'s
+    training products use it.
     ``split_k``: the number of K slices (an int >= 1), each computed by the GEMM kernel into
     fp32 partial sums that a second kernel adds in a fixed order; None (default): the
     heuristic's choice, which splits plain 16-bit products whose tiles leave most SMs idle.
@@ -255,6 +263,8 @@ def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None)
 
 def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, split_k, fast_accum, debug):
     """A call with a new layout: check everything, build its plan, run it, keep it."""
+    if not (config is None or config == SUSTAINED or isinstance(config, GemmConfig)):
+        raise TypeError(f"config must be None, a GemmConfig or {SUSTAINED!r}; got {config!r}")
     va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
     a_shape, rows = va.shape, va.shape[:-1]  # the output's leading dimensions: a (..., K) is read as (rows, K)
     va = rows_of("a", va)

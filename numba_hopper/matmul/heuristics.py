@@ -17,7 +17,7 @@ from ..kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOC
 from ..runtime.launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
-           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "choose_config", "grouped_config", "split_count", "max_stages"]
+           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "SUSTAINED", "SUSTAINED_MIN_WAVES", "sustained_clusters_pay", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, up to and over MANY_WAVES waves (tile_shape):
 # python benchmarks/bench_gemm.py --device-time --configs n112 n128 n144 n160 n192 n224 n256 --shapes 1792x1280x4096 \
@@ -348,10 +348,10 @@ def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 
     return stages
 
 
-def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits):
+def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits, sustained=False):
     """:func:`choose_config`'s default tiling (a :class:`GemmConfig` of tile and cluster) of an
     ungated product; ``promoted``: fp8 two-level accumulation (block-wise scaled or not), whose
-    tiles :func:`block_scaled_tile` chooses."""
+    tiles :func:`block_scaled_tile` chooses; ``sustained``: :func:`sustained_clusters_pay`'s."""
     M, N = vo.shape
     plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
     if promoted:
@@ -384,7 +384,32 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits):
                                b_major == "K")
         if width:
             base = GemmConfig(block_n=width, pingpong=True)
+    if sustained and plain_16bit_out and base.block_m == 128 and base.cluster_size == 1 \
+            and (base.block_n == 256 or base.pingpong) \
+            and sustained_clusters_pay(M, N, a_major, b_major, units, limits.sm_count):
+        base = GemmConfig(block_m=128, block_n=256, cluster_m=2)
     return base
+
+
+# ``gemm(config=SUSTAINED)``: the default's choice for products run back to back at the power limit.
+SUSTAINED = "sustained"
+# Waves of 2x1 clusters from which a plain product under sustained load takes them (a training
+# step's A/B: python benchmarks/bench_train.py --modes compiled --tokens 4x2048 --training-tiles default).
+SUSTAINED_MIN_WAVES = 4
+
+
+def sustained_clusters_pay(M, N, a_major, b_major, units, sms):
+    """Whether a plain 16-bit product run back to back at the board's power limit (a training
+    step: ``gemm(config="sustained")``) takes 128 x 256 tiles in 2x1 clusters in place of
+    unclustered 128 x 256 or ping-pong tiles: forward (``x @ W.T``: both operands K-major) and
+    weight-gradient (``dY.T @ X``: A M-major, B N-major) products of at least
+    ``SUSTAINED_MIN_WAVES`` waves of clusters. The cluster multicasts each B tile to its two
+    CTAs, which halves B's reads from the L2 and the energy they cost; at the power limit energy
+    is clock, so these products ran 1-4% faster than the burst-tuned default
+    (``benchmarks/results/sustained-h200.json``), though 1-4% slower in bursts. ``dX`` products
+    (A K-major, B N-major) gained too little to take them."""
+    slots = units * 2 * _ceil(M, 256) * _ceil(N, 256)  # (a cluster takes two tile slots, with two tiles or one)
+    return (a_major, b_major) in (("K", "K"), ("M", "N")) and slots >= SUSTAINED_MIN_WAVES * sms
 
 
 def gated_tile(M, N, K, units, sms):
@@ -396,7 +421,7 @@ def gated_tile(M, N, K, units, sms):
 
 
 def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None, block_scaled=False, gated=False,
-                  promoted=False):
+                  promoted=False, sustained=False):
     """The kernel for these operands: ``config``'s tiling, or the default heuristic's, with
     the call's fused ``epilogue`` and mainloop features (``promoted``: fp8 two-level
     accumulation; ``block_scaled``: fp8 block-wise scales, promoted; ``gated``: a second B, ``up``).
@@ -405,7 +430,8 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     that fits, and a 1x2 cluster of 128x256 tiles where :func:`cluster_pays`, or of narrower
     tiles in GPC order where :func:`gpc_clusters_pay`; else, for a plain 16-bit product,
     ping-pong tiles where :func:`pingpong_width` takes them; :func:`block_scaled_tile`'s and
-    :func:`gated_tile`'s for those features. ``limits``: the device's
+    :func:`gated_tile`'s for those features. ``sustained``: the tiles of products run back to back at the
+    power limit (:func:`sustained_clusters_pay`). ``limits``: the device's
     :class:`~numba_hopper.runtime.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
     """
     promoted = promoted or block_scaled
@@ -424,7 +450,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         if gated:
             base = gated_tile(M, N, va.shape[1], units, limits.sm_count)
         else:
-            base = _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits)
+            base = _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits, sustained)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epi_buffers=base.epi_buffers,
                             epilogue=epilogue, promoted=promoted, block_scaled=block_scaled, gated=gated)

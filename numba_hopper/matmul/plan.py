@@ -29,8 +29,8 @@ from cuda.bindings import driver
 from ..runtime.arrays import DeviceView, canonical, is_col_major, is_row_major, leading_dim, tma_addressable, transpose
 from .extra_launches import aligned_layout, prepare_copy, prepare_reduce
 from .fusion import VALUE_OPERANDS, Fusion, is_array, numba_array, user_arg
-from .heuristics import (choose_config, grouped_config, max_stages, narrow_config, split_count, stream_k_schedule,
-                          swappable)
+from .heuristics import (SUSTAINED, choose_config, grouped_config, max_stages, narrow_config, split_count,
+                          stream_k_schedule, swappable)
 from .placement import tpc_order
 from ..runtime.workspace import ALIGN, CLAIMS_BYTES, alloc_scratch, free_scratch
 from ..runtime.debug import DebugRecord
@@ -418,8 +418,13 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None, fa
     the K slices (None: :func:`~.heuristics.split_count`'s, for plain calls without a config;
     the call checked it). K == 0 (an epilogue of a zero product): the kernel runs on one
     k-block of zeros (:func:`_zero_k_block`), unsplit. fp8 products promote their sums into f32
-    every 128 K unless ``fast_accum`` (block-wise scaled ones always do).
+    every 128 K unless ``fast_accum`` (block-wise scaled ones always do). ``config`` "sustained":
+    the default's choice for products run back to back at the power limit
+    (:func:`~.heuristics.sustained_clusters_pay`).
     """
+    sustained = config == SUSTAINED
+    if sustained:
+        config = None
     a, b, d = Operand(va, Src(A)), Operand(vb, Src(B)), Operand(vo, Src(OUT))
     scratch, copies, zeros = _Scratch(), [], []
     c, arrays, user_srcs = None, {}, ()
@@ -469,7 +474,7 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None, fa
                          "(its K slices write partial sums, not outputs)")
     cfg = choose_config(a.view, b.view, d.view, config, debug, None if forced_split else ecfg,
                         block_scaled=bool(fusion and fusion.block_scaled), gated=bool(fusion and fusion.gated),
-                        promoted=va.dtype in FP8_DTYPES and not fast_accum)
+                        promoted=va.dtype in FP8_DTYPES and not fast_accum, sustained=sustained)
     record = DebugRecord() if debug else None
     M, N, K = d.view.shape[0], d.view.shape[1], a.view.shape[1]
     sms = device_limits(vo.device).sm_count

@@ -189,6 +189,8 @@ def _gemm_configs(dtypes, limits, refused):
                         refused.append((dtype, M, N, K, units, *majors, str(exc)))
                     continue
                 yield cfg
+                if units == 1:  # a training step's tiles (gemm(config="sustained")), where they differ
+                    yield choose_config(a, b, out, None, False, limits=limits, sustained=True)
                 narrow = narrow_config(a, b, out, limits) if units == 1 else None
                 if narrow is not None:  # gemm computes these swapped (matmul.plan.gemm_plan)
                     yield choose_config(transpose(b), transpose(a), transpose(out), narrow, False, limits=limits)

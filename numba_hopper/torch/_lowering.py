@@ -24,13 +24,15 @@ from __future__ import annotations
 import torch
 
 from ..matmul import api as _matmul
+from ..matmul.heuristics import SUSTAINED
 
 _registered = False
 
 
-def numba_hopper_mm(a, b, *, out):
-    """The extern kernel: ``out = a @ b`` into Inductor's buffer."""
-    _matmul.gemm(a, b, out=out)
+def numba_hopper_mm(a, b, *, sustained, out):
+    """The extern kernel: ``out = a @ b`` into Inductor's buffer (``sustained``: a training
+    graph's product, in ``gemm(config="sustained")``'s tiles)."""
+    _matmul.gemm(a, b, out=out, config=SUSTAINED if sustained else None)
 
 
 def numba_hopper_gated_mm(a, b, up, *, activation, out):
@@ -58,11 +60,11 @@ def register():
     call_gated_operator = fallback_handler(gated_op, add_to_fallback_set=False)
 
     @register_lowering(op, type_promotion_kind=None)
-    def lower(a, b):
+    def lower(a, b, sustained):
         if V.graph.cpp_wrapper:
-            return call_operator(a, b)
+            return call_operator(a, b, sustained)
         *_, layout, a, b = mm_args(a, b)  # a row-major (M, N) output buffer
-        return kernel.bind((a, b), layout).output_node()
+        return kernel.bind((a, b), layout, sustained=sustained).output_node()
 
     @register_lowering(gated_op, type_promotion_kind=None)
     def lower_gated(a, b, up, activation):

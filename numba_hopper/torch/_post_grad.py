@@ -2,7 +2,8 @@
 
 First, a training graph's plain products (``numba_hopper::gemm`` with no epilogue: the
 linears without bias, every ``dX`` and ``dW``) become ``numba_hopper::mm``, which Inductor calls
-directly (``_lowering``) where the operator would go through the dispatcher.
+directly (``_lowering``) where the operator would go through the dispatcher, in
+``ops.TRAINING_GEMM_CONFIG``'s tiles (``sustained``).
 
 Then, gated MLPs become one GEMM each: the pass finds ``silu(x @ W_gate.T) * (x @ W_up.T)``
 (SwiGLU, as Llama, Mistral and Qwen MLPs compute it) over two ``numba_hopper::mm`` and puts one
@@ -26,6 +27,9 @@ from __future__ import annotations
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from ..matmul.heuristics import SUSTAINED
+from . import ops
+
 aten, prims = torch.ops.aten, torch.ops.prims
 _VIEWS = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
 _CONVERT = prims.convert_element_type.default
@@ -47,16 +51,18 @@ class PostGradPass(CustomGraphPass):
 
     def uuid(self):
         other = self.then.uuid() if isinstance(self.then, CustomGraphPass) else None
-        return get_hash_for_files((__file__,)), other
+        # (the graphs it sees hold what ops' formulas traced: a cached graph is keyed by both files)
+        return get_hash_for_files((__file__, ops.__file__)), other, ops.TRAINING_GEMM_CONFIG
 
 
 def plain_products_to_mm(graph: torch.fx.Graph) -> int:
-    """Put ``numba_hopper::mm(a, b)`` in place of each ``numba_hopper::gemm`` of ``graph`` that is a
-    plain product (no ``c``, bias, activation or output dtype, ``alpha`` 1): the same kernel and
-    output, lowered to a direct call. Return how many."""
+    """Put ``numba_hopper::mm(a, b, sustained)`` in place of each ``numba_hopper::gemm`` of ``graph``
+    that is a plain product (no ``c``, bias, activation or output dtype, ``alpha`` 1): the same
+    output, lowered to a direct call, in the training tiles. Return how many."""
     gemm, mm = torch.ops.numba_hopper.gemm.default, torch.ops.numba_hopper.mm.default
     schema = gemm._schema.arguments
     defaults = {arg.name: arg.default_value for arg in schema if arg.has_default_value()}
+    sustained = ops.TRAINING_GEMM_CONFIG == SUSTAINED
     replaced = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target != gemm:
@@ -67,7 +73,7 @@ def plain_products_to_mm(graph: torch.fx.Graph) -> int:
                 or values["activation"] is not None or values["out_dtype"] is not None):
             continue
         with graph.inserting_before(node):
-            product = graph.call_function(mm, (values["a"], values["b"]))
+            product = graph.call_function(mm, (values["a"], values["b"], sustained))
         product.meta.update(node.meta)
         node.replace_all_uses_with(product)
         graph.erase_node(node)

@@ -105,7 +105,7 @@ def _gemm_aux_rules(*args, **kwargs):
     return [(out * 2, inputs) for out, inputs in _gemm_rules(*args, **kwargs)]  # out and pre placed alike
 
 
-def _mm_rules(a, b):
+def _mm_rules(a, b, sustained):
     return _gemm_rules(a, b)
 
 

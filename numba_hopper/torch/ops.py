@@ -25,10 +25,15 @@ while something traces (``torch.compile``, ``torch.export``, fake tensors); eage
 run the implementation directly, inside a ``torch.autograd.Function`` with the same formula
 when a gradient is needed. Traced with grad mode off, they call ``gemm_no_grad`` and
 ``bmm_no_grad``: the same operators without the formula, which a compiled inference
-graph then calls without the autograd layer's Python; a plain product calls ``mm(a, b)``,
+graph then calls without the autograd layer's Python; a plain product calls ``mm(a, b, False)``,
 which Inductor lowers to a direct call of ``numba_hopper.gemm(a, b, out=buf)``, as it calls
 ``extern_kernels.mm`` for ``aten.mm`` (``_lowering``). A training graph's plain products,
-traced as ``gemm`` for the formula, become ``mm`` in Inductor's post-grad pass.
+traced as ``gemm`` for the formula, become ``mm(a, b, sustained)`` in Inductor's post-grad pass.
+
+Training. The products of a training step (eagerly, those made with a gradient and the
+gradients' own; compiled, a training graph's plain products) run in ``TRAINING_GEMM_CONFIG``'s
+tiles: ``numba_hopper.gemm(config="sustained")``, tuned for back-to-back products at the power
+limit, where a step runs them.
 
 The backward computes each gradient in its input's layout (a column-major ``b``, such as
 ``weight.t()``, gets a column-major gradient), so AccumulateGrad needs no layout copy.
@@ -43,13 +48,19 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily  # private: as 
 from torch.utils._python_dispatch import _get_current_dispatch_mode  # private: PyTorch has no public one
 
 from ..matmul import api as _matmul
+from ..matmul.heuristics import SUSTAINED
 from ..errors import DtypeError, ShapeError
 from . import _lowering
 
 __all__ = ["gemm", "gemm_aux", "gated_mm", "bmm", "tracing", "needs_grad", "differentiable_backward", "DTYPE_NAMES",
-           "ACTIVATION_BACKWARD"]
+           "ACTIVATION_BACKWARD", "TRAINING_GEMM_CONFIG"]
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+
+# The ``config`` of the products a training step makes (those with a gradient, eagerly, and a
+# compiled training graph's plain products): "sustained", the tiles that win back to back at the
+# power limit (``numba_hopper.gemm``'s ``config``). None: the burst-tuned default.
+TRAINING_GEMM_CONFIG = SUSTAINED
 
 _EPILOGUE = ("Tensor a, Tensor b, Tensor? c=None, Tensor? bias=None, float alpha=1., float beta=0., "
              "int? bias_dim=None, str? activation=None, ScalarType? out_dtype=None")
@@ -60,10 +71,19 @@ _lib = torch.library.Library("numba_hopper", "DEF")
 
 
 def _gemm_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None,
-               aux_out=None):
+               aux_out=None, config=None):
     return _matmul.gemm(a, b, c=c, bias=bias, alpha=alpha, beta=beta if c is not None else 0.0,
                         bias_dim=bias_dim if bias is not None else None, activation=activation,
-                        out_dtype=DTYPE_NAMES.get(out_dtype, out_dtype), aux_out=aux_out)
+                        out_dtype=DTYPE_NAMES.get(out_dtype, out_dtype), aux_out=aux_out, config=config)
+
+
+def _training_gemm_impl(*inputs):
+    """``_gemm_impl`` for a product of a training step, in ``TRAINING_GEMM_CONFIG``'s tiles."""
+    return _gemm_impl(*inputs, config=TRAINING_GEMM_CONFIG)
+
+
+def _mm_impl(a, b, sustained):
+    return _matmul.gemm(a, b, config=SUSTAINED if sustained else None)
 
 
 def _gemm_aux_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
@@ -100,7 +120,7 @@ def _gemm_aux_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, 
     return _out_like(a, b, out_dtype), _out_like(a, b, out_dtype)
 
 
-def _mm_fake(a, b):
+def _mm_fake(a, b, sustained):
     _register_lowering()
     return _out_like(a, b, None)
 
@@ -144,10 +164,12 @@ def _gemm_grads(ctx, d_pre):
     da = db = dc = dbias = None
     if _needs_grad(ctx, 0):
         g = d_pre.to(a.dtype)
-        da = _in_layout_of(a, lambda t: gemm(b, g.t(), alpha=ctx.alpha) if t else gemm(g, b.t(), alpha=ctx.alpha))
+        da = _in_layout_of(a, lambda t: _gradient_gemm(b, g.t(), ctx.alpha) if t
+                           else _gradient_gemm(g, b.t(), ctx.alpha))
     if _needs_grad(ctx, 1):
         g = d_pre.to(b.dtype)
-        db = _in_layout_of(b, lambda t: gemm(g.t(), a, alpha=ctx.alpha) if t else gemm(a.t(), g, alpha=ctx.alpha))
+        db = _in_layout_of(b, lambda t: _gradient_gemm(g.t(), a, ctx.alpha) if t
+                           else _gradient_gemm(a.t(), g, ctx.alpha))
     if _needs_grad(ctx, 2):
         dc = (ctx.beta * d_pre).to(ctx.c_dtype)
     if _needs_grad(ctx, 3):
@@ -243,10 +265,11 @@ _gemm_no_grad_op = define_op("gemm_no_grad", f"({_no_defaults(_EPILOGUE)}) -> Te
 _bmm_no_grad_op = define_op("bmm_no_grad", f"({_no_defaults(_BMM)}) -> Tensor", _bmm_impl, _bmm_fake)
 # A plain product (a linear without bias) in such a graph, or in place of a training graph's plain
 # ``gemm`` (``_post_grad.plain_products_to_mm``), also without a formula, which Inductor lowers to
-# a direct call of numba_hopper.gemm (``_lowering``): no dispatcher at all. Inductor's
-# cache keys a graph by its operators, not by their lowerings, so the lowered operator has a name
-# of its own: a numba_hopper without the lowering never gets a cached graph that needs it.
-_mm_op = define_op("mm", "(Tensor a, Tensor b) -> Tensor", _gemm_impl, _mm_fake)
+# a direct call of numba_hopper.gemm (``_lowering``; ``sustained``: with config="sustained"): no
+# dispatcher at all. Inductor's cache keys a graph by its operators, not by their lowerings, so
+# the lowered operator has a name of its own: a numba_hopper without the lowering never gets a
+# cached graph that needs it.
+_mm_op = define_op("mm", "(Tensor a, Tensor b, bool sustained) -> Tensor", _mm_impl, _mm_fake)
 
 
 # A gated product, ``activation(a @ b) * (a @ up)`` (``numba_hopper.gemm(a, b, up=up)``): put in
@@ -255,10 +278,16 @@ _gated_mm_op = define_op("gated_mm", "(Tensor a, Tensor b, Tensor up, str activa
                          _gated_mm_fake)
 
 
-def _gemm_no_grad(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype):
+def _gemm_no_grad(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype, sustained=False):
     if c is None and bias is None and alpha == 1.0 and activation is None and out_dtype is None:
-        return _mm_op(a, b)
+        return _mm_op(a, b, sustained)
     return _gemm_no_grad_op(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype)
+
+
+def _training_gemm_no_grad(*inputs):
+    """``_gemm_no_grad`` for a product of a training step (a backward graph's, traced with grad
+    mode off), in ``TRAINING_GEMM_CONFIG``'s tiles."""
+    return _gemm_no_grad(*inputs, sustained=TRAINING_GEMM_CONFIG == SUSTAINED)
 
 
 def differentiable_backward(ctx, dy, inputs, forward):
@@ -285,7 +314,7 @@ def eager_function(name, impl, grads, setup):
                                                    "backward": staticmethod(grads)})
 
 
-_GemmFunction = eager_function("_GemmFunction", _gemm_impl, _gemm_grads, _setup_gemm)
+_GemmFunction = eager_function("_GemmFunction", _training_gemm_impl, _gemm_grads, _setup_gemm)
 _GemmAuxFunction = eager_function("_GemmAuxFunction", _gemm_aux_impl, _gemm_aux_grads, _setup_gemm_aux)
 _BmmFunction = eager_function("_BmmFunction", _bmm_impl, _bmm_grads, _setup_bmm)
 
@@ -316,6 +345,12 @@ def gemm(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation
     """``numba_hopper::gemm``: ``act(alpha * a @ b + beta * c + bias)``."""
     return call_op(_gemm_op, _gemm_no_grad, _GemmFunction, _gemm_impl,
                    (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
+
+
+def _gradient_gemm(a, b, alpha):
+    """``gemm(a, b, alpha=alpha)`` for a gradient, in ``TRAINING_GEMM_CONFIG``'s tiles."""
+    return call_op(_gemm_op, _training_gemm_no_grad, _GemmFunction, _training_gemm_impl,
+                   (a, b, None, None, alpha, 0.0, None, None, None), (a, b))
 
 
 def gemm_aux(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
