@@ -15,7 +15,8 @@ gated``: each SwiGLU MLP one operator instead, ``fuse_gated_mlps(fused_training=
 (``--loss fused``, the default) ``numba_hopper.torch.fuse_linear_cross_entropy`` its loss: the
 head's GEMM and the cross-entropy over the vocabulary without float32 logits. ``--loss model``
 leaves the model's loss as it is. Its optimizer is ``numba_hopper.torch.AdamW`` (``--optimizer
-torch``: PyTorch's, as stock's).
+torch``: PyTorch's, as stock's). Its products run in the training tiles,
+``gemm(config="sustained")`` (``--training-tiles default``: the burst-tuned ones).
 
 A step: ``zero_grad(set_to_none=True)``, the forward with ``labels=input_ids`` (the model's own
 loss), ``loss.backward()`` and the AdamW step (stock: ``torch.optim.AdamW(fused=True)``; both lr
