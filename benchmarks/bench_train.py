@@ -57,7 +57,7 @@ from bench_gemm import paired_ratio, print_table, save_results  # noqa: E402
 from bench_model import _time_ms  # noqa: E402
 
 import numba_hopper.torch as nht  # noqa: E402
-from numba_hopper.torch import ops as nht_ops  # noqa: E402
+from numba_hopper.torch import training  # noqa: E402
 
 LAYERS = 4
 # name: (transformers family, widths)
@@ -198,13 +198,13 @@ def main(argv=None):
                    help="ours: numba_hopper.torch.AdamW (default) or torch's fused AdamW (stock always has torch's)")
     p.add_argument("--training-tiles", choices=("sustained", "default"), default="sustained",
                    help="ours' training products: gemm(config='sustained') (the library's choice) or the burst-tuned "
-                        "default (numba_hopper.torch.ops.TRAINING_GEMM_CONFIG = None)")
+                        "default (numba_hopper.torch.training.GEMM_CONFIG = None)")
     p.add_argument("--mlp", choices=("linears", "gated"), default="linears",
                    help="ours: each MLP's three linears (default) or one operator (fuse_gated_mlps(fused_training=True))")
     p.add_argument("--out", "--json", dest="out", metavar="PATH",
                    help="results file (default: benchmarks/results/train-<gpu>.json)")
     args = p.parse_args(argv)
-    nht_ops.TRAINING_GEMM_CONFIG = "sustained" if args.training_tiles == "sustained" else None
+    training.GEMM_CONFIG = "sustained" if args.training_tiles == "sustained" else None
     models = ["qwen3-4b"] if args.quick else args.models
     fields = {"models": {m: {"family": MODELS[m][0], "layers": LAYERS, **MODELS[m][1]} for m in models},
               "step": "zero_grad, forward with labels, backward, AdamW step; bf16, SDPA",

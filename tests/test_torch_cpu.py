@@ -269,12 +269,12 @@ def test_inductor_calls_numba_hopper_gemm_directly_in_training(double):
 @pytest.mark.parametrize("training_config", ["sustained", None])
 def test_eager_training_products_take_the_training_tiles(double, monkeypatch, training_config):
     """With a gradient, a linear's forward and its gradients' products are planned with
-    ``TRAINING_GEMM_CONFIG`` (a 4096 x 8448 forward: 2x1 clusters where "sustained"); without, the
+    ``training.GEMM_CONFIG`` (a 4096 x 8448 forward: 2x1 clusters where "sustained"); without, the
     burst-tuned default."""
     from numba_hopper.matmul.plan import _Gemm
-    from numba_hopper.torch import ops
+    from numba_hopper.torch import training
 
-    monkeypatch.setattr(ops, "TRAINING_GEMM_CONFIG", training_config)
+    monkeypatch.setattr(training, "GEMM_CONFIG", training_config)
     linear = nht.Linear(64, 8448, bias=False, dtype=torch.bfloat16)
     x = torch.randn(4096, 64, dtype=torch.bfloat16)
 

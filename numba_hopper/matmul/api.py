@@ -80,7 +80,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     training step runs them, where the default is tuned for bursts. Large plain 16-bit forward
     (``x @ W.T``) and weight-gradient (``dY.T @ X``) products then take 128 x 256 tiles in 2x1
     clusters, which share each B tile through multicast: less energy per FLOP, so a higher clock
-    at the limit (a compiled training step 2% faster), though 1-4% slower in bursts
+    at the limit (1-4% faster there), though 1-4% slower in bursts
     (:func:`numba_hopper.matmul.heuristics.sustained_clusters_pay`). ``numba_hopper.torch``'s
     training products use it.
     ``split_k``: the number of K slices (an int >= 1), each computed by the GEMM kernel into

@@ -3,7 +3,7 @@
 First, a training graph's plain products (``numba_hopper::gemm`` with no epilogue: the
 linears without bias, every ``dX`` and ``dW``) become ``numba_hopper::mm``, which Inductor calls
 directly (``_lowering``) where the operator would go through the dispatcher, in
-``ops.TRAINING_GEMM_CONFIG``'s tiles (``sustained``).
+``training.GEMM_CONFIG``'s tiles (``sustained``).
 
 Then, gated MLPs become one GEMM each: the pass finds ``silu(x @ W_gate.T) * (x @ W_up.T)``
 (SwiGLU, as Llama, Mistral and Qwen MLPs compute it) over two ``numba_hopper::mm`` and puts one
@@ -24,11 +24,13 @@ have other users, so its MLPs are not touched.
 
 from __future__ import annotations
 
+import pathlib
+
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from ..matmul.heuristics import SUSTAINED
-from . import ops
+from . import training
 
 aten, prims = torch.ops.aten, torch.ops.prims
 _VIEWS = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
@@ -52,7 +54,8 @@ class PostGradPass(CustomGraphPass):
     def uuid(self):
         other = self.then.uuid() if isinstance(self.then, CustomGraphPass) else None
         # (the graphs it sees hold what ops' formulas traced: a cached graph is keyed by both files)
-        return get_hash_for_files((__file__, ops.__file__)), other, ops.TRAINING_GEMM_CONFIG
+        return get_hash_for_files((__file__, str(pathlib.Path(__file__).with_name("ops.py")))), other, \
+            training.GEMM_CONFIG
 
 
 def plain_products_to_mm(graph: torch.fx.Graph) -> int:
@@ -62,7 +65,7 @@ def plain_products_to_mm(graph: torch.fx.Graph) -> int:
     gemm, mm = torch.ops.numba_hopper.gemm.default, torch.ops.numba_hopper.mm.default
     schema = gemm._schema.arguments
     defaults = {arg.name: arg.default_value for arg in schema if arg.has_default_value()}
-    sustained = ops.TRAINING_GEMM_CONFIG == SUSTAINED
+    sustained = training.GEMM_CONFIG == SUSTAINED
     replaced = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target != gemm:

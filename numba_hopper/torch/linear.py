@@ -19,7 +19,7 @@ import torch
 
 from ..errors import ShapeError
 from ..matmul import api as _matmul
-from . import ops
+from . import ops, training
 
 __all__ = ["linear", "Linear", "replace_linear"]
 
@@ -60,12 +60,13 @@ def _linear_ops(x, weight, bias, activation, needs_grad):
 class _LinearFunction(torch.autograd.Function):
     """The eager linear with a gradient: ``x`` (..., in) read as rows, the pre-activation
     kept (written by the forward's kernel) only where there is an activation; its products in
-    ``ops.TRAINING_GEMM_CONFIG``'s tiles."""
+    ``training.GEMM_CONFIG``'s tiles."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, activation):
         pre = x.new_empty((*x.shape[:-1], weight.shape[0])) if activation is not None else None
-        y = _matmul.gemm(x, weight.t(), bias=bias, activation=activation, aux_out=pre, config=ops.TRAINING_GEMM_CONFIG)
+        y = _matmul.gemm(x, weight.t(), bias=bias, activation=activation, aux_out=pre,
+                         config=training.GEMM_CONFIG)
         ctx.save_for_backward(x, weight, bias, pre)
         ctx.activation = activation
         return y
@@ -79,7 +80,7 @@ class _LinearFunction(torch.autograd.Function):
         d = ops.ACTIVATION_BACKWARD[ctx.activation](dy, pre) if ctx.activation else dy
         d2 = d.contiguous().view(-1, weight.shape[0])
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        config = ops.TRAINING_GEMM_CONFIG
+        config = training.GEMM_CONFIG
         dx = _matmul.gemm(d2, weight, config=config).view(x.shape) if need_x else None
         dw = _matmul.gemm(d2.t(), x.reshape(-1, x.shape[-1]), config=config) if need_w else None  # (out, in), row-major
         db = d2.sum(0).to(bias.dtype) if need_b else None

@@ -34,7 +34,7 @@ import torch
 
 from ..kernels.epilogue.glu import glu_backward
 from ..matmul import api as _matmul
-from . import ops
+from . import ops, training
 from .linear import Linear, linear
 
 __all__ = ["GatedMLP", "fuse_gated_mlps", "gated_mlp"]
@@ -55,15 +55,18 @@ def _gated_mlp_fake(x, w_gate, w_up, w_down, b_down):
 
 
 def _gated_mlp_backward_impl(dy, x, w_gate, w_up, w_down, pre, h):
-    """``(dx, d_gate_weight, d_up_weight, d_down_weight)``."""
+    """``(dx, d_gate_weight, d_up_weight, d_down_weight)``, the plain products in the training
+    tiles (``training.GEMM_CONFIG``)."""
     n = w_gate.shape[0]
     d_gate, d_up = torch.empty_like(h), torch.empty_like(h)
     bits = (pre[:, :n].view(torch.int16), pre[:, n:].view(torch.int16), d_up.view(torch.int16))
     _matmul.gemm(dy, w_down, out=d_gate, epilogue=glu_backward("silu", ops.DTYPE_NAMES[dy.dtype]),
                  epilogue_args=bits)
-    dx = _matmul.gemm(d_gate, w_gate)
+    train = training.GEMM_CONFIG
+    dx = _matmul.gemm(d_gate, w_gate, config=train)
     _matmul.gemm(d_up, w_up, c=dx, beta=1.0, out=dx)
-    return dx, _matmul.gemm(d_gate.t(), x), _matmul.gemm(d_up.t(), x), _matmul.gemm(dy.t(), h)
+    dw = [_matmul.gemm(d.t(), a, config=train) for d, a in ((d_gate, x), (d_up, x), (dy, h))]
+    return dx, *dw
 
 
 def _gated_mlp_backward_fake(dy, x, w_gate, w_up, w_down, pre, h):

@@ -30,10 +30,8 @@ which Inductor lowers to a direct call of ``numba_hopper.gemm(a, b, out=buf)``, 
 ``extern_kernels.mm`` for ``aten.mm`` (``_lowering``). A training graph's plain products,
 traced as ``gemm`` for the formula, become ``mm(a, b, sustained)`` in Inductor's post-grad pass.
 
-Training. The products of a training step (eagerly, those made with a gradient and the
-gradients' own; compiled, a training graph's plain products) run in ``TRAINING_GEMM_CONFIG``'s
-tiles: ``numba_hopper.gemm(config="sustained")``, tuned for back-to-back products at the power
-limit, where a step runs them.
+A training step's products (the eager formulas' and a training graph's) run in the training
+tiles of :mod:`numba_hopper.torch.training`.
 
 The backward computes each gradient in its input's layout (a column-major ``b``, such as
 ``weight.t()``, gets a column-major gradient), so AccumulateGrad needs no layout copy.
@@ -50,17 +48,12 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode  # private: 
 from ..matmul import api as _matmul
 from ..matmul.heuristics import SUSTAINED
 from ..errors import DtypeError, ShapeError
-from . import _lowering
+from . import _lowering, training
 
 __all__ = ["gemm", "gemm_aux", "gated_mm", "bmm", "tracing", "needs_grad", "differentiable_backward", "DTYPE_NAMES",
-           "ACTIVATION_BACKWARD", "TRAINING_GEMM_CONFIG"]
+           "ACTIVATION_BACKWARD"]
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-
-# The ``config`` of the products a training step makes (those with a gradient, eagerly, and a
-# compiled training graph's plain products): "sustained", the tiles that win back to back at the
-# power limit (``numba_hopper.gemm``'s ``config``). None: the burst-tuned default.
-TRAINING_GEMM_CONFIG = SUSTAINED
 
 _EPILOGUE = ("Tensor a, Tensor b, Tensor? c=None, Tensor? bias=None, float alpha=1., float beta=0., "
              "int? bias_dim=None, str? activation=None, ScalarType? out_dtype=None")
@@ -78,8 +71,8 @@ def _gemm_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, acti
 
 
 def _training_gemm_impl(*inputs):
-    """``_gemm_impl`` for a product of a training step, in ``TRAINING_GEMM_CONFIG``'s tiles."""
-    return _gemm_impl(*inputs, config=TRAINING_GEMM_CONFIG)
+    """``_gemm_impl`` for a product of a training step, in ``training.GEMM_CONFIG``'s tiles."""
+    return _gemm_impl(*inputs, config=training.GEMM_CONFIG)
 
 
 def _mm_impl(a, b, sustained):
@@ -286,8 +279,8 @@ def _gemm_no_grad(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype, s
 
 def _training_gemm_no_grad(*inputs):
     """``_gemm_no_grad`` for a product of a training step (a backward graph's, traced with grad
-    mode off), in ``TRAINING_GEMM_CONFIG``'s tiles."""
-    return _gemm_no_grad(*inputs, sustained=TRAINING_GEMM_CONFIG == SUSTAINED)
+    mode off), in ``training.GEMM_CONFIG``'s tiles."""
+    return _gemm_no_grad(*inputs, sustained=training.GEMM_CONFIG == SUSTAINED)
 
 
 def differentiable_backward(ctx, dy, inputs, forward):
@@ -348,7 +341,7 @@ def gemm(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation
 
 
 def _gradient_gemm(a, b, alpha):
-    """``gemm(a, b, alpha=alpha)`` for a gradient, in ``TRAINING_GEMM_CONFIG``'s tiles."""
+    """``gemm(a, b, alpha=alpha)`` for a gradient, in ``training.GEMM_CONFIG``'s tiles."""
     return call_op(_gemm_op, _training_gemm_no_grad, _GemmFunction, _training_gemm_impl,
                    (a, b, None, None, alpha, 0.0, None, None, None), (a, b))
 
