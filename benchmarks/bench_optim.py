@@ -10,8 +10,11 @@ optimizer's ``step()`` is timed between CUDA events, in alternating rounds after
 ``ratio`` is fused's time over ours (the median of the rounds' ratios,
 ``bench_gemm.paired_ratio``), ``foreach_ratio`` foreach's. ``*_gbps``: the bytes a step must
 move (read the parameter, gradient and both moments, write three: 14 bytes a bf16 element) over
-its time. Before timing, ours and fused take three identical steps from identical state, and the
-relative difference of their parameters is printed.
+its time. ``*_host_ms``: a step's host time, issued behind a GPU sleep (nothing waits on the GPU),
+in alternating rounds of their own; ``host_ratio`` is fused's over ours (a step that is bound by
+the host's call rate, as an eager step of a small model, takes its host time). Before timing,
+ours and fused take three identical steps from identical state, and the relative difference of
+their parameters is printed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import torch  # noqa: E402
 from bench_gemm import interleaved_rounds, paired_ratio, print_table, save_results  # noqa: E402
 from bench_train import MODELS, build_model  # noqa: E402
+from profile_compiled import host_ms  # noqa: E402
 
 import numba_hopper.torch as nht  # noqa: E402
 
@@ -53,12 +57,17 @@ def bench_model(name, rounds):
                      for a, b in zip(sides["ours"][0], sides["fused"][0]))
     times = interleaved_rounds({side: opt.step for side, (_, opt) in sides.items()}, [()], rounds, "fused")
     ms = {k: statistics.median(v) for k, v in times.items()}
+    host = {"ours": [], "fused": []}
+    for r in range(rounds):
+        for side in ("ours", "fused") if r % 2 == 0 else ("fused", "ours"):
+            host[side].append(host_ms(sides[side][1].step))
     elements = sum(p.numel() for p in start)
     return {"name": name, "model": name, "parameters": elements, "tensors": len(start), "dtype": "bf16",
             "ours_ms": ms["ours"], "ref_ms": ms["fused"], "foreach_ms": ms["foreach"],
             "ratio": paired_ratio(times, "fused", "ours"), "foreach_ratio": paired_ratio(times, "foreach", "ours"),
             "ours_gbps": 14 * elements / ms["ours"] / 1e6, "ref_gbps": 14 * elements / ms["fused"] / 1e6,
-            "max_rel_difference": difference}
+            "ours_host_ms": statistics.median(host["ours"]), "ref_host_ms": statistics.median(host["fused"]),
+            "host_ratio": paired_ratio(host, "fused", "ours"), "max_rel_difference": difference}
 
 
 def main(argv=None):
@@ -77,7 +86,8 @@ def main(argv=None):
     print_table(fields["records"], [
         ("name", "model", "s"), ("parameters", "parameters", ",d"), ("ours_ms", "ours ms", ".2f"),
         ("ref_ms", "fused ms", ".2f"), ("ratio", "ratio", ".3f"), ("foreach_ratio", "vs foreach", ".3f"),
-        ("ours_gbps", "ours GB/s", ".0f"), ("ref_gbps", "fused GB/s", ".0f"),
+        ("ours_gbps", "ours GB/s", ".0f"), ("ref_gbps", "fused GB/s", ".0f"), ("ours_host_ms", "ours host ms", ".3f"),
+        ("ref_host_ms", "fused host ms", ".3f"), ("host_ratio", "host ratio", ".3f"),
         ("max_rel_difference", "max rel. diff.", ".1e")], out)
 
 

@@ -13,7 +13,7 @@ alternating, medians:
 - ``device``: the step's GPU time behind that sleep (kernels back to back, no gap where the GPU
   waits for the host);
 - ``sync``: one synchronized step, as ``bench_train.py`` times it;
-- the kernel time per step (``torch.profiler``): GEMMs together, then the largest others.
+- the kernel time per step (``torch.profiler``): GEMMs together, then the ``--kernels`` largest others.
 
 If ``device`` is the gap, the kernels are slower; if ``sync`` exceeds ``device``, the GPU waited
 for the host. (An eager transformers forward without an attention mask reads a device value
@@ -58,6 +58,7 @@ def main():
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="numba_hopper", help="ours' AdamW")
     p.add_argument("--sustained", type=float, default=0, metavar="S", help="S seconds of steps: power and clock")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print a step's N costliest functions")
+    p.add_argument("--kernels", type=int, default=10, metavar="N", help="print the N costliest kernels beside the GEMMs")
     args = p.parse_args()
     models = {"stock": build_model(args.model)}
     models["ours"] = make_ours(models["stock"], args.loss, args.mlp)[0]
@@ -82,7 +83,7 @@ def main():
     for name, step in steps.items():
         sums = kernel_times(step, 2, SLEEP_CYCLES)
         print(f"== {name}: kernel time per step {sum(sums.values()) / 1e3:.2f} ms")
-        for kernel, us in sorted(sums.items(), key=lambda kv: -kv[1])[:10]:
+        for kernel, us in sorted(sums.items(), key=lambda kv: -kv[1])[:args.kernels + 1]:
             print(f"   {us:9.1f} us  {kernel}")
     if args.sustained:
         reps = max(5, int(args.sustained * 1e3 / statistics.median(times["sync", "ours"])))

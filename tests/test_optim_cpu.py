@@ -42,11 +42,12 @@ def test_unsupported_parameters_and_options_are_refused(param, kwargs, error):
 
 
 def test_the_step_table():
-    """A launch's table: each tensor's addresses, size, first chunk and step; gradients that the
-    kernel cannot read as they are (not contiguous, not 16-byte aligned) copied, and negated for
-    ``maximize``; the grid spans every chunk."""
-    from numba_hopper.kernels.adamw import CHUNK
-    from numba_hopper.torch.optim import step_table
+    """A launch's table: each tensor's addresses, size and first chunk, fixed between steps; each
+    step's gradient addresses, with gradients that the kernel cannot read as they are (not
+    contiguous, not 16-byte aligned) copied, and negated for ``maximize``; the grid spans every
+    chunk."""
+    from numba_hopper.kernels.adamw import CHUNK, EXP_AVG, EXP_AVG_SQ, FIRST_CHUNK, NUMEL, PARAM
+    from numba_hopper.torch.optim import fixed_columns, step_gradients
 
     sizes = [(CHUNK + 1,), (0,), (3, 7), (2 * CHUNK,)]
     params = [torch.zeros(s, dtype=torch.bfloat16) for s in sizes]
@@ -56,17 +57,45 @@ def test_the_step_table():
     params[3].grad = torch.ones(2 * CHUNK + 1, dtype=torch.bfloat16)[1:]  # starts 2 bytes in
     states = [{"step": torch.tensor(float(i + 1)), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
               for i, p in enumerate(params)]
+    meta, chunks = fixed_columns(params, states)
+    assert chunks == 2 + 0 + 1 + 2
+    assert meta[:, FIRST_CHUNK].tolist() == [0, 2, 2, 3] and meta[:, NUMEL].tolist() == [CHUNK + 1, 0, 21, 2 * CHUNK]
+    assert meta[:, PARAM].tolist() == [p.data_ptr() for p in params]
+    assert meta[:, EXP_AVG].tolist() == [s["exp_avg"].data_ptr() for s in states]
+    assert meta[:, EXP_AVG_SQ].tolist() == [s["exp_avg_sq"].data_ptr() for s in states]
     for maximize in (False, True):
-        meta, chunks, copies = step_table(params, states, torch.bfloat16, maximize)
-        assert chunks == 2 + 0 + 1 + 2
-        assert meta[:, 5].tolist() == [0, 2, 2, 3] and meta[:, 4].tolist() == [CHUNK + 1, 0, 21, 2 * CHUNK]
-        assert meta[:, 6].tolist() == [1, 2, 3, 4]
-        assert meta[:, 0].tolist() == [p.data_ptr() for p in params]
-        assert meta[:, 2].tolist() == [s["exp_avg"].data_ptr() for s in states]
-        assert meta[:, 3].tolist() == [s["exp_avg_sq"].data_ptr() for s in states]
+        addresses, copies = step_gradients(params, torch.bfloat16, maximize)
         read = {t.data_ptr(): t for t in copies}
-        for row, p in zip(meta, params):
-            g = read.get(int(row[1]), p.grad)  # the gradient as the kernel reads it
+        for address, p in zip(addresses, params):
+            g = read.get(address, p.grad)  # the gradient as the kernel reads it
             assert g.is_contiguous() and g.dtype == torch.bfloat16 and g.shape == p.shape
             assert torch.equal(g.float(), -p.grad.float() if maximize else p.grad.float())
         assert len(copies) == (2 + 4 if maximize else 2)
+
+
+def test_a_launch_holds_while_its_tensors_stay():
+    """A step reuses a launch (its checked table) only while its parameters' data and state
+    tensors are the ones it was built from."""
+    from numba_hopper.torch.optim import _Launch
+
+    params = [torch.nn.Parameter(torch.zeros(s, dtype=torch.bfloat16)) for s in [(8,), (2, 8)]]
+    state = {p: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+             for p in params}
+    launch = _Launch(params, [state[p] for p in params], torch.device("cpu"), torch.bfloat16)
+    assert launch.holds(state)
+    kept = state[params[1]]
+    state[params[1]] = {**kept, "exp_avg": torch.zeros_like(params[1])}  # new states, as load_state_dict makes
+    assert not launch.holds(state)
+    state[params[1]] = kept
+    assert launch.holds(state)
+    moment = kept["exp_avg_sq"]
+    kept["exp_avg_sq"] = torch.zeros_like(params[1])  # a moment swapped in place
+    assert not launch.holds(state)
+    kept["exp_avg_sq"] = moment
+    assert launch.holds(state)
+    moment.data = torch.zeros_like(moment)  # a moment's data swapped
+    assert not launch.holds(state)
+    launch = _Launch(params, [state[p] for p in params], torch.device("cpu"), torch.bfloat16)
+    assert launch.holds(state)
+    params[0].data = torch.zeros(8, dtype=torch.bfloat16)  # new data
+    assert not launch.holds(state)

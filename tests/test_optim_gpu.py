@@ -141,3 +141,36 @@ def test_a_step_never_waits_for_the_gpu():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+
+
+def test_steps_follow_changed_gradients_data_and_state():
+    """A step reuses a group's launch only while it holds: a parameter that gains or loses its
+    gradient, new parameter data and a loaded state_dict are taken up, as PyTorch's fused AdamW
+    takes them, and the old data is not written."""
+    ours = params(torch.bfloat16, [(1000,), (129,)])
+    stock = [p.detach().clone().requires_grad_() for p in ours]
+    opt, ref = nht.AdamW(ours, lr=1e-2), torch.optim.AdamW(stock, lr=1e-2, fused=True)
+
+    def step(which):
+        for i in which:
+            g = torch.randn_like(ours[i])
+            ours[i].grad, stock[i].grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+        for p in ours + stock:
+            p.grad = None
+
+    step([0, 1])
+    step([0])
+    step([0, 1])
+    old = [p.data for p in ours]
+    kept = [t.clone() for t in old]
+    for p, s in zip(ours, stock):
+        p.data, s.data = p.data.clone(), s.data.clone()
+    step([0, 1])
+    assert all(torch.equal(t, k) for t, k in zip(old, kept))
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    step([0, 1])
+    for p, s in zip(ours, stock):
+        assert rel_error(p, s) < 1e-2
+    assert [opt.state[p]["step"].item() for p in ours] == [ref.state[s]["step"].item() for s in stock] == [5.0, 4.0]

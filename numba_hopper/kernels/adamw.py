@@ -28,12 +28,13 @@ from numba import cuda
 
 from .. import intrinsics as nh
 
-__all__ = ["THREADS", "CHUNK", "META_COLUMNS", "adamw_kernel"]
+__all__ = ["THREADS", "CHUNK", "META_COLUMNS", "PARAM", "GRAD", "EXP_AVG", "EXP_AVG_SQ", "NUMEL", "FIRST_CHUNK", "STEP",
+           "adamw_kernel"]
 
 THREADS = 256
 VEC = 8  # 16-bit elements in a 16-byte access
 CHUNK = THREADS * VEC * 4  # elements a CTA updates: four vectors a thread
-PARAM, GRAD, EXP_AVG, EXP_AVG_SQ, NUMEL, FIRST_CHUNK, STEP = range(7)
+PARAM, GRAD, EXP_AVG, EXP_AVG_SQ, NUMEL, FIRST_CHUNK, STEP = range(7)  # meta's columns
 META_COLUMNS = 7
 _ONE = np.float32(1)
 

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from ..errors import DeviceMismatchError, DtypeError, LayoutError
-from ..kernels.adamw import CHUNK, META_COLUMNS, THREADS, adamw_kernel
+from ..kernels.adamw import (CHUNK, EXP_AVG, EXP_AVG_SQ, FIRST_CHUNK, GRAD, META_COLUMNS, NUMEL, PARAM, STEP,
+                             THREADS, adamw_kernel)
 from ._launch import KERNEL_DTYPES, launch
 
 __all__ = ["AdamW"]
@@ -29,8 +30,10 @@ class AdamW(torch.optim.Optimizer):
     parameter; it loads into ``torch.optim.AdamW`` and back).
 
     Each ``step()`` updates the parameters of a group that have a gradient, per dtype in one
-    kernel launch, without waiting for the GPU. The step counts live on the host and the table
-    of addresses is built there each step, so a step cannot be captured in a CUDA graph (as
+    kernel launch, without waiting for the GPU. The launch's table of addresses is checked and
+    built on the first step and reused while the group's parameters, their data and their
+    states stay the same tensors; each step fills in the gradients' addresses and the step
+    counts, which live on the host. So a step cannot be captured in a CUDA graph (as
     ``torch.optim.AdamW(capturable=True)`` can). Not supported (raises before any update):
     ``amsgrad``, a tensor ``lr``, sparse gradients, other dtypes or devices, and parameters
     that are views not starting on 16 bytes or not contiguous. A gradient not contiguous is
@@ -51,6 +54,7 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"Invalid beta parameters: {betas}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        self._launches = {}  # group index -> (its parameters with a gradient, their _Launch es)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
                                       maximize=maximize))
         for group in self.param_groups:
@@ -58,9 +62,14 @@ class AdamW(torch.optim.Optimizer):
                 _check_param(p)
 
     def add_param_group(self, param_group):
+        self._launches.clear()
         super().add_param_group(param_group)
         for p in self.param_groups[-1]["params"]:
             _check_param(p)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._launches = {}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -69,58 +78,109 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        launches = {}  # (group index, device, dtype) -> parameters: all checked before any update
+        runs = []  # every launch checked before any update
         for index, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("numba_hopper.torch.AdamW does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                elif state["step"].device.type != "cpu":  # loaded from a fused or capturable AdamW: read once
-                    state["step"] = state["step"].to("cpu", torch.float32)
-                _check_param(p, state["exp_avg"], state["exp_avg_sq"])  # (a parameter's data may have been swapped)
-                launches.setdefault((index, p.device, p.dtype), []).append(p)
-        for (index, device, dtype), params in launches.items():
-            self._update(self.param_groups[index], device, dtype, params)
+            params = [p for p in group["params"] if p.grad is not None]
+            cached = self._launches.get(index)
+            if cached is None or not _same_tensors(params, cached[0]) or not all(
+                    step.holds(self.state) for step in cached[1]):
+                cached = self._launches[index] = (params, self._launches_of(params))
+            runs += [(step, group, step_gradients(step.params, step.dtype, group["maximize"])) for step in cached[1]]
+        for step, group, (grads, _copies) in runs:  # (the copies live to the launch)
+            step.run(group, grads)
         return loss
 
-    def _update(self, group, device, dtype, params):
-        states = [self.state[p] for p in params]
-        torch._foreach_add_([state["step"] for state in states], 1.0)
-        meta, chunks, copies = step_table(params, states, dtype, group["maximize"])  # (copies: live to the launch)
-        if not chunks:
+    def _launches_of(self, params):
+        """The launches of a group's ``params`` that have a gradient, one per device and dtype,
+        their states made (first step) or brought to the host (loaded from a fused AdamW) and
+        every tensor checked."""
+        by_kind = {}
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif state["step"].device.type != "cpu":  # loaded from a fused or capturable AdamW: read once
+                state["step"] = state["step"].to("cpu", torch.float32)
+            _check_param(p, state["exp_avg"], state["exp_avg_sq"])
+            by_kind.setdefault((p.device, p.dtype), []).append(p)
+        return [_Launch(ps, [self.state[p] for p in ps], device, dtype) for (device, dtype), ps in by_kind.items()]
+
+
+class _Launch:
+    """One kernel launch of a step: a group's parameters of one device and dtype that have a
+    gradient. What stays fixed between steps (the parameters' and moments' addresses, sizes and
+    chunks) is checked and tabled once; :meth:`holds` tells whether it still stands, and
+    :meth:`run` fills in the step's gradients and step counts and launches."""
+
+    def __init__(self, params, states, device, dtype):
+        self.params, self.states, self.device, self.dtype = params, states, device, dtype
+        self.fixed = [(p.shape, s["exp_avg"], s["exp_avg_sq"], s["step"],
+                       (p.data_ptr(), s["exp_avg"].data_ptr(), s["exp_avg_sq"].data_ptr())) for p, s in zip(params, states)]
+        self.steps = [s["step"] for s in states]
+        self.meta, self.chunks = fixed_columns(params, states)
+
+    def holds(self, state):
+        """Whether the parameters keep their data and ``state`` (the optimizer's) their state
+        tensors (a parameter's data or a state may have been swapped since)."""
+        for p, s, (shape, m, v, t, addresses) in zip(self.params, self.states, self.fixed):
+            if state.get(p) is not s or s["exp_avg"] is not m or s["exp_avg_sq"] is not v or s["step"] is not t \
+                    or (p.data_ptr(), m.data_ptr(), v.data_ptr()) != addresses or p.dtype != self.dtype \
+                    or p.shape != shape:
+                return False
+        return True
+
+    def run(self, group, grads):
+        """Count the step and launch the update with ``grads``, the gradients' addresses
+        (:func:`step_gradients`)."""
+        torch._foreach_add_(self.steps, 1.0)
+        if not self.chunks:
             return
-        table = torch.from_numpy(meta).pin_memory().to(device, non_blocking=True)
+        meta = self.meta
+        meta[:, GRAD] = grads
+        meta[:, STEP] = torch.stack(self.steps).numpy()
+        table = torch.from_numpy(meta).pin_memory().to(self.device, non_blocking=True)
         beta1, beta2 = group["betas"]
         lr = group["lr"]
-        launch(adamw_kernel(KERNEL_DTYPES[dtype]), device, chunks, THREADS, table, np.float32(lr),
+        launch(adamw_kernel(KERNEL_DTYPES[self.dtype]), self.device, self.chunks, THREADS, table, np.float32(lr),
                np.float32(lr * group["weight_decay"]), np.float32(beta1), np.float32(beta2), np.float32(group["eps"]))
 
 
-def step_table(params, states, dtype, maximize=False):
-    """The kernel's table of one launch (``numba_hopper.kernels.adamw``), the chunks it spans (its
-    grid), and the gradient copies the table points to, which must live until the launch: a
-    gradient not contiguous, not 16-byte aligned or of another dtype is copied, and negated for
-    ``maximize``."""
-    meta = np.empty((len(params), META_COLUMNS), np.int64)
-    chunks, copies = 0, []
+def _same_tensors(a, b):
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def fixed_columns(params, states):
+    """The kernel's table of one launch (``numba_hopper.kernels.adamw``) with the columns that stay
+    fixed between steps filled in (the gradients' and the steps' are each step's), and the
+    chunks it spans (its grid)."""
+    meta = np.zeros((len(params), META_COLUMNS), np.int64)
+    chunks = 0
     for row, p, state in zip(meta, params, states):
+        row[PARAM], row[EXP_AVG], row[EXP_AVG_SQ] = p.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr()
+        row[NUMEL], row[FIRST_CHUNK] = p.numel(), chunks
+        chunks += -(-p.numel() // CHUNK)
+    return meta, chunks
+
+
+def step_gradients(params, dtype, maximize=False):
+    """The addresses of the gradients as the kernel reads them, and the copies they point to,
+    which must live until the launch: a gradient not contiguous, not 16-byte aligned or of
+    another dtype is copied, and negated for ``maximize``."""
+    addresses, copies = [], []
+    for p in params:
         grad = p.grad
+        if grad.is_sparse:
+            raise RuntimeError("numba_hopper.torch.AdamW does not support sparse gradients")
         if grad.dtype != dtype or not grad.is_contiguous() or grad.data_ptr() % 16:
             grad = grad.to(dtype, memory_format=torch.contiguous_format, copy=True)
             copies.append(grad)
         if maximize:
             grad = -grad
             copies.append(grad)
-        row[:] = (p.data_ptr(), grad.data_ptr(), state["exp_avg"].data_ptr(), state["exp_avg_sq"].data_ptr(),
-                  p.numel(), chunks, int(state["step"].item()))
-        chunks += -(-p.numel() // CHUNK)
-    return meta, chunks, copies
+        addresses.append(grad.data_ptr())
+    return addresses, copies
 
 
 def _check_param(p, *state):
