@@ -79,10 +79,13 @@ def test_a_launch_holds_while_its_tensors_stay():
     from numba_hopper.torch.optim import _Launch
 
     params = [torch.nn.Parameter(torch.zeros(s, dtype=torch.bfloat16)) for s in [(8,), (2, 8)]]
-    state = {p: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
-             for p in params}
+    state = {p: {"step": torch.tensor(float(i + 3)), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+             for i, p in enumerate(params)}
     launch = _Launch(params, [state[p] for p in params], torch.device("cpu"), torch.bfloat16)
     assert launch.holds(state)
+    # the step counts, kept, now views of one tensor (a step adds to them at once)
+    assert [state[p]["step"].item() for p in params] == [3.0, 4.0]
+    assert all(state[p]["step"].untyped_storage().data_ptr() == launch.steps.untyped_storage().data_ptr() for p in params)
     kept = state[params[1]]
     state[params[1]] = {**kept, "exp_avg": torch.zeros_like(params[1])}  # new states, as load_state_dict makes
     assert not launch.holds(state)

@@ -116,9 +116,13 @@ class _Launch:
 
     def __init__(self, params, states, device, dtype):
         self.params, self.states, self.device, self.dtype = params, states, device, dtype
+        # The step counts become views of one tensor: a step counts them in one add and tables
+        # them without a copy.
+        self.steps = torch.tensor([float(s["step"]) for s in states], dtype=torch.float32)
+        for s, count in zip(states, self.steps):
+            s["step"] = count
         self.fixed = [(p.shape, s["exp_avg"], s["exp_avg_sq"], s["step"],
                        (p.data_ptr(), s["exp_avg"].data_ptr(), s["exp_avg_sq"].data_ptr())) for p, s in zip(params, states)]
-        self.steps = [s["step"] for s in states]
         self.meta, self.chunks = fixed_columns(params, states)
 
     def holds(self, state):
@@ -134,12 +138,12 @@ class _Launch:
     def run(self, group, grads):
         """Count the step and launch the update with ``grads``, the gradients' addresses
         (:func:`step_gradients`)."""
-        torch._foreach_add_(self.steps, 1.0)
+        self.steps.add_(1.0)
         if not self.chunks:
             return
         meta = self.meta
         meta[:, GRAD] = grads
-        meta[:, STEP] = torch.stack(self.steps).numpy()
+        meta[:, STEP] = self.steps.numpy()
         table = torch.from_numpy(meta).pin_memory().to(self.device, non_blocking=True)
         beta1, beta2 = group["betas"]
         lr = group["lr"]
