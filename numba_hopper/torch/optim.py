@@ -54,7 +54,7 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"Invalid beta parameters: {betas}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        self._launches = {}  # group index -> (its parameters with a gradient, their _Launch es)
+        self._launches = {}  # group index -> (its parameters with a gradient, their launches: _Launch)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=False,
                                       maximize=maximize))
         for group in self.param_groups:
