@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from numba_hopper import GemmConfig, bmm, gemm  # noqa: E402
-from numba_hopper.matmul.heuristics import max_stages  # noqa: E402
+from numba_hopper.matmul.heuristics import SUSTAINED, max_stages  # noqa: E402
 
 # (name, M, N, K, dtype, layout)
 SUITE = [
@@ -174,7 +174,8 @@ def _config(name, layout="RR"):
 
 def _call_options(name, layout="RR"):
     """``gemm``'s keywords ``config`` and, where ``name`` has an ``s`` part, ``split_k``, for
-    ``default`` (the library's choice) or a kernel spelled as dash-separated parts:
+    ``default`` (the library's choice), ``sustained`` (its choice for products run back to back at the power
+    limit: ``config="sustained"``) or a kernel spelled as dash-separated parts:
     a cluster shape ``MxN`` (``2x1``), ``m<block_m>`` (``m64``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``),
     ``p<pipeline stages>`` (``p3``), ``g<tile-rows per raster group>`` (``g16``), ``sk`` (stream-K),
     ``swap`` (the product computed swapped, a column-major output tile: ``m64-n8-swap``), ``gpc`` (clusters in
@@ -183,8 +184,8 @@ def _call_options(name, layout="RR"):
     no split, no stream-K, the deepest ring that fits). ``layout``: the operands' (``RC``: A row-major, B
     column-major), whose majors the config is checked with.
     """
-    if name == "default":
-        return {"config": None}
+    if name in ("default", SUSTAINED):
+        return {"config": None if name == "default" else SUSTAINED}
     kw = {"a_major": "K" if layout[0] == "R" else "M", "b_major": "N" if layout[1] == "R" else "K"}
     parts = {"m": "block_m", "n": "block_n", "s": "split_k", "p": "stages", "g": "group_m", "a": "acc_chains",
              "e": "epi_buffers"}

@@ -492,3 +492,36 @@ def test_scaled_calls_bind_each_calls_scales(monkeypatch):
     # one first call per layout: block-wise, row-wise, numbers (their product is not 1: one
     # kernel with alpha), a number with a vector
     assert len(firsts) == 4, firsts
+
+
+@pytest.mark.parametrize("ecfg,scales", [(PER_TENSOR_DEVICE_SCALES, "vectors"), (EpilogueConfig(row_scale=True, col_scale=True), "vectors"),
+                                         (None, None)], ids=["tensor", "rowwise", "plain"])
+def test_unpromoted_ping_pong_tiles_compile_without_spills(ecfg, scales):
+    """A ping-pong consumer issues both 64-row halves of a 128 x 128 fp8 tile (8 wgmmas a k-block)
+    and stores both with its scales."""
+    kw = dict(a_major="K", b_major="K", block_n=128, pingpong=True, epilogue=ecfg)
+    cfg = GemmConfig("e4m3", "bf16", stages=max_stages("e4m3", "bf16", **kw), **kw)
+    vec = types.Array(types.float32, 1, "A")
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (vec, vec) if scales else None))
+    assert r.sass.count("QGMMA.64x128x32.F32.E4M3.E4M3 ") == 8, r.summary()
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+
+
+@pytest.mark.parametrize("M,N,K,pingpong", [
+    # measured faster in 128 x 128 ping-pong tiles than in the cooperative default (use_fast_accum=True)
+    (4096, 4096, 4096, True), (8192, 8192, 8192, True), (4096, 7168, 2048, True), (4096, 24576, 1536, True),
+    (4096, 4096, 7168, True), (4096, 7168, 16384, True),
+    # measured slower: 4.1 waves of 128-wide tiles against 2.7 of 192-wide ones; under two tiles a CTA; 64-row tiles
+    (4096, 2112, 7168, False), (1024, 4096, 4096, False), (128, 7168, 16384, False),
+])
+def test_unpromoted_fp8_products_take_ping_pong_tiles_where_they_pay(M, N, K, pingpong):
+    from numba_hopper.matmul.heuristics import choose_config
+    from numba_hopper.tools.prebuild import H100, _view
+
+    a, b, out = _view(M, K, "e4m3", True), _view(K, N, "e4m3", False), _view(M, N, "bf16", True)
+    for ecfg in (PER_TENSOR_DEVICE_SCALES, EpilogueConfig(row_scale=True, col_scale=True), None):
+        fast = choose_config(a, b, out, None, False, epilogue=ecfg, limits=H100)
+        assert fast.pingpong == pingpong and (not pingpong or (fast.block_m, fast.block_n) == (128, 128)), fast
+        assert not choose_config(a, b, out, None, False, epilogue=ecfg, promoted=True, limits=H100).pingpong
+    with_c = EpilogueConfig(c_dtype="bf16")
+    assert not choose_config(a, b, out, None, False, epilogue=with_c, limits=H100).pingpong

@@ -264,6 +264,38 @@ def test_fp8_fused_bias_gelu(torch):
     _check(torch, out, ref, "bf16", K, "bias+gelu_tanh")
 
 
+@pytest.mark.parametrize("M,N,K", [(1, 7, 128), (127, 129, 1040), (1000, 1000, 1024), (4096, 2304, 512)], ids=str)
+@pytest.mark.parametrize("scaling", ["none", "number", "tensor", "rowwise"])
+def test_fp8_ping_pong_tiles(torch, M, N, K, scaling):
+    """Unpromoted fp8 in 128 x 128 ping-pong tiles (``use_fast_accum=True``'s default where they
+    pay): each consumer scales and stores both halves of its tiles. One tile (the second consumer
+    idle), ragged edges, CTAs with several tiles."""
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _scales(torch, scaling, M, N)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm(a, b, out, scale_a=sa, scale_b=sb, use_fast_accum=True, config=GemmConfig(block_n=128, pingpong=True, stages=5))
+    _check(torch, out, _reference(torch, a, b, sa, sb), "bf16", K, f"{M}x{N}x{K} {scaling}", fast=True)
+
+
+def test_fp8_ping_pong_epilogues(torch):
+    """The ping-pong default of a fast product (2048 x 4096: 512 tiles), with a bias and gelu_tanh,
+    and with an fp8 output, its scale and amax."""
+    M, N, K = 2048, 4096, 1024
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _scales(torch, "rowwise", M, N)
+    bias = torch.randn(N, device="cuda").to(torch.bfloat16)
+    ref = _reference(torch, a, b, sa, sb)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm(a, b, out, scale_a=sa, scale_b=sb, bias=bias, activation="gelu_tanh", use_fast_accum=True)
+    gelu = torch.nn.functional.gelu(ref + bias.double()[None, :], approximate="tanh")
+    _check(torch, out, gelu, "bf16", K, "bias+gelu_tanh", fast=True)
+    amax = torch.full((1,), float("nan"), device="cuda")
+    out8 = gemm(a, b, scale_a=sa, scale_b=sb, out_dtype="e4m3", scale_out=0.25, amax_out=amax, use_fast_accum=True)
+    err = _rel(torch, out8.double() * 4, ref)
+    assert err < 6e-2, f"e4m3 output: relative error {err:.3g}"
+    assert abs(amax.item() / ref.abs().max().item() - 1) < 1e-2, (amax.item(), ref.abs().max().item())
+
+
 def test_fp8_numba_uint8_operands(torch):
     """numba arrays hold fp8 as uint8 with dtype=; a per-tensor scale as a one-element array."""
     M, N, K = 200, 300, 256

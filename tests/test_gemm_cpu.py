@@ -234,8 +234,8 @@ def test_stage_count_fills_shared_memory():
     (dict(cluster_order="smid"), "cluster_order"), (dict(cluster_order="gpc"), "2-CTA clusters"),
     (dict(block_n=128, cluster_m=2, cluster_n=2, cluster_order="gpc"), "2-CTA clusters"),
     *((dict(dict(block_n=128, pingpong=True), **kw), "pingpong") for kw in (
-        dict(block_m=64), dict(block_n=256), dict(in_dtype="e4m3", b_major="K"), dict(cluster_n=2), dict(stream_k=True),
-        dict(grouped="contiguous"))),
+        dict(block_m=64), dict(block_n=256), dict(in_dtype="e4m3", b_major="K", promoted=True), dict(cluster_n=2),
+        dict(stream_k=True), dict(grouped="contiguous"), dict(epilogue=EpilogueConfig(c_dtype="bf16")))),
 ])
 def test_config_rejects_bad_values(kw, msg):
     with pytest.raises(ValueError, match=msg):

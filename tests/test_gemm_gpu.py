@@ -115,6 +115,26 @@ def test_ping_pong_batches(torch):
     assert ((out.double() - ref).norm() / ref.norm()).item() < TOL["bf16"]
 
 
+@pytest.mark.parametrize("M,N,K", [(7, 129, 64), (1000, 1000, 1000), (4096, 2304, 512)], ids=str)
+def test_ping_pong_fused_epilogues(torch, M, N, K):
+    """Ping-pong consumers run the fused epilogue on both halves of their tiles: alpha, a column
+    bias, silu and the pre-activation ``aux_out``; a row bias and relu."""
+    import torch.nn.functional as F
+
+    cfg = GemmConfig(block_n=128, pingpong=True, stages=5)
+    a = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    w = torch.randn(N, K, device="cuda").to(torch.bfloat16)
+    bias, row_bias = torch.randn(N, device="cuda").to(torch.bfloat16), torch.randn(M, device="cuda")
+    ref = a.double() @ w.double().t()
+    pre = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = gemm(a, w.t(), alpha=0.5, bias=bias, activation="silu", aux_out=pre, config=cfg)
+    relu = gemm(a, w.t(), bias=row_bias, bias_dim=0, activation="relu", config=cfg)
+    pre_ref = 0.5 * ref + bias.double()
+    for got, want in ((pre, pre_ref), (out, F.silu(pre_ref)), (relu, torch.relu(ref + row_bias.double()[:, None]))):
+        assert torch.isfinite(got).all()
+        assert ((got.double() - want).norm() / want.norm()).item() < TOL["bf16"]
+
+
 # One kernel per case (each compile takes seconds): the widths, layouts and output dtypes spread.
 @pytest.mark.parametrize("block_n,layout,out_dtype", [(192, "RR", "bf16"), (192, "CC", "f32"), (128, "RC", "bf16"),
                                                       (128, "CR", "f32"), (64, "RC", "bf16")])

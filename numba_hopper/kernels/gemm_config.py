@@ -84,8 +84,8 @@ class GemmConfig:
     TPCs the clusters run on, claimed at the kernel's start; ``kernels/scheduler.py``).
     ``pingpong``: the two consumers take whole 128-row tiles in turn, each issuing both 64-row
     halves' wgmmas, so that one's epilogue runs under the other's mainloop (CUTLASS's
-    ``KernelTmaWarpSpecializedPingpong``); plain 16-bit products only, with no cluster, and
-    at most ``PINGPONG_MAX_BLOCK_N`` wide (a consumer holds the whole tile's accumulators).
+    ``KernelTmaWarpSpecializedPingpong``); 16-bit or unpromoted fp8 products, with no C, gating or
+    cluster, at most ``PINGPONG_MAX_BLOCK_N`` wide (a consumer holds the whole tile's accumulators).
     ``promoted``: fp8 two-level accumulation: the mainloop waits for each k-block's wgmmas (128
     K) and adds their product into an f32 register sum (``kernels/mainloop/promoted.py``), as
     cuBLASLt's default fp8 kernels promote (the tensor cores' fp8 accumulation keeps about 14
@@ -229,11 +229,13 @@ class GemmConfig:
             # 128 accumulators per thread leave no registers for a partial's loads: ptxas
             # issues all 32 float4 loads before the adds, and spills (SASS, CPU test).
             raise ValueError(f"stream_k needs block_n <= {STREAM_K_MAX_BLOCK_N}, got {self.block_n}")
-        if self.pingpong and (self.block_m != 128 or self.block_n > PINGPONG_MAX_BLOCK_N or self.in_dtype in FP8_DTYPES
-                              or self.epilogue is not None or self.cluster_size > 1 or self.stream_k
+        if self.pingpong and (self.block_m != 128 or self.block_n > PINGPONG_MAX_BLOCK_N or self.promoted
+                              or self.has_c or self.gated or self.cluster_size > 1 or self.stream_k
                               or self.grouped is not None or self.out_major != "N" or self.acc_chains != 1):
-            raise ValueError(f"pingpong runs plain 16-bit products on 128-row tiles at most {PINGPONG_MAX_BLOCK_N} "
-                             "wide, without a cluster, stream_k or grouping")
+            # A consumer stores both halves of its tile from one set of C buffers, which hold one
+            # half's C; promoted sums beside both halves' accumulators would not fit its registers.
+            raise ValueError(f"pingpong runs unpromoted products on 128-row tiles at most {PINGPONG_MAX_BLOCK_N} "
+                             "wide, without C, gating, a cluster, stream_k or grouping")
         if self.gated:
             self._check_gated()
         if self.grouped is not None:

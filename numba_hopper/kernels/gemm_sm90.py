@@ -310,7 +310,7 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
         item = scheduler.first(work)
         while item.tile < work.num_tiles:
             tile = scheduler.origin(work, item, cta.rm, cta.rn)
-            terms = epilogue.begin_tile(smem, c, tile, stored, tmaps.c, p, ep)
+            terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps.c, p, ep)
             acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile)
             frag = nh.tuple_as_array(acc)
             if scheduler.fixup(frag, work, item, p.workspace, c):
@@ -342,9 +342,13 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
             st, item = passed_over(st, item, work)
         while item.tile < work.num_tiles:
             tile = scheduler.origin(work, item, cta.rm, cta.rn)
+            upper = epilogue.begin_tile(smem, c, tile, 0, stored, tmaps.c, p, ep)
+            lower = epilogue.begin_tile(smem, c, tile, 1, stored, tmaps.c, p, ep)
             acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile)
-            stored = epilogue.store_tile(nh.tuple_as_array(acc[0]), smem, c, tile, 0, stored, tmaps.d, tmaps.c, p, ep, ())
-            stored = epilogue.store_tile(nh.tuple_as_array(acc[1]), smem, c, tile, 1, stored, tmaps.d, tmaps.c, p, ep, ())
+            stored = epilogue.store_tile(nh.tuple_as_array(acc[0]), smem, c, tile, 0, stored, tmaps.d, tmaps.c, p, ep,
+                                         upper)
+            stored = epilogue.store_tile(nh.tuple_as_array(acc[1]), smem, c, tile, 1, stored, tmaps.d, tmaps.c, p, ep,
+                                         lower)
             st, item = passed_over(st, scheduler.next(work, item), work)
         epilogue.drain(c, stored, ep)
 

@@ -17,7 +17,7 @@ from ..kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOC
 from ..runtime.launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
-           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "SUSTAINED", "SUSTAINED_MIN_WAVES", "sustained_clusters_pay", "choose_config", "grouped_config", "split_count", "max_stages"]
+           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "FP8_PINGPONG_WIDTH", "FP8_PINGPONG_TILE_COST", "fp8_pingpong_pays", "SUSTAINED", "SUSTAINED_MIN_WAVES", "sustained_clusters_pay", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, up to and over MANY_WAVES waves (tile_shape):
 # python benchmarks/bench_gemm.py --device-time --configs n112 n128 n144 n160 n192 n224 n256 --shapes 1792x1280x4096 \
@@ -31,6 +31,12 @@ K_MAJOR_WIDTHS = (224, 144, 112)
 #     4096x5632x2048 4096x4096x1024 1024x14336x4096:RC 512x10240x8192:RC
 PINGPONG_TILE_COST = {176: 1.0, 128: 1.0}
 PINGPONG_MAX_K_BLOCKS = 128
+# Unpromoted fp8 products' ping-pong tiles (fp8_pingpong_pays): their width, and their relative time per
+# column against TILE_COST's cooperative tiles:
+# python benchmarks/bench_fp8.py --accumulate fast --configs default n256 n192 --shapes 4096^3 8192^3 \
+#     "dsv3 4096x7168x2048" "dsv3 4096x2112x7168" "dsv3 4096x24576x1536" "dsv3 4096x4096x7168" 4096x7168x16384
+FP8_PINGPONG_WIDTH = 128
+FP8_PINGPONG_TILE_COST = 0.98
 # Widths grouped kernels skip (5-9% slower than 256): python benchmarks/bench_grouped.py --configs n192 n256 --device-time
 GROUPED_SLOW_WIDTHS = (192,)
 # Streaming rates of B (GB/s) per busy SM by width of 64-row tiles, and at most all together (small_m_tiling):
@@ -97,6 +103,22 @@ def pingpong_width(M, N, k_blocks, units, sms, block_n, k_major_b):
         if time < best_time or (best is None and time == best_time):  # a tie with the cooperative tile: ping-pong
             best, best_time = bn, time
     return best
+
+
+def fp8_pingpong_pays(M, N, units, sms, block_n):
+    """Whether an unpromoted fp8 product (``use_fast_accum=True``) whose cooperative tile is 128 x
+    ``block_n`` takes 128 x ``FP8_PINGPONG_WIDTH`` ping-pong tiles: where they give each CTA two
+    tiles or more and their waves x width x ``FP8_PINGPONG_TILE_COST`` is at most the cooperative
+    tile's :func:`_tile_time`. An fp8 k-block takes half a 16-bit one's time, so the epilogue is
+    twice the share of a tile's run, and ping-pong runs it under the other consumer's main loop (as
+    CUTLASS's ``KernelTmaWarpSpecializedPingpongFP8FastAccum``, PyTorch's row-wise kernel, does).
+    Measured on the H200 (per-tensor / row-wise scales, against the cooperative tile): +5 / +9%
+    at 4096^3, +1 / +4% at 8192^3, +14 / +20% at 4096x7168x2048, +20 / +29% at 4096x24576x1536;
+    -9 / -8% at 4096x2112x7168, whose 128-wide tiles take 4.1 waves against 2.7 of 192-wide
+    ones, which the estimate keeps."""
+    tiles = units * _ceil(M, 128) * _ceil(N, FP8_PINGPONG_WIDTH)
+    pingpong = _ceil(tiles, sms) * FP8_PINGPONG_WIDTH * FP8_PINGPONG_TILE_COST
+    return tiles >= 2 * sms and pingpong <= _tile_time(M, N, units, sms, block_n)
 
 
 def _tile_time(M, N, units, sms, bn):
@@ -384,6 +406,9 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits, sus
                                b_major == "K")
         if width:
             base = GemmConfig(block_n=width, pingpong=True)
+    elif block_m == 128 and va.itemsize == 1 and not promoted and base.cluster_size == 1 \
+            and not (epilogue and epilogue.c_dtype) and fp8_pingpong_pays(M, N, units, limits.sm_count, block_n):
+        base = GemmConfig(block_n=FP8_PINGPONG_WIDTH, pingpong=True)
     if sustained and plain_16bit_out and base.block_m == 128 and base.cluster_size == 1 \
             and (base.block_n == 256 or base.pingpong) \
             and sustained_clusters_pay(M, N, a_major, b_major, units, limits.sm_count):
@@ -429,7 +454,8 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     Default: the tile :func:`tile_shape` picks for ``units`` products, the deepest ring
     that fits, and a 1x2 cluster of 128x256 tiles where :func:`cluster_pays`, or of narrower
     tiles in GPC order where :func:`gpc_clusters_pay`; else, for a plain 16-bit product,
-    ping-pong tiles where :func:`pingpong_width` takes them; :func:`block_scaled_tile`'s and
+    ping-pong tiles where :func:`pingpong_width` takes them, for an unpromoted fp8 one without C
+    where :func:`fp8_pingpong_pays`; :func:`block_scaled_tile`'s and
     :func:`gated_tile`'s for those features. ``sustained``: the tiles of products run back to back at the
     power limit (:func:`sustained_clusters_pay`). ``limits``: the device's
     :class:`~numba_hopper.runtime.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).

@@ -92,8 +92,9 @@ def make_epilogue(cfg) -> Epilogue:
 
     - ``init(smem)``: (one thread, before the block's barrier) C's mbarriers, if any;
     - ``start() -> state``: a consumer's :class:`EpilogueState` before its first tile;
-    - ``begin_tile(smem, c, tile, state, tmap_c, params, ep) -> terms``: as the tile's main
-      loop starts, the loads of its row and column terms and of its first C sub-tiles;
+    - ``begin_tile(smem, c, tile, rows, state, tmap_c, params, ep) -> terms``: as the tile's main
+      loop starts, the loads of the row and column terms of its 64-row block ``rows`` (the
+      consumer's own, ``c.cw``, or with ping-pong either) and of its first C sub-tiles;
     - ``store_tile(frag, smem, c, tile, rows, state, tmap_d, tmap_c, params, ep, terms) ->
       state``: the tile's 64-row block ``rows`` (the consumer's own, ``c.cw``, or with
       ping-pong either) from the accumulator fragment ``frag`` to global memory;
@@ -127,8 +128,8 @@ def make_epilogue(cfg) -> Epilogue:
         return EpilogueState(0, NO_AMAX)
 
     @cuda.jit(device=True, forceinline=True)
-    def begin_tile(smem, c, tile, state, tmap_c, p, ep):
-        row0 = tile.m0 + c.cw * WG_ROWS
+    def begin_tile(smem, c, tile, rows, state, tmap_c, p, ep):
+        row0 = tile.m0 + rows * WG_ROWS
         if MASKED:  # row vectors are (G, M) in one: group g's rows start at g * M
             terms = tile_terms(tile.batch * p.M + row0 + c.row_in_wg, tile.n0, c.t, p.batches * p.M, p.N,
                                ep) if FUSED else ()
