@@ -161,8 +161,10 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
       output, before ``scale_out`` (what a delayed-scaling recipe records to pick the next
       scale), for any output dtype. It is zeroed on the stream before the kernel (one memset:
       a driver call, no wait), then raised by one atomic max per warp; a NaN in ``z`` makes it NaN.
-    - not supported yet: ``bmm`` of fp8 operands (``DtypeError``). The
-      per-tensor and row-wise tiles are the 16-bit ones (not yet tuned).
+    - tiles: promoted products take tiles priced for promotion; ``use_fast_accum=True`` ones the
+      16-bit products' tiles, or 128 x 128 ping-pong tiles where those fill their waves (one
+      consumer's epilogue then runs under the other's mainloop).
+    - not supported yet: ``bmm`` of fp8 operands (``DtypeError``).
     - first calls: the prebuilt set (``numba_hopper.tools.prebuild``) holds the kernels of
       e4m3 x e4m3 and e5m2 x e4m3 products with each scaling in ``torch._scaled_mm``'s layouts
       and a bf16 or f16 output; other fp8 kernels compile on first use, then come from the

@@ -32,8 +32,8 @@ K_MAJOR_WIDTHS = (224, 144, 112)
 PINGPONG_TILE_COST = {176: 1.0, 128: 1.0}
 PINGPONG_MAX_K_BLOCKS = 128
 # Unpromoted fp8 products' ping-pong tiles (fp8_pingpong_pays): their width, and their relative time per
-# column against TILE_COST's cooperative tiles:
-# python benchmarks/bench_fp8.py --accumulate fast --configs default n256 n192 --shapes 4096^3 8192^3 \
+# column against TILE_COST's cooperative tiles (benchmarks/results/fp8-fast-pingpong-h200.json):
+# python benchmarks/bench_fp8.py --accumulate fast --configs n128-pp n256 n192 --shapes 4096^3 8192^3 \
 #     "dsv3 4096x7168x2048" "dsv3 4096x2112x7168" "dsv3 4096x24576x1536" "dsv3 4096x4096x7168" 4096x7168x16384
 FP8_PINGPONG_WIDTH = 128
 FP8_PINGPONG_TILE_COST = 0.98
@@ -68,8 +68,8 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
     256-wide ones (``TILE_COST_MANY_WAVES``). 224-, 144- and 112-wide tiles fill a wave where N
     is a multiple of 7 x 512 or 9 x 512 (3584, 4608, 14336: Qwen, Mixtral), with a K-major B only
     (``K_MAJOR_WIDTHS``: an N-major B loads whole 64-wide boxes, 224 loads 256). A fused
-    epilogue runs only widths 64 divides. ``k_major_widths``: whether ``K_MAJOR_WIDTHS`` may run. ``block_k``: elements per k-block (64, or 128 for fp8, whose
-    tiles are those of 16-bit inputs: not yet tuned). ``grouped``: a grouped kernel's tile,
+    epilogue runs only widths 64 divides. ``k_major_widths``: whether ``K_MAJOR_WIDTHS`` may run. ``block_k``: elements per k-block (64, or 128 for unpromoted
+    fp8 products, which take these tiles or :func:`fp8_pingpong_pays`'s). ``grouped``: a grouped kernel's tile,
     never one of ``GROUPED_SLOW_WIDTHS``.
     """
     if M <= SMALL_M:
@@ -115,7 +115,7 @@ def fp8_pingpong_pays(M, N, units, sms, block_n):
     Measured on the H200 (per-tensor / row-wise scales, against the cooperative tile): +5 / +9%
     at 4096^3, +1 / +4% at 8192^3, +14 / +20% at 4096x7168x2048, +20 / +29% at 4096x24576x1536;
     -9 / -8% at 4096x2112x7168, whose 128-wide tiles take 4.1 waves against 2.7 of 192-wide
-    ones, which the estimate keeps."""
+    ones: the estimate keeps the cooperative tile there."""
     tiles = units * _ceil(M, 128) * _ceil(N, FP8_PINGPONG_WIDTH)
     pingpong = _ceil(tiles, sms) * FP8_PINGPONG_WIDTH * FP8_PINGPONG_TILE_COST
     return tiles >= 2 * sms and pingpong <= _tile_time(M, N, units, sms, block_n)
