@@ -3,6 +3,7 @@
     python benchmarks/bench_epilogue.py                # 4096^3 and 8192^3, both fusions: results/epilogue-<gpu>.json
     python benchmarks/bench_epilogue.py --out out.json
     python benchmarks/bench_epilogue.py --configs default n256   # our kernels as in bench_gemm.py
+    python benchmarks/bench_epilogue.py --fusions bias+gelu_tanh --shapes 4096x5632x2048 --configs default n128-pp
 
 Fusions (bf16 in and out, bias per column, row-major), called as users call them, with
 fresh operands (the input sets rotate) and a new output per call:
@@ -44,7 +45,8 @@ from numba_hopper import gemm  # noqa: E402
 from numba_hopper.kernels.epilogue import EpilogueConfig  # noqa: E402
 from numba_hopper.matmul.heuristics import max_stages  # noqa: E402
 
-SHAPES = [("4096^3", 4096), ("8192^3", 8192)]
+SHAPES = [("4096^3", 4096, 4096, 4096), ("8192^3", 8192, 8192, 8192)]
+FUSIONS = ("bias+gelu_tanh", "bias+residual")
 
 
 def _fused_config(name, c_dtype):
@@ -89,16 +91,16 @@ def _median_ratios(times, num, den):
     return statistics.median(ratios), statistics.quantiles(ratios, n=4)
 
 
-def bench(n, fusion, rounds, l2_bytes, cfg=None):
+def bench(M, N, K, fusion, rounds, l2_bytes, cfg=None):
     name, ours, unfused, ref_fn = fusion
 
     def plain(a, b, bias, c, out):
         return gemm(a, b, out=out, config=cfg)
 
-    set_bytes = 2 * (3 * n * n + n) + 2 * n * n
+    set_bytes = 2 * (M * K + K * N + 2 * M * N + N) + 2 * M * N
     nsets = max(2, math.ceil(2 * l2_bytes / set_bytes) + 1)
-    sets = [(_operand(n, n, "bf16", "R"), _operand(n, n, "bf16", "R"), torch.randn(n, device="cuda").bfloat16(),
-             _operand(n, n, "bf16", "R"), torch.empty(n, n, device="cuda", dtype=torch.bfloat16))
+    sets = [(_operand(M, K, "bf16", "R"), _operand(K, N, "bf16", "R"), torch.randn(N, device="cuda").bfloat16(),
+             _operand(M, N, "bf16", "R"), torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
             for _ in range(nsets)]
     a, b, bias, c, out = sets[0]
     ref = ref_fn(a, b, bias, c)
@@ -106,7 +108,7 @@ def bench(n, fusion, rounds, l2_bytes, cfg=None):
     ours(a, b, bias, c, out)
     err = max(((got.double() - ref).norm() / ref.norm()).item() for got in (out, ours(a, b, bias, c, None)))
     if not err < 1e-2:
-        raise AssertionError(f"{name} {n}^3: relative error {err}")
+        raise AssertionError(f"{name} {M}x{N}x{K}: relative error {err}")
     # Fresh: each contender makes its output; out=: each writes the set's output.
     fns = {}
     for key, fn in (("ours", ours), ("torch", unfused), ("plain", plain)):
@@ -126,7 +128,7 @@ def bench(n, fusion, rounds, l2_bytes, cfg=None):
         for k in fns:
             times[k].append(sum(t[k]) / 2)
     med = {k: statistics.median(v) for k, v in times.items()}
-    flops = 2.0 * n ** 3
+    flops = 2.0 * M * N * K
     ratio, ratio_q = _median_ratios(times, "torch", "ours")
     vs_plain, vs_plain_q = _median_ratios(times, "ours", "plain")
     out_ratio, out_ratio_q = _median_ratios(times, "torch out=", "ours out=")
@@ -142,25 +144,28 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--configs", nargs="*", default=["default"], help="our kernels, named as in bench_gemm.py")
+    p.add_argument("--shapes", nargs="*", help="MxNxK shapes (default: 4096^3 and 8192^3)")
+    p.add_argument("--fusions", nargs="*", choices=FUSIONS, default=list(FUSIONS))
     p.add_argument("--out", "--json", dest="out", metavar="PATH",
                    help="results file (default: benchmarks/results/epilogue[-configs]-<gpu>.json)")
     args = p.parse_args(argv)
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20)
+    shapes = [(s, *(int(x) for x in s.split("x"))) for s in args.shapes] if args.shapes else SHAPES
     records = []
-    for shape, n in SHAPES:
+    for shape, M, N, K in shapes:
         for config in args.configs:
-            for fusion in _fusions(config):
-                r = bench(n, fusion, args.rounds, l2, _config(config))
+            for fusion in (f for f in _fusions(config) if f[0] in args.fusions):
+                r = bench(M, N, K, fusion, args.rounds, l2, _config(config))
                 label = f"{shape} {fusion[0]}" + ("" if config == "default" else f" [{config}]")
-                records.append({"name": label, "M": n, "N": n, "K": n, "batch": 1, "dtype": "bf16",
+                records.append({"name": label, "M": M, "N": N, "K": K, "batch": 1, "dtype": "bf16",
                                 "layout": "RR", "config": config, **r})
                 print(f"{label:32s} fused {r['ours_ms']:.4f} ms  torch unfused {r['cublas_ms']:.4f} ms"
                       f"  plain {r['plain_ms']:.4f} ms  speedup {r['ratio']:.3f}x"
                       f" (IQR {r['ratio_quartiles'][0]:.3f}-{r['ratio_quartiles'][2]:.3f})"
                       f"  vs plain {r['vs_plain']:.3f}  out=: speedup {r['out_ratio']:.3f}x,"
                       f" vs plain {r['out_vs_plain']:.3f}", flush=True)
-    kind = results_name("epilogue", args.configs != ["default"] and "configs")
+    kind = results_name("epilogue", args.shapes and "shapes", args.configs != ["default"] and "configs")
     out = save_results(kind, {"baseline": "cublas_* fields: the unfused torch sequence (addmm + gelu / add_)",
                               "calls": "ratio, vs_plain: fresh operands and outputs; out_*: both with out=",
                               "records": records}, args.out)

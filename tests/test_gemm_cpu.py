@@ -356,9 +356,26 @@ def test_plain_products_take_ping_pong_tiles_where_they_fill_waves(M, N, K, layo
     if width:
         assert (cfg.block_m, cfg.cluster_size) == (128, 1)
         assert choose_config(a, b, _view(M, N, "f32", True), None, False, limits=H100).pingpong  # f32 out: plain too
-        fused = choose_config(a, b, _view(M, N, "bf16", True), None, False, epilogue=EpilogueConfig(activation="relu"),
-                              limits=H100)
-        assert not fused.pingpong
+
+
+@pytest.mark.parametrize("M,N,K,pingpong", [
+    # measured faster in 128 x 128 ping-pong tiles with a bias and gelu_tanh (epilogue-pingpong-h200.json)
+    (4096, 4096, 4096, True), (8192, 8192, 8192, True), (4096, 5632, 2048, True), (8192, 14336, 4096, True),
+    (4096, 4096, 1024, True), (2048, 2560, 9728, True),
+    # under two tiles a CTA: no second tile to hide the first's epilogue under
+    (1024, 4096, 4096, False), (512, 3584, 3584, False),
+])
+def test_fused_16_bit_products_take_ping_pong_tiles_where_they_pay(M, N, K, pingpong):
+    from numba_hopper.matmul.heuristics import choose_config
+    from numba_hopper.tools.prebuild import H100, _view
+
+    gelu = EpilogueConfig(bias="col", bias_dtype="bf16", activation="gelu_tanh")
+    residual = EpilogueConfig(c_dtype="bf16", bias="col", bias_dtype="bf16")
+    for layout in ("RC", "RR"):
+        a, b, out = _view(M, K, "bf16", True), _view(K, N, "bf16", layout[1] == "R"), _view(M, N, "bf16", True)
+        fused = choose_config(a, b, out, None, False, epilogue=gelu, limits=H100)
+        assert fused.pingpong == pingpong and (not pingpong or fused.block_n == 128), fused
+        assert not choose_config(a, b, out, None, False, epilogue=residual, limits=H100).pingpong  # C: cooperative
 
 
 @pytest.mark.parametrize("M,N,K,layout,clustered", [

@@ -17,7 +17,7 @@ from ..kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOC
 from ..runtime.launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
-           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "FP8_PINGPONG_WIDTH", "FP8_PINGPONG_TILE_COST", "fp8_pingpong_pays", "SUSTAINED", "SUSTAINED_MIN_WAVES", "sustained_clusters_pay", "choose_config", "grouped_config", "split_count", "max_stages"]
+           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "EPILOGUE_PINGPONG_WIDTH", "EPILOGUE_PINGPONG_TILE_COST", "epilogue_pingpong_pays", "SUSTAINED", "SUSTAINED_MIN_WAVES", "sustained_clusters_pay", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, up to and over MANY_WAVES waves (tile_shape):
 # python benchmarks/bench_gemm.py --device-time --configs n112 n128 n144 n160 n192 n224 n256 --shapes 1792x1280x4096 \
@@ -31,12 +31,15 @@ K_MAJOR_WIDTHS = (224, 144, 112)
 #     4096x5632x2048 4096x4096x1024 1024x14336x4096:RC 512x10240x8192:RC
 PINGPONG_TILE_COST = {176: 1.0, 128: 1.0}
 PINGPONG_MAX_K_BLOCKS = 128
-# Unpromoted fp8 products' ping-pong tiles (fp8_pingpong_pays): their width, and their relative time per
-# column against TILE_COST's cooperative tiles (benchmarks/results/fp8-fast-pingpong-h200.json):
+# Ping-pong tiles of unpromoted fp8 and fused 16-bit products (epilogue_pingpong_pays): their width,
+# and their relative time per column against TILE_COST's cooperative tiles
+# (benchmarks/results/fp8-fast-pingpong-h200.json, epilogue-pingpong-h200.json):
 # python benchmarks/bench_fp8.py --accumulate fast --configs n128-pp n256 n192 --shapes 4096^3 8192^3 \
 #     "dsv3 4096x7168x2048" "dsv3 4096x2112x7168" "dsv3 4096x24576x1536" "dsv3 4096x4096x7168" 4096x7168x16384
-FP8_PINGPONG_WIDTH = 128
-FP8_PINGPONG_TILE_COST = 0.98
+# python benchmarks/bench_epilogue.py --fusions bias+gelu_tanh --configs default n256 n128-pp --shapes 4096^3 \
+#     8192^3 4096x5632x2048 8192x14336x4096 4096x4096x1024 2048x2560x9728
+EPILOGUE_PINGPONG_WIDTH = 128
+EPILOGUE_PINGPONG_TILE_COST = 0.98
 # Widths grouped kernels skip (5-9% slower than 256): python benchmarks/bench_grouped.py --configs n192 n256 --device-time
 GROUPED_SLOW_WIDTHS = (192,)
 # Streaming rates of B (GB/s) per busy SM by width of 64-row tiles, and at most all together (small_m_tiling):
@@ -69,7 +72,7 @@ def tile_shape(M, N, K, units, sms, fused=False, block_k=64, k_major_widths=Fals
     is a multiple of 7 x 512 or 9 x 512 (3584, 4608, 14336: Qwen, Mixtral), with a K-major B only
     (``K_MAJOR_WIDTHS``: an N-major B loads whole 64-wide boxes, 224 loads 256). A fused
     epilogue runs only widths 64 divides. ``k_major_widths``: whether ``K_MAJOR_WIDTHS`` may run. ``block_k``: elements per k-block (64, or 128 for unpromoted
-    fp8 products, which take these tiles or :func:`fp8_pingpong_pays`'s). ``grouped``: a grouped kernel's tile,
+    fp8 products, which take these tiles or :func:`epilogue_pingpong_pays`'s). ``grouped``: a grouped kernel's tile,
     never one of ``GROUPED_SLOW_WIDTHS``.
     """
     if M <= SMALL_M:
@@ -105,19 +108,24 @@ def pingpong_width(M, N, k_blocks, units, sms, block_n, k_major_b):
     return best
 
 
-def fp8_pingpong_pays(M, N, units, sms, block_n):
-    """Whether an unpromoted fp8 product (``use_fast_accum=True``) whose cooperative tile is 128 x
-    ``block_n`` takes 128 x ``FP8_PINGPONG_WIDTH`` ping-pong tiles: where they give each CTA two
-    tiles or more and their waves x width x ``FP8_PINGPONG_TILE_COST`` is at most the cooperative
-    tile's :func:`_tile_time`. An fp8 k-block takes half a 16-bit one's time, so the epilogue is
-    twice the share of a tile's run, and ping-pong runs it under the other consumer's main loop (as
-    CUTLASS's ``KernelTmaWarpSpecializedPingpongFP8FastAccum``, PyTorch's row-wise kernel, does).
-    Measured on the H200 (per-tensor / row-wise scales, against the cooperative tile): +5 / +9%
-    at 4096^3, +1 / +4% at 8192^3, +14 / +20% at 4096x7168x2048, +20 / +29% at 4096x24576x1536;
-    -9 / -8% at 4096x2112x7168, whose 128-wide tiles take 4.1 waves against 2.7 of 192-wide
-    ones: the estimate keeps the cooperative tile there."""
-    tiles = units * _ceil(M, 128) * _ceil(N, FP8_PINGPONG_WIDTH)
-    pingpong = _ceil(tiles, sms) * FP8_PINGPONG_WIDTH * FP8_PINGPONG_TILE_COST
+def epilogue_pingpong_pays(M, N, units, sms, block_n):
+    """Whether an unpromoted fp8 product (``use_fast_accum=True``) or a fused 16-bit one, without C,
+    whose cooperative tile is 128 x ``block_n`` takes 128 x ``EPILOGUE_PINGPONG_WIDTH`` ping-pong
+    tiles: where they give each CTA two tiles or more and their waves x width x
+    ``EPILOGUE_PINGPONG_TILE_COST`` is at most the cooperative tile's :func:`_tile_time`. In the
+    cooperative kernel the tensor cores idle while both consumers store a tile; ping-pong runs one
+    consumer's epilogue under the other's main loop (as CUTLASS's
+    ``KernelTmaWarpSpecializedPingpongFP8FastAccum``, PyTorch's row-wise fp8 kernel, does). That
+    pays most where the epilogue is a large share of a tile's run: an fp8 k-block takes half a
+    16-bit one's time, and a fused epilogue computes on every element. Measured on the H200
+    against the cooperative tile: fp8 per-tensor / row-wise +5 / +9% at 4096^3, +1 / +4% at
+    8192^3, +14 / +20% at 4096x7168x2048, +20 / +29% at 4096x24576x1536, and -9 / -8% at
+    4096x2112x7168, whose 128-wide tiles take 4.1 waves against 2.7 of 192-wide ones (the
+    estimate keeps the cooperative tile there); bf16 with a bias and gelu_tanh +7% at 4096^3, +3%
+    at 8192^3, +17% at 4096x5632x2048, +12% at 8192x14336x4096, +20% at 4096x4096x1024 and +2% at
+    2048x2560x9728, at the plain product's speed."""
+    tiles = units * _ceil(M, 128) * _ceil(N, EPILOGUE_PINGPONG_WIDTH)
+    pingpong = _ceil(tiles, sms) * EPILOGUE_PINGPONG_WIDTH * EPILOGUE_PINGPONG_TILE_COST
     return tiles >= 2 * sms and pingpong <= _tile_time(M, N, units, sms, block_n)
 
 
@@ -406,9 +414,9 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits, sus
                                b_major == "K")
         if width:
             base = GemmConfig(block_n=width, pingpong=True)
-    elif block_m == 128 and va.itemsize == 1 and not promoted and base.cluster_size == 1 \
-            and not (epilogue and epilogue.c_dtype) and fp8_pingpong_pays(M, N, units, limits.sm_count, block_n):
-        base = GemmConfig(block_n=FP8_PINGPONG_WIDTH, pingpong=True)
+    elif block_m == 128 and (va.itemsize == 1 or epilogue is not None) and not promoted and base.cluster_size == 1 \
+            and not (epilogue and epilogue.c_dtype) and epilogue_pingpong_pays(M, N, units, limits.sm_count, block_n):
+        base = GemmConfig(block_n=EPILOGUE_PINGPONG_WIDTH, pingpong=True)
     if sustained and plain_16bit_out and base.block_m == 128 and base.cluster_size == 1 \
             and (base.block_n == 256 or base.pingpong) \
             and sustained_clusters_pay(M, N, a_major, b_major, units, limits.sm_count):
@@ -454,8 +462,8 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     Default: the tile :func:`tile_shape` picks for ``units`` products, the deepest ring
     that fits, and a 1x2 cluster of 128x256 tiles where :func:`cluster_pays`, or of narrower
     tiles in GPC order where :func:`gpc_clusters_pay`; else, for a plain 16-bit product,
-    ping-pong tiles where :func:`pingpong_width` takes them, for an unpromoted fp8 one without C
-    where :func:`fp8_pingpong_pays`; :func:`block_scaled_tile`'s and
+    ping-pong tiles where :func:`pingpong_width` takes them, for an unpromoted fp8 or a fused
+    16-bit one without C where :func:`epilogue_pingpong_pays`; :func:`block_scaled_tile`'s and
     :func:`gated_tile`'s for those features. ``sustained``: the tiles of products run back to back at the
     power limit (:func:`sustained_clusters_pay`). ``limits``: the device's
     :class:`~numba_hopper.runtime.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
