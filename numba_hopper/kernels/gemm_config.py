@@ -334,6 +334,13 @@ class GemmConfig:
                 and self.grouped is None and (self.epilogue is None or self.epilogue.scale_only))
 
     @property
+    def promotion_run(self):
+        """k-blocks a pair-promoting consumer runs between two drains of its wgmmas
+        (``mainloop/promoted.py``): 4 for a lone consumer (64-row tiles) without block-wise
+        scales, whose tensor cores idle at each drain, else 2 (B's scales load a pair ahead)."""
+        return 4 if self.promotes_in_pairs and self.consumers == 1 and not self.block_scaled else 2
+
+    @property
     def partial_bytes(self):
         """One consumer's stream-K partial tile: 64 x ``block_n`` f32 in fragment order."""
         return WG_ROWS * self.block_n * 4

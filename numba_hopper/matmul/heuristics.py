@@ -251,12 +251,18 @@ UNPAIRED_BLOCK_SCALED_TILE_COST = {(128, 256): 1.74, (192, 128): 1.23, (128, 128
                                    (64, 128): 0.8, (128, 192): 1.34}
 LONG_K_BLOCKS = 48
 LONG_K_BLOCK_SCALED_TILE_COST = {**BLOCK_SCALED_TILE_COST, (128, 256): 2.06}
-# Output buffers per consumer of a paired 128 x 128 tile (one buys the ring a sixth slot):
-# python benchmarks/bench_fp8.py --scalings blockwise --device-time --configs m128-n128-e1-p6 m128-n128-e2-p5
+# Output buffers per consumer of a paired 128 x 128 block-scaled tile (one buys the ring a sixth slot beside
+# A's scales): python benchmarks/bench_fp8.py --scalings blockwise --device-time --configs m128-n128-e1-p6 m128-n128-e2-p5
+# Without the scales the ring has six slots either way, and two buffers measured 0.5-4% faster (--scalings tensor
+# --accumulate promoted --configs m128-n128 m128-n128-e1).
 PAIRED_TILE_EPI_BUFFERS = 1
+# Without block-wise scales (per-tensor and row-wise promotion) a 128 x 256 tile costs 2.07-2.10 paired
+# 128 x 128 ones at 16-64 k-blocks: python benchmarks/bench_fp8.py --scalings tensor --accumulate promoted \
+#     --shapes 4096^3 8192^3 "dsv3 4096x7168x2048" --configs m128-n128 m128-n256
+UNSCALED_WIDE_TILE_COST = 2.08
 
 
-def block_scaled_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True):
+def block_scaled_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True, block_scales=True):
     """``(block_m, block_n)`` of ``units`` block-wise scaled fp8 products of M x N x K: the fewest
     waves x tile cost (ties to the first, the largest tile). ``wide``: whether tiles over 128
     wide may run (not with column vectors in the epilogue, nor in grouped products); ``tall``:
@@ -266,10 +272,13 @@ def block_scaled_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True)
     the fewest waves win; a 64-row tile (one consumer) costs 1.34x a 128 x 128 one per FLOP and
     wins only a wave; unpaired, its one consumer idles the tensor cores while it promotes.
     Against paired 128 x 128 tiles a 128 x 256 one costs more the longer K runs (1.83-1.93 at 16
-    k-blocks, 2.0-2.06 from 56 on): ``LONG_K_BLOCK_SCALED_TILE_COST``."""
+    k-blocks, 2.0-2.06 from 56 on): ``LONG_K_BLOCK_SCALED_TILE_COST``; without ``block_scales``
+    (per-tensor and row-wise promotion, no scale loads in the pairs) ``UNSCALED_WIDE_TILE_COST``."""
     long_k = _ceil(K, KBLOCK_SCALE) >= LONG_K_BLOCKS
     costs = (LONG_K_BLOCK_SCALED_TILE_COST if long_k else BLOCK_SCALED_TILE_COST) if paired else \
         UNPAIRED_BLOCK_SCALED_TILE_COST
+    if paired and not block_scales:
+        costs = {**costs, (128, 256): UNSCALED_WIDE_TILE_COST}
 
     def estimate(tile):
         return _ceil(units * _ceil(M, tile[0]) * _ceil(N, tile[1]), sms) * costs[tile]
@@ -378,9 +387,9 @@ def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 
     return stages
 
 
-def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits, sustained=False):
+def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, block_scaled, units, limits, sustained=False):
     """:func:`choose_config`'s default tiling (a :class:`GemmConfig` of tile and cluster) of an
-    ungated product; ``promoted``: fp8 two-level accumulation (block-wise scaled or not), whose
+    ungated product; ``promoted``: fp8 two-level accumulation (``block_scaled`` or not), whose
     tiles :func:`block_scaled_tile` chooses; ``sustained``: :func:`sustained_clusters_pay`'s."""
     M, N = vo.shape
     plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
@@ -389,8 +398,8 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits, sus
         paired = terms.scale_only  # (GemmConfig.promotes_in_pairs)
         block_m, block_n = block_scaled_tile(M, N, va.shape[1], limits.sm_count, wide=not terms.column_bytes(192),
                                              tall=not terms.fuses_more and ELEMENT_BYTES[vo.dtype] > 1,
-                                             paired=paired)
-        if paired and (block_m, block_n) == (128, 128):
+                                             paired=paired, block_scales=block_scaled)
+        if paired and block_scaled and (block_m, block_n) == (128, 128):
             return GemmConfig(block_m=block_m, block_n=block_n, epi_buffers=PAIRED_TILE_EPI_BUFFERS)
     else:
         a_row_bytes = leading_dim(va if a_major == "K" else transpose(va)) * va.itemsize
@@ -484,7 +493,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
         if gated:
             base = gated_tile(M, N, va.shape[1], units, limits.sm_count)
         else:
-            base = _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, units, limits, sustained)
+            base = _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, block_scaled, units, limits, sustained)
         stages = max_stages(va.dtype, vo.dtype, base.block_n, limits.max_shared_per_block_optin,
                             a_major=a_major, b_major=b_major, block_m=base.block_m, epi_buffers=base.epi_buffers,
                             epilogue=epilogue, promoted=promoted, block_scaled=block_scaled, gated=gated)

@@ -198,12 +198,18 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
     """``mma`` as :func:`promoted_mma`, for tiles of at most 128 x 128: k-blocks two at a time,
     both issued in this consumer's turn into two accumulators; the first is waited for
     (``wait_group(1)``) and promoted while the second's wgmmas run, then the second (while
-    the other consumer's run). Nothing stays in flight from one pair to the next: ptxas
+    the other consumer's run). Nothing stays in flight from one run to the next: ptxas
     serializes every wgmma of a loop whose accumulators are read while a wgmma issued in an
-    earlier iteration is in flight (C7514). An odd item's last k-block runs alone."""
+    earlier iteration is in flight (C7514). An odd item's last k-block runs alone.
+
+    A lone consumer (64-row tiles) has no other consumer's wgmmas to promote behind: its
+    tensor cores idle from a run's last wait to its next issue. Without block-wise scales it
+    runs four k-blocks at a time (``GemmConfig.promotion_run``), each accumulator issued its
+    next k-block as soon as it is promoted, so the idle gap comes once per four k-blocks."""
     BN = cfg.block_n
     DEBUG = cfg.debug
     A_SCALES = cfg.layout.a_scales
+    RUN = cfg.promotion_run
     stage_descriptors, mma_block, wait_turn, pass_turn = kb.descriptors, kb.issue, turns.wait, turns.pass_on
     load_b_scale, first_b_scales, a_scales, promote, take_turn = _promotion(cfg, kb, turns)
 
@@ -215,6 +221,43 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
         return part_acc
 
     @cuda.jit(device=True, forceinline=True)
+    def issue_pair(acc, second_acc, smem, bars, st, p, item, c, k):
+        """k-blocks ``k`` and ``k + 1`` (slots ``st`` and the next) into the two accumulators."""
+        st_second = pipe.advance(st)
+        pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k) if DEBUG else None)
+        pipe.consumer_wait(bars, st_second, debug_site(p.debug_record, item.tile, k + 1) if DEBUG else None)
+        wait_turn(c)
+        acc = mma_block(acc, stage_descriptors(smem, st, c.cw), True)
+        second_acc = mma_block(second_acc, stage_descriptors(smem, st_second, c.cw), True)
+        pass_turn(c)
+        return acc, second_acc, st_second
+
+    @cuda.jit(device=True, forceinline=True)
+    def promote_then_issue(sums, acc, second_acc, smem, bars, st, st_second, p, item, c, peers, k):
+        """(A lone unscaled consumer) the older k-block's promotion, then k-block ``k`` into its
+        accumulator: ``(older, newer, slot, slot)`` of the two in flight."""
+        nh.wgmma_wait_group(1)
+        if c.lane == 0:
+            pipe.consumer_release(bars, st, peers)
+        acc = add_scaled(sums, acc, (np.float32(1), np.float32(1)), np.float32(1))
+        st_next = pipe.advance(st_second)
+        pipe.consumer_wait(bars, st_next, debug_site(p.debug_record, item.tile, k) if DEBUG else None)
+        return second_acc, mma_block(acc, stage_descriptors(smem, st_next, c.cw), True), st_second, st_next
+
+    @cuda.jit(device=True, forceinline=True)
+    def drain_pair(sums, acc, second_acc, bars, st, st_second, c, peers, first_a, second_a, b_scales):
+        """The two k-blocks in flight promoted, times their scales: ``(acc, second_acc, next slot)``."""
+        nh.wgmma_wait_group(1)
+        if c.lane == 0:
+            pipe.consumer_release(bars, st, peers)
+        acc = add_scaled(sums, acc, first_a, b_scales[0])
+        nh.wgmma_wait_group(0)
+        if c.lane == 0:
+            pipe.consumer_release(bars, st_second, peers)
+        second_acc = add_scaled(sums, second_acc, second_a, b_scales[1])
+        return acc, second_acc, pipe.advance(st_second)
+
+    @cuda.jit(device=True, forceinline=True)
     def mma_promoted_pairs(acc, smem, bars, st, p, item, c, peers, tile):
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
         k_begin, k_blocks = np.uint32(item.k_begin), np.int32(item.k_end - item.k_begin)
@@ -222,29 +265,26 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
         row_scales = smem + A_SCALES + 4 * (tile.m0 % 4 + c.cw * WG_ROWS + c.row_in_wg)
         b_scales = first_b_scales(p, tile.batch, n_block, k_begin, k_blocks)  # the next pair's
         second_acc = nh.wgmma_accumulator(BN, "f32")
-        for j in range(k_blocks // 2):
-            st_second = pipe.advance(st)
-            pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + 2 * j) if DEBUG else None)
-            pipe.consumer_wait(bars, st_second,
-                               debug_site(p.debug_record, item.tile, k_begin + 2 * j + 1) if DEBUG else None)
-            wait_turn(c)
-            acc = mma_block(acc, stage_descriptors(smem, st, c.cw), True)
-            second_acc = mma_block(second_acc, stage_descriptors(smem, st_second, c.cw), True)
-            pass_turn(c)
-            ahead = np.int32(2 * j + SCALE_AHEAD)  # (loaded while the pair's wgmmas run)
+        for j in range(k_blocks // RUN):
+            k = k_begin + RUN * j
+            acc, second_acc, st_second = issue_pair(acc, second_acc, smem, bars, st, p, item, c, k)
+            ahead = np.int32(RUN * j + SCALE_AHEAD)  # (loaded while the pair's wgmmas run; RUN = 2)
             b_later = (load_b_scale(p, tile.batch, n_block, k_begin, ahead, k_blocks),
                        load_b_scale(p, tile.batch, n_block, k_begin, ahead + 1, k_blocks))
             first_a, second_a = a_scales(row_scales, st), a_scales(row_scales, st_second)
-            nh.wgmma_wait_group(1)
-            if c.lane == 0:
-                pipe.consumer_release(bars, st, peers)
-            acc = add_scaled(sums, acc, first_a, b_scales[0])
-            nh.wgmma_wait_group(0)
-            if c.lane == 0:
-                pipe.consumer_release(bars, st_second, peers)
-            second_acc = add_scaled(sums, second_acc, second_a, b_scales[1])
+            if RUN == 4:  # (unscaled: the scales above are 1)
+                acc, second_acc, st, st_second = promote_then_issue(sums, acc, second_acc, smem, bars, st,
+                                                                    st_second, p, item, c, peers, k + 2)
+                acc, second_acc, st, st_second = promote_then_issue(sums, acc, second_acc, smem, bars, st,
+                                                                    st_second, p, item, c, peers, k + 3)
+            acc, second_acc, st = drain_pair(sums, acc, second_acc, bars, st, st_second, c, peers, first_a, second_a,
+                                             b_scales)
             b_scales = b_later
-            st = pipe.advance(st_second)
+        if RUN == 4 and k_blocks % 4 >= 2:
+            acc, second_acc, st_second = issue_pair(acc, second_acc, smem, bars, st, p, item, c,
+                                                    k_begin + k_blocks - k_blocks % 4)
+            acc, second_acc, st = drain_pair(sums, acc, second_acc, bars, st, st_second, c, peers,
+                                             a_scales(row_scales, st), a_scales(row_scales, st_second), b_scales)
         if k_blocks % 2 == 1:
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + k_blocks - 1) if DEBUG else None)
             acc = take_turn(acc, stage_descriptors(smem, st, c.cw), c)
