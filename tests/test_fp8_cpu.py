@@ -16,7 +16,7 @@ from numba_hopper.matmul.heuristics import max_stages
 from numba_hopper.errors import DtypeError, LayoutError, ShapeError
 from numba_hopper.kernels import gemm_argument_types
 from numba_hopper.kernels.epilogue import EpilogueConfig
-from numba_hopper.kernels.gemm_config import GemmConfig
+from numba_hopper.kernels.gemm_config import LONE_CONSUMER_RUN, GemmConfig
 from numba_hopper.kernels.gemm_sm90 import make_gemm_kernel
 from numba_hopper.tools.sass import inspect_kernel
 
@@ -356,15 +356,16 @@ def test_promoted_sass_adds_every_k_block_without_scales(block_m, block_n):
     the scales folded away: per k-block one add per accumulator register (FADD, or FFMA by the
     constant 1 in the 128 x 256 halves), no scale box in the ring (3 tensor maps) and no load of
     B's scales; the plain output store (no epilogue), no spills. A lone consumer (64-row tiles)
-    runs four k-blocks at a time, each accumulator given its next k-block once promoted: seven
-    k-blocks' code (a run of four, a last pair, a last k-block), with no C7514 serialization."""
+    runs ``LONE_CONSUMER_RUN`` k-blocks at a time, each accumulator given its next k-block once
+    promoted: the code of a run, a pair (an item's last pairs) and a last k-block, with no C7514
+    serialization."""
     stages = max_stages("e4m3", "bf16", block_n, a_major="K", b_major="K", block_m=block_m, promoted=True)
     cfg = GemmConfig("e4m3", "bf16", "K", "K", block_m=block_m, block_n=block_n, stages=stages, promoted=True)
     assert cfg.epilogue is None and cfg.tensormaps == 3 and cfg.a_scales_bytes == 0
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
     assert cfg.promotes_in_pairs == (block_n <= 128 and block_m <= 128)
-    assert cfg.promotion_run == (4 if block_m == 64 else 2)
-    copies = (4 + 2 + 1 if cfg.promotion_run == 4 else 3) if cfg.promotes_in_pairs else 1
+    assert cfg.promotion_run == (LONE_CONSUMER_RUN if block_m == 64 else 2)
+    copies = (cfg.promotion_run + 2 + 1 if cfg.promotion_run > 2 else 3) if cfg.promotes_in_pairs else 1
     mma_n = 128 if block_n == 256 else block_n
     assert r.sass.count(f"QGMMA.64x{mma_n}x32.F32.E4M3.E4M3 ") == copies * 4 * block_n // mma_n, r.summary()
     assert r.count("FADD") + r.count("FFMA") == copies * block_n // 2, r.summary()

@@ -434,12 +434,12 @@ def test_fp8_block_wise_dtypes(torch, fp8, out_dtype):
 
 @pytest.mark.parametrize("scaling", ["none", "tensor", "rowwise"])
 def test_fp8_lone_consumer_promotes_runs_of_four_k_blocks(torch, scaling):
-    """64-row promoted tiles (one consumer, four k-blocks per run, ``promotion_run``) over
-    every count of k-blocks modulo 4, ragged K and ragged tiles, against float64 with an f32
+    """64-row promoted tiles (one consumer, ``promotion_run`` k-blocks per run) over every count
+    of k-blocks modulo the run, ragged K and ragged tiles, against float64 with an f32
     output, NaN-poisoned: within the promoted bound, which does not grow with K (K = 16384)."""
     M, N = 129, 300
     config = GemmConfig(block_m=64, block_n=128, a_major="K", b_major="K")
-    for K in (16, 256, 384, 512, 640, 936, 1152, 1408, 16384):
+    for K in (16, 256, 384, 512, 640, 768, 944, 1024, 1152, 1408, 2048 + 1920, 16384):
         a, b = _operands(torch, M, N, K)
         sa, sb = _scales(torch, scaling, M, N)
         out = torch.full((M, N), float("nan"), dtype=torch.float32, device="cuda")

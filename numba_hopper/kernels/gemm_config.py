@@ -39,6 +39,9 @@ BLOCK_MS = (64, 128, 192)
 BLOCK_NS = (8, 16, 32, 64, 112, 128, 144, 160, 176, 192, 224, 256)
 NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a decode product's tokens
 STREAM_K_MAX_BLOCK_N = 192
+# k-blocks a lone promoting consumer runs between drains (GemmConfig.promotion_run): 128x7168x16384
+# per-tensor ran 1.109x pairs with runs of 4 (python benchmarks/ab_versions.py --only "fp8 per-tensor")
+LONE_CONSUMER_RUN = 8
 # Promoted tile widths: the f32 sums double the accumulators, which fit in the consumers'
 # registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests); a 256-wide tile
 # accumulates each k-block in two 128-column halves (64 + 128).
@@ -336,9 +339,10 @@ class GemmConfig:
     @property
     def promotion_run(self):
         """k-blocks a pair-promoting consumer runs between two drains of its wgmmas
-        (``mainloop/promoted.py``): 4 for a lone consumer (64-row tiles) without block-wise
-        scales, whose tensor cores idle at each drain, else 2 (B's scales load a pair ahead)."""
-        return 4 if self.promotes_in_pairs and self.consumers == 1 and not self.block_scaled else 2
+        (``mainloop/promoted.py``): ``LONE_CONSUMER_RUN`` for a lone consumer (64-row tiles)
+        without block-wise scales, whose tensor cores idle at each drain, else 2 (B's scales
+        load a pair ahead)."""
+        return LONE_CONSUMER_RUN if self.promotes_in_pairs and self.consumers == 1 and not self.block_scaled else 2
 
     @property
     def partial_bytes(self):

@@ -203,9 +203,10 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
     earlier iteration is in flight (C7514). An odd item's last k-block runs alone.
 
     A lone consumer (64-row tiles) has no other consumer's wgmmas to promote behind: its
-    tensor cores idle from a run's last wait to its next issue. Without block-wise scales it
-    runs four k-blocks at a time (``GemmConfig.promotion_run``), each accumulator issued its
-    next k-block as soon as it is promoted, so the idle gap comes once per four k-blocks."""
+    tensor cores idle from a run's last wait to its next issue. Without block-wise scales its
+    runs are longer (``GemmConfig.promotion_run`` k-blocks), each accumulator given its next
+    k-block as soon as it is promoted, so the idle gap comes once per run; an item's last
+    k-blocks run in pairs, then alone."""
     BN = cfg.block_n
     DEBUG = cfg.debug
     A_SCALES = cfg.layout.a_scales
@@ -244,6 +245,9 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
         pipe.consumer_wait(bars, st_next, debug_site(p.debug_record, item.tile, k) if DEBUG else None)
         return second_acc, mma_block(acc, stage_descriptors(smem, st_next, c.cw), True), st_second, st_next
 
+    # (a chain of inlined calls, not a loop: ptxas would serialize a loop's wgmmas, C7514)
+    rest_of_run = _repeated(promote_then_issue, RUN - 2)
+
     @cuda.jit(device=True, forceinline=True)
     def drain_pair(sums, acc, second_acc, bars, st, st_second, c, peers, first_a, second_a, b_scales):
         """The two k-blocks in flight promoted, times their scales: ``(acc, second_acc, next slot)``."""
@@ -272,19 +276,17 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
             b_later = (load_b_scale(p, tile.batch, n_block, k_begin, ahead, k_blocks),
                        load_b_scale(p, tile.batch, n_block, k_begin, ahead + 1, k_blocks))
             first_a, second_a = a_scales(row_scales, st), a_scales(row_scales, st_second)
-            if RUN == 4:  # (unscaled: the scales above are 1)
-                acc, second_acc, st, st_second = promote_then_issue(sums, acc, second_acc, smem, bars, st,
-                                                                    st_second, p, item, c, peers, k + 2)
-                acc, second_acc, st, st_second = promote_then_issue(sums, acc, second_acc, smem, bars, st,
-                                                                    st_second, p, item, c, peers, k + 3)
+            acc, second_acc, st, st_second = rest_of_run(sums, acc, second_acc, smem, bars, st, st_second, p, item, c,
+                                                         peers, k + 2)
             acc, second_acc, st = drain_pair(sums, acc, second_acc, bars, st, st_second, c, peers, first_a, second_a,
                                              b_scales)
             b_scales = b_later
-        if RUN == 4 and k_blocks % 4 >= 2:
-            acc, second_acc, st_second = issue_pair(acc, second_acc, smem, bars, st, p, item, c,
-                                                    k_begin + k_blocks - k_blocks % 4)
-            acc, second_acc, st = drain_pair(sums, acc, second_acc, bars, st, st_second, c, peers,
-                                             a_scales(row_scales, st), a_scales(row_scales, st_second), b_scales)
+        if RUN > 2:  # a long run's last pairs (unscaled)
+            for j in range(k_blocks % RUN // 2):
+                acc, second_acc, st_second = issue_pair(acc, second_acc, smem, bars, st, p, item, c,
+                                                        k_begin + k_blocks - k_blocks % RUN + 2 * j)
+                acc, second_acc, st = drain_pair(sums, acc, second_acc, bars, st, st_second, c, peers,
+                                                 a_scales(row_scales, st), a_scales(row_scales, st_second), b_scales)
         if k_blocks % 2 == 1:
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, k_begin + k_blocks - 1) if DEBUG else None)
             acc = take_turn(acc, stage_descriptors(smem, st, c.cw), c)
@@ -297,6 +299,30 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
         return nh.array_as_tuple(sums, acc), st
 
     return mma_promoted_pairs
+
+
+def _repeated(step, n):
+    """``step`` applied ``n`` times, inlined: ``(sums, acc, second_acc, smem, bars, st,
+    st_second, p, item, c, peers, k)`` to ``(acc, second_acc, st, st_second)``, k-blocks ``k``
+    to ``k + n - 1``."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def none(sums, acc, second_acc, smem, bars, st, st_second, p, item, c, peers, k):
+        return acc, second_acc, st, st_second
+
+    repeated = none
+    for i in range(n):
+        repeated = _then_step(repeated, step, i)
+    return repeated
+
+
+def _then_step(first, step, i):
+    @cuda.jit(device=True, forceinline=True)
+    def first_then(sums, acc, second_acc, smem, bars, st, st_second, p, item, c, peers, k):
+        acc, second_acc, st, st_second = first(sums, acc, second_acc, smem, bars, st, st_second, p, item, c, peers, k)
+        return step(sums, acc, second_acc, smem, bars, st, st_second, p, item, c, peers, k + i)
+
+    return first_then
 
 
 def _scales_ahead(load, n):
