@@ -39,9 +39,10 @@ BLOCK_MS = (64, 128, 192)
 BLOCK_NS = (8, 16, 32, 64, 112, 128, 144, 160, 176, 192, 224, 256)
 NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a decode product's tokens
 STREAM_K_MAX_BLOCK_N = 192
-# k-blocks a lone promoting consumer runs between drains (GemmConfig.promotion_run): 128x7168x16384
-# per-tensor ran 1.109x pairs with runs of 4 (python benchmarks/ab_versions.py --only "fp8 per-tensor")
-LONE_CONSUMER_RUN = 8
+# k-blocks a lone promoting consumer runs between drains (GemmConfig.promotion_run). At 128x7168x16384
+# per-tensor, runs of 4 and 8 ran 1.11x and 1.14x pairs, and runs of 16 1.017x runs of 8
+# (python benchmarks/ab_versions.py --only "fp8 per-tensor 128", the shorter runs' package as the base).
+LONE_CONSUMER_RUN = 16
 # Promoted tile widths: the f32 sums double the accumulators, which fit in the consumers'
 # registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests); a 256-wide tile
 # accumulates each k-block in two 128-column halves (64 + 128).
