@@ -256,6 +256,27 @@ def test_block_wise_tile_choice():
             GemmConfig("bf16", "bf16", "K", "K", block_n=128, **{feature: True})
 
 
+def test_unscaled_promotion_tile_choice():
+    """Per-tensor and row-wise promotion (no block-wise scales) price a 128 x 256 tile at
+    ``UNSCALED_WIDE_TILE_COST``: 4096^3 and 4096x7168x2048 take paired 128 x 128 tiles (8 waves
+    against 4 of 2.08), which keep two output buffers per consumer (no scale box to make room
+    for); 8192^3 and 4096x2112x7168 keep 128 x 192 (21 waves of 1.47 against 32; 3 against 5).
+    Block-wise scales keep their prices and the single output buffer."""
+    from numba_hopper.matmul.heuristics import block_scaled_tile
+
+    for (M, N, K), tile in (((4096, 4096, 4096), (128, 128)), ((4096, 7168, 2048), (128, 128)),
+                            ((8192, 8192, 8192), (128, 192)), ((4096, 2112, 7168), (128, 192))):
+        assert block_scaled_tile(M, N, K, 132, block_scales=False) == tile
+        cfg = _choose(M, N, K, "bf16", PER_TENSOR_DEVICE_SCALES, promoted=True)
+        assert (cfg.block_m, cfg.block_n) == tile and cfg.epi_buffers == 2
+    assert block_scaled_tile(4096, 4096, 4096, 132) == (128, 256)
+    assert _choose(4096, 4096, 7168, "bf16", EpilogueConfig()).epi_buffers == 1
+    # a lone consumer's runs: 64-row tiles without block-wise scales
+    small = _choose(128, 7168, 16384, "bf16", PER_TENSOR_DEVICE_SCALES, promoted=True)
+    assert (small.block_m, small.promotion_run) == (64, LONE_CONSUMER_RUN)
+    assert _choose(128, 7168, 16384, "bf16", EpilogueConfig()).promotion_run == 2
+
+
 @pytest.mark.parametrize("out_dtype,epilogue,tile", [
     ("bf16", EpilogueConfig(), (128, 128, 1, 6)), ("f32", EpilogueConfig(), (128, 128, 1, 6)),
     ("bf16", EpilogueConfig(col_scale=True), (128, 128, 1, 6)),
@@ -398,9 +419,9 @@ def test_promoted_wide_tiles_take_per_tensor_device_scales(block_n):
 
 def test_per_tensor_device_scales_choose_wide_tiles():
     """Without staged column terms, per-tensor device scales take the tiles of a host-number
-    scale (128 x 256 at 4096^3, 128 x 192 at 4096x2112x7168); a column vector keeps 128."""
+    scale (128 x 192 at 8192^3 and 4096x2112x7168); a column vector keeps 128."""
     vector = EpilogueConfig(row_scale=True, col_scale=True)
-    for (M, N, K), width in (((4096, 4096, 4096), 256), ((4096, 2112, 7168), 192)):
+    for (M, N, K), width in (((8192, 8192, 8192), 192), ((4096, 2112, 7168), 192)):
         assert _choose(M, N, K, "bf16", PER_TENSOR_DEVICE_SCALES, promoted=True).block_n == width
         assert _choose(M, N, K, "bf16", EpilogueConfig(alpha=True), promoted=True).block_n >= 128
         assert _choose(M, N, K, "bf16", vector, promoted=True).block_n == 128

@@ -253,12 +253,12 @@ LONG_K_BLOCKS = 48
 LONG_K_BLOCK_SCALED_TILE_COST = {**BLOCK_SCALED_TILE_COST, (128, 256): 2.06}
 # Output buffers per consumer of a paired 128 x 128 block-scaled tile (one buys the ring a sixth slot beside
 # A's scales): python benchmarks/bench_fp8.py --scalings blockwise --device-time --configs m128-n128-e1-p6 m128-n128-e2-p5
-# Without the scales the ring has six slots either way, and two buffers measured 0.5-4% faster (--scalings tensor
-# --accumulate promoted --configs m128-n128 m128-n128-e1).
+# Without the scales the ring has six slots either way, and two buffers ran -1 to +4% against one (mean +1%):
+# benchmarks/results/fp8-promoted-tiles-h200.json.
 PAIRED_TILE_EPI_BUFFERS = 1
-# Without block-wise scales (per-tensor and row-wise promotion) a 128 x 256 tile costs 2.07-2.10 paired
-# 128 x 128 ones at 16-64 k-blocks: python benchmarks/bench_fp8.py --scalings tensor --accumulate promoted \
-#     --shapes 4096^3 8192^3 "dsv3 4096x7168x2048" --configs m128-n128 m128-n256
+# Without block-wise scales (per-tensor and row-wise promotion) a 128 x 256 tile costs 2.04-2.10 paired
+# 128 x 128 ones at 16-64 k-blocks (fp8-promoted-tiles-h200.json, its commands; 8192^3: python
+# benchmarks/bench_fp8.py --scalings tensor --accumulate promoted --shapes 8192^3 --configs m128-n128 m128-n256).
 UNSCALED_WIDE_TILE_COST = 2.08
 
 
