@@ -276,6 +276,7 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
             b_later = (load_b_scale(p, tile.batch, n_block, k_begin, ahead, k_blocks),
                        load_b_scale(p, tile.batch, n_block, k_begin, ahead + 1, k_blocks))
             first_a, second_a = a_scales(row_scales, st), a_scales(row_scales, st_second)
+            # (a run longer than a pair is unscaled: the scales above and below are 1)
             acc, second_acc, st, st_second = rest_of_run(sums, acc, second_acc, smem, bars, st, st_second, p, item, c,
                                                          peers, k + 2)
             acc, second_acc, st = drain_pair(sums, acc, second_acc, bars, st, st_second, c, peers, first_a, second_a,
