@@ -433,7 +433,7 @@ def test_fp8_block_wise_dtypes(torch, fp8, out_dtype):
 
 
 @pytest.mark.parametrize("scaling", ["none", "tensor", "rowwise"])
-def test_fp8_lone_consumer_promotes_runs_of_four_k_blocks(torch, scaling):
+def test_fp8_lone_consumer_promotes_in_runs(torch, scaling):
     """64-row promoted tiles (one consumer, ``promotion_run`` k-blocks per run) over every count
     of k-blocks modulo the run, ragged K and ragged tiles, against float64 with an f32
     output, NaN-poisoned: within the promoted bound, which does not grow with K (K = 16384)."""
