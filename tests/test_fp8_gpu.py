@@ -434,9 +434,10 @@ def test_fp8_block_wise_dtypes(torch, fp8, out_dtype):
 
 @pytest.mark.parametrize("scaling", ["none", "tensor", "rowwise"])
 def test_fp8_lone_consumer_promotes_in_runs(torch, scaling):
-    """64-row promoted tiles (one consumer, ``promotion_run`` k-blocks per run) over every count
-    of k-blocks modulo the run, ragged K and ragged tiles, against float64 with an f32
-    output, NaN-poisoned: within the promoted bound, which does not grow with K (K = 16384)."""
+    """64-row promoted tiles (one consumer, runs of ``promotion_run`` = 16 k-blocks) over items
+    of no run, one and eight runs, with none to seven last pairs and a last lone k-block or not,
+    ragged K and ragged tiles, against float64 with an f32 output, NaN-poisoned: within the
+    promoted bound, which does not grow with K (K = 16384)."""
     M, N = 129, 300
     config = GemmConfig(block_m=64, block_n=128, a_major="K", b_major="K")
     for K in (16, 256, 384, 512, 640, 768, 944, 1024, 1152, 1408, 2048 + 1920, 16384):
