@@ -41,7 +41,8 @@ NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a deco
 STREAM_K_MAX_BLOCK_N = 192
 # k-blocks a lone promoting consumer runs between drains (GemmConfig.promotion_run). At 128x7168x16384
 # per-tensor, runs of 4 and 8 ran 1.11x and 1.14x pairs, and runs of 16 1.017x runs of 8
-# (python benchmarks/ab_versions.py --only "fp8 per-tensor 128", the shorter runs' package as the base).
+# (python benchmarks/ab_versions.py --only "fp8 per-tensor 128", the shorter runs' package as the base;
+# benchmarks/results/ab-fp8-promotion-h200.json, run_lengths).
 LONE_CONSUMER_RUN = 16
 # Promoted tile widths: the f32 sums double the accumulators, which fit in the consumers'
 # registers up to 192 columns (96 + 96 per thread, no spills: SASS, CPU tests); a 256-wide tile
