@@ -228,29 +228,29 @@ def test_block_wise_tile_choice():
     """128 x 256, 192 x 128 and 128 x 192 tiles where they waste no more of a wave than 128 x 128
     ones, 64 x 128 ones where 128 x 128 ones leave SMs idle (measured: benchmarks/NOTES.md); never
     wide tiles with column vectors, nor in grouped products; unpaired tiles at their own costs."""
-    from numba_hopper.matmul.heuristics import block_scaled_tile
+    from numba_hopper.matmul.heuristics import promoted_tile
 
     K = 4096  # 32 k-blocks
-    assert block_scaled_tile(4096, 4096, K, 132) == (128, 256)  # 4 full waves (704 192-wide tiles: 6, a third empty)
-    assert block_scaled_tile(4096, 7168, K, 132) == (128, 256)
-    assert block_scaled_tile(128, 7168, K, 132) == (64, 128)  # 112 tiles fill the GPU where 56 would not
-    assert block_scaled_tile(4096, 2112, K, 132) == (128, 192)  # 3 waves, not 5 (256: 3 waves of larger tiles)
-    assert block_scaled_tile(8192, 8192, K, 132) == (128, 192)  # 21 waves of 1.47 against 16 of 1.96
-    assert block_scaled_tile(128, 24576, K, 132) == (128, 192)  # one full wave, not two
+    assert promoted_tile(4096, 4096, K, 132) == (128, 256)  # 4 full waves (704 192-wide tiles: 6, a third empty)
+    assert promoted_tile(4096, 7168, K, 132) == (128, 256)
+    assert promoted_tile(128, 7168, K, 132) == (64, 128)  # 112 tiles fill the GPU where 56 would not
+    assert promoted_tile(4096, 2112, K, 132) == (128, 192)  # 3 waves, not 5 (256: 3 waves of larger tiles)
+    assert promoted_tile(8192, 8192, K, 132) == (128, 192)  # 21 waves of 1.47 against 16 of 1.96
+    assert promoted_tile(128, 24576, K, 132) == (128, 192)  # one full wave, not two
     # a long K (48 k-blocks on): 14 waves of paired 128 x 128 tiles against 7 of 128 x 256 ones at 2.06
-    assert block_scaled_tile(4096, 7168, 16384, 132) == (128, 128)
-    assert block_scaled_tile(4096, 4096, 7168, 132) == (128, 128)  # 56 k-blocks: 4 waves at 2.06 against 8
-    assert block_scaled_tile(4096, 7168, 16384, 132, paired=False) == (128, 256)
+    assert promoted_tile(4096, 7168, 16384, 132) == (128, 128)
+    assert promoted_tile(4096, 4096, 7168, 132) == (128, 128)  # 56 k-blocks: 4 waves at 2.06 against 8
+    assert promoted_tile(4096, 7168, 16384, 132, paired=False) == (128, 256)
     # three consumers: 192 x 128 where its waves are full (a plain product with a 16- or 32-bit output)
-    assert block_scaled_tile(8192, 8192, K, 132, tall=True) == (192, 128)  # 21 full waves
-    assert block_scaled_tile(8192, 8192, 8192, 132, tall=True) == (192, 128)
-    assert block_scaled_tile(4096, 24576, K, 132, tall=True) == (192, 128)  # 32 exactly
-    assert block_scaled_tile(4096, 4096, K, 132, tall=True) == (128, 256)  # 704 192-row tiles: 6 waves, not 4
-    assert block_scaled_tile(128, 24576, K, 132, tall=True) == (128, 192)
-    assert block_scaled_tile(128, 7168, K, 132, paired=False) == (128, 64)  # one consumer, unpaired, idles
+    assert promoted_tile(8192, 8192, K, 132, tall=True) == (192, 128)  # 21 full waves
+    assert promoted_tile(8192, 8192, 8192, 132, tall=True) == (192, 128)
+    assert promoted_tile(4096, 24576, K, 132, tall=True) == (192, 128)  # 32 exactly
+    assert promoted_tile(4096, 4096, K, 132, tall=True) == (128, 256)  # 704 192-row tiles: 6 waves, not 4
+    assert promoted_tile(128, 24576, K, 132, tall=True) == (128, 192)
+    assert promoted_tile(128, 7168, K, 132, paired=False) == (128, 64)  # one consumer, unpaired, idles
     for M, N in itertools.product((1, 128, 1000, 4096), (128, 2112, 7168)):
-        assert block_scaled_tile(M, N, K, 132, wide=False)[1] <= 128
-        assert block_scaled_tile(M, N, K, 132, units=8, wide=False, paired=False)[1] <= 128
+        assert promoted_tile(M, N, K, 132, wide=False)[1] <= 128
+        assert promoted_tile(M, N, K, 132, units=8, wide=False, paired=False)[1] <= 128
     for feature in ("block_scaled", "promoted"):
         with pytest.raises(ValueError, match="needs fp8"):
             GemmConfig("bf16", "bf16", "K", "K", block_n=128, **{feature: True})
@@ -262,14 +262,14 @@ def test_unscaled_promotion_tile_choice():
     against 4 of 2.08), which keep two output buffers per consumer (no scale box to make room
     for); 8192^3 and 4096x2112x7168 keep 128 x 192 (21 waves of 1.47 against 32; 3 against 5).
     Block-wise scales keep their prices and the single output buffer."""
-    from numba_hopper.matmul.heuristics import block_scaled_tile
+    from numba_hopper.matmul.heuristics import promoted_tile
 
     for (M, N, K), tile in (((4096, 4096, 4096), (128, 128)), ((4096, 7168, 2048), (128, 128)),
                             ((8192, 8192, 8192), (128, 192)), ((4096, 2112, 7168), (128, 192))):
-        assert block_scaled_tile(M, N, K, 132, block_scales=False) == tile
+        assert promoted_tile(M, N, K, 132, block_scales=False) == tile
         cfg = _choose(M, N, K, "bf16", PER_TENSOR_DEVICE_SCALES, promoted=True)
         assert (cfg.block_m, cfg.block_n) == tile and cfg.epi_buffers == 2
-    assert block_scaled_tile(4096, 4096, 4096, 132) == (128, 256)
+    assert promoted_tile(4096, 4096, 4096, 132) == (128, 256)
     assert _choose(4096, 4096, 7168, "bf16", EpilogueConfig()).epi_buffers == 1
     # a lone consumer's runs: 64-row tiles without block-wise scales
     small = _choose(128, 7168, 16384, "bf16", PER_TENSOR_DEVICE_SCALES, promoted=True)

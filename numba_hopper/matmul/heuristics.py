@@ -16,7 +16,7 @@ from ..kernels.epilogue_config import EpilogueConfig
 from ..kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOCK_SCALE, GemmConfig
 from ..runtime.launch import device_limits
 
-__all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "block_scaled_tile", "stream_k_schedule",
+__all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "promoted_tile", "stream_k_schedule",
            "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "EPILOGUE_PINGPONG_WIDTH", "EPILOGUE_PINGPONG_TILE_COST", "epilogue_pingpong_pays", "SUSTAINED", "SUSTAINED_MIN_WAVES", "sustained_clusters_pay", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, up to and over MANY_WAVES waves (tile_shape):
@@ -242,7 +242,7 @@ def small_m_tiling(M, N, K, units, sms, can_split, block_k=64):
     return best
 
 
-# Block-wise scaled fp8 tiles' relative time (block_scaled_tile), paired, unpaired and from LONG_K_BLOCKS on:
+# Block-wise scaled fp8 tiles' relative time (promoted_tile), paired, unpaired and from LONG_K_BLOCKS on:
 # python benchmarks/bench_fp8.py --scalings blockwise --device-time --configs m128-n128-p5 m128-n64-p7 m64-n128-p8 \
 #     m128-n192-p4 m128-n256-p4 m192-n128-p4
 BLOCK_SCALED_TILE_COST = {(128, 256): 1.96, (192, 128): 1.44, (128, 128): 1.0, (128, 64): 0.75, (64, 128): 0.67,
@@ -262,8 +262,9 @@ PAIRED_TILE_EPI_BUFFERS = 1
 UNSCALED_WIDE_TILE_COST = 2.08
 
 
-def block_scaled_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True, block_scales=True):
-    """``(block_m, block_n)`` of ``units`` block-wise scaled fp8 products of M x N x K: the fewest
+def promoted_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True, block_scales=True):
+    """``(block_m, block_n)`` of ``units`` promoted fp8 products of M x N x K (block-wise scaled
+    unless ``block_scales`` is False): the fewest
     waves x tile cost (ties to the first, the largest tile). ``wide``: whether tiles over 128
     wide may run (not with column vectors in the epilogue, nor in grouped products); ``tall``:
     whether 192-row ones may (a 16- or 32-bit output and no epilogue term but alpha);
@@ -390,13 +391,13 @@ def max_stages(in_dtype="bf16", out_dtype="bf16", block_n=256, shared_limit=227 
 def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, block_scaled, units, limits, sustained=False):
     """:func:`choose_config`'s default tiling (a :class:`GemmConfig` of tile and cluster) of an
     ungated product; ``promoted``: fp8 two-level accumulation (``block_scaled`` or not), whose
-    tiles :func:`block_scaled_tile` chooses; ``sustained``: :func:`sustained_clusters_pay`'s."""
+    tiles :func:`promoted_tile` chooses; ``sustained``: :func:`sustained_clusters_pay`'s."""
     M, N = vo.shape
     plain_16bit = epilogue is None and va.itemsize == 2 and vo.itemsize > 1  # what K_MAJOR_WIDTHS ran
     if promoted:
         terms = epilogue or EpilogueConfig()
         paired = terms.scale_only  # (GemmConfig.promotes_in_pairs)
-        block_m, block_n = block_scaled_tile(M, N, va.shape[1], limits.sm_count, wide=not terms.column_bytes(192),
+        block_m, block_n = promoted_tile(M, N, va.shape[1], limits.sm_count, wide=not terms.column_bytes(192),
                                              tall=not terms.fuses_more and ELEMENT_BYTES[vo.dtype] > 1,
                                              paired=paired, block_scales=block_scaled)
         if paired and block_scaled and (block_m, block_n) == (128, 128):
@@ -472,7 +473,7 @@ def choose_config(va, vb, vo, config, debug, epilogue=None, units=1, limits=None
     that fits, and a 1x2 cluster of 128x256 tiles where :func:`cluster_pays`, or of narrower
     tiles in GPC order where :func:`gpc_clusters_pay`; else, for a plain 16-bit product,
     ping-pong tiles where :func:`pingpong_width` takes them, for an unpromoted fp8 or a fused
-    16-bit one without C where :func:`epilogue_pingpong_pays`; :func:`block_scaled_tile`'s and
+    16-bit one without C where :func:`epilogue_pingpong_pays`; :func:`promoted_tile`'s and
     :func:`gated_tile`'s for those features. ``sustained``: the tiles of products run back to back at the
     power limit (:func:`sustained_clusters_pay`). ``limits``: the device's
     :class:`~numba_hopper.runtime.launch.DeviceLimits` (None: ask the driver about ``vo``'s device).
@@ -516,7 +517,7 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
     ``rows / groups``) or their bound (masked: M per group) as :func:`tile_shape` chooses
     it for ``groups`` products of that many rows: 64-row tiles for groups of <= 128 rows,
     where a 128-row tile would be mostly padding. Promoted fp8 groups (block-wise scaled or not) take
-    :func:`block_scaled_tile`'s (at most 128 wide: 192-wide grouped tiles are unmeasured)
+    :func:`promoted_tile`'s (at most 128 wide: 192-wide grouped tiles are unmeasured)
     for ``groups`` such products. 16-bit groups never take ``GROUPED_SLOW_WIDTHS`` (H100 timings).
     """
     limits = limits or device_limits(mo.device)
@@ -525,7 +526,7 @@ def grouped_config(ma, mb, mo, mode, groups, config, debug, epilogue=None, limit
         M, N = mo.shape
         rows = M if mode == "masked" else max(1, _ceil(M, groups))
         if promoted:
-            block_m, block_n = block_scaled_tile(rows, N, ma.shape[1], limits.sm_count, units=groups, wide=False, paired=False)
+            block_m, block_n = promoted_tile(rows, N, ma.shape[1], limits.sm_count, units=groups, wide=False, paired=False)
         else:
             block_m, block_n = tile_shape(rows, N, ma.shape[1], groups, limits.sm_count, fused=epilogue is not None,
                                           block_k=KBLOCK_BYTES // ma.itemsize, grouped=True)
