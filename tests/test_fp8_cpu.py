@@ -260,21 +260,41 @@ def test_unscaled_promotion_tile_choice():
     """Per-tensor and row-wise promotion (no block-wise scales) price a 128 x 256 tile at
     ``UNSCALED_WIDE_TILE_COST``: 4096^3 and 4096x7168x2048 take paired 128 x 128 tiles (8 waves
     against 4 of 2.08), which keep two output buffers per consumer (no scale box to make room
-    for); 8192^3 and 4096x2112x7168 keep 128 x 192 (21 waves of 1.47 against 32; 3 against 5).
-    Block-wise scales keep their prices and the single output buffer."""
+    for). Their scales leave three consumers the registers of 192 x 128 tiles: 8192^3 and
+    4096x2112x7168 take them (21 waves of 1.44 against 32; 3 against 5), row-wise vectors and
+    per-tensor device scales alike; a host number's 128 x 192 ties below them. Block-wise
+    scales keep their prices and the single output buffer."""
     from numba_hopper.matmul.heuristics import promoted_tile
 
+    rowwise = EpilogueConfig(row_scale=True, col_scale=True)
     for (M, N, K), tile in (((4096, 4096, 4096), (128, 128)), ((4096, 7168, 2048), (128, 128)),
-                            ((8192, 8192, 8192), (128, 192)), ((4096, 2112, 7168), (128, 192))):
-        assert promoted_tile(M, N, K, 132, block_scales=False) == tile
-        cfg = _choose(M, N, K, "bf16", PER_TENSOR_DEVICE_SCALES, promoted=True)
-        assert (cfg.block_m, cfg.block_n) == tile and cfg.epi_buffers == 2
+                            ((8192, 8192, 8192), (192, 128)), ((4096, 2112, 7168), (192, 128))):
+        assert promoted_tile(M, N, K, 132, tall=True, block_scales=False) == tile
+        for scales in (PER_TENSOR_DEVICE_SCALES, rowwise, EpilogueConfig(alpha=True)):
+            cfg = _choose(M, N, K, "bf16", scales, promoted=True)
+            assert (cfg.block_m, cfg.block_n) == tile and cfg.epi_buffers == 2 and cfg.shared_bytes <= 227 * 1024
+    # other epilogue terms, or an fp8 output, keep two consumers
+    assert _choose(8192, 8192, 8192, "bf16", EpilogueConfig(bias="row"), promoted=True).block_m == 128
+    assert _choose(8192, 8192, 8192, "e4m3", EpilogueConfig(out_scale="number"), promoted=True).block_m == 128
     assert promoted_tile(4096, 4096, 4096, 132) == (128, 256)
     assert _choose(4096, 4096, 7168, "bf16", EpilogueConfig()).epi_buffers == 1
     # a lone consumer's runs: 64-row tiles without block-wise scales
     small = _choose(128, 7168, 16384, "bf16", PER_TENSOR_DEVICE_SCALES, promoted=True)
     assert (small.block_m, small.promotion_run) == (64, LONE_CONSUMER_RUN)
     assert _choose(128, 7168, 16384, "bf16", EpilogueConfig()).promotion_run == 2
+
+
+def test_unscaled_192_row_tiles_take_the_scales():
+    """Without block-wise scales a 192-row promoted tile runs a scale-only epilogue (the
+    registers B's scales would take hold the row and column scales); other terms, and block
+    scales with more than alpha, are refused."""
+    fp8 = ("e4m3", "bf16", "K", "K")
+    for scales in (PER_TENSOR_DEVICE_SCALES, EpilogueConfig(row_scale=True, col_scale=True)):
+        assert GemmConfig(*fp8, block_m=192, block_n=128, stages=4, epilogue=scales, promoted=True).block_m == 192
+    for kw in (dict(epilogue=EpilogueConfig(bias="row"), promoted=True),
+               dict(epilogue=EpilogueConfig(row_scale=True), block_scaled=True)):
+        with pytest.raises(ValueError, match="promoted 192-row tiles run with"):
+            GemmConfig(*fp8, block_m=192, block_n=128, stages=4, **kw)
 
 
 @pytest.mark.parametrize("out_dtype,epilogue,tile", [
@@ -400,15 +420,19 @@ PER_TENSOR_DEVICE_SCALES = EpilogueConfig(row_scale=True, col_scale=True, scalar
 
 
 @pytest.mark.kernel_matrix
-@pytest.mark.parametrize("block_n", [192, 256])
-def test_promoted_wide_tiles_take_per_tensor_device_scales(block_n):
+@pytest.mark.parametrize("block_m,block_n,scaling", [(128, 192, "tensor"), (128, 256, "tensor"), (192, 128, "tensor"),
+                                                     (192, 128, "rowwise")])
+def test_promoted_tiles_take_per_tensor_and_row_wise_scales(block_m, block_n, scaling):
     """Per-tensor device scales are stride-0 vectors; ``scale_b``'s, a scalar column scale, joins
     each row's factor (one load per tile) instead of being staged per column, so the wide
-    promoted tiles run with them: no spills, no shared-memory column terms."""
-    ecfg = PER_TENSOR_DEVICE_SCALES
-    assert ecfg.column_bytes(block_n) == 0
-    stages = max_stages("e4m3", "bf16", block_n, a_major="K", b_major="K", epilogue=ecfg, promoted=True)
-    cfg = GemmConfig("e4m3", "bf16", "K", "K", block_n=block_n, stages=stages, epilogue=ecfg, promoted=True)
+    promoted tiles run with them. Three consumers' 192 x 128 tiles, at 160 registers each, run
+    them and row-wise vectors (staged columns) too: no spills."""
+    ecfg = PER_TENSOR_DEVICE_SCALES if scaling == "tensor" else EpilogueConfig(row_scale=True, col_scale=True)
+    assert ecfg.column_bytes(block_n) == (0 if scaling == "tensor" else 4 * block_n)
+    stages = max_stages("e4m3", "bf16", block_n, a_major="K", b_major="K", block_m=block_m, epilogue=ecfg,
+                        promoted=True)
+    cfg = GemmConfig("e4m3", "bf16", "K", "K", block_m=block_m, block_n=block_n, stages=stages, epilogue=ecfg,
+                     promoted=True)
     vec = types.Array(types.float32, 1, "A")
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (vec, vec)))
     mma_n = 128 if block_n == 256 else block_n
@@ -418,13 +442,15 @@ def test_promoted_wide_tiles_take_per_tensor_device_scales(block_n):
 
 
 def test_per_tensor_device_scales_choose_wide_tiles():
-    """Without staged column terms, per-tensor device scales take the tiles of a host-number
-    scale (128 x 192 at 8192^3 and 4096x2112x7168); a column vector keeps 128."""
+    """Without staged column terms, per-tensor device scales may take wide tiles, and column
+    vectors may not: with 192-row tiles ruled out (an fp8 output), 8192^3 and 4096x2112x7168
+    take tiles over 128 wide with per-tensor device scales and 128 x 128 with a column vector."""
     vector = EpilogueConfig(row_scale=True, col_scale=True)
-    for (M, N, K), width in (((8192, 8192, 8192), 192), ((4096, 2112, 7168), 192)):
-        assert _choose(M, N, K, "bf16", PER_TENSOR_DEVICE_SCALES, promoted=True).block_n == width
-        assert _choose(M, N, K, "bf16", EpilogueConfig(alpha=True), promoted=True).block_n >= 128
-        assert _choose(M, N, K, "bf16", vector, promoted=True).block_n == 128
+    fp8_out = dict(out_scale="number")
+    for M, N, K in ((8192, 8192, 8192), (4096, 2112, 7168)):
+        per_tensor = dataclasses.replace(PER_TENSOR_DEVICE_SCALES, **fp8_out)
+        assert _choose(M, N, K, "e4m3", per_tensor, promoted=True).block_n > 128
+        assert _choose(M, N, K, "e4m3", dataclasses.replace(vector, **fp8_out), promoted=True).block_n == 128
     with pytest.raises(ValueError, match="set col_scale too"):
         EpilogueConfig(scalar_col_scale=True)
 

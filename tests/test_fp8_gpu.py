@@ -111,14 +111,28 @@ def test_fp8_e4m3_matches_float64(torch, M, N, K, scaling):
 @pytest.mark.parametrize("M,N,K,block_n", [(129, 192, 128, 192), (1000, 1000, 1008, 192), (1000, 320, 384, 256),
                                            (129, 1000, 1008, 256), (4096, 2112, 7168, None)], ids=str)
 def test_fp8_per_tensor_device_scales_on_wide_tiles(torch, M, N, K, block_n):
-    """One-element scale tensors on the 128 x 192 and 128 x 256 promoted tiles (the default's at
-    4096x2112x7168): ``scale_b``'s stride-0 vector is read as one factor of every row's."""
+    """One-element scale tensors on the 128 x 192 and 128 x 256 promoted tiles (and the default's
+    at 4096x2112x7168): ``scale_b``'s stride-0 vector is read as one factor of every row's."""
     a, b = _operands(torch, M, N, K)
     sa, sb = _scales(torch, "tensor", M, N)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     config = block_n and GemmConfig(block_m=128, block_n=block_n)
     assert gemm(a, b, out, scale_a=sa, scale_b=sb, config=config) is out
     _check(torch, out, _reference(torch, a, b, sa, sb), "bf16", K, f"{M}x{N}x{K} 128x{block_n}")
+
+
+@pytest.mark.parametrize("scaling", ["number", "tensor", "rowwise"])
+@pytest.mark.parametrize("M,N,K,out_dtype", [(1, 7, 128, "bf16"), (193, 129, 1008, "f32"), (1000, 1000, 1040, "bf16"),
+                                             (385, 127, 16384, "f16")], ids=str)
+def test_fp8_192_row_tiles_take_the_scales(torch, M, N, K, out_dtype, scaling):
+    """Three consumers' promoted 192 x 128 tiles (the default's at 8192^3 and 4096x2112x7168)
+    with a number, per-tensor device scales and row-wise vectors: partial tiles in both
+    directions, a consumer with no rows, K from one k-block to 128."""
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _scales(torch, scaling, M, N)
+    out = torch.full((M, N), float("nan"), dtype=getattr(torch, TORCH_OUT[out_dtype]), device="cuda")
+    assert gemm(a, b, out, scale_a=sa, scale_b=sb, config=GemmConfig(block_m=192, block_n=128)) is out
+    _check(torch, out, _reference(torch, a, b, sa, sb), out_dtype, K, f"{M}x{N}x{K} {scaling} 192x128")
 
 
 @pytest.mark.parametrize("out_dtype", ["bf16", "f16", "f32"])

@@ -222,12 +222,13 @@ class GemmConfig:
         if self.promoted and self.block_n == 256 and (self.block_m != 128 or self.grouped is not None):
             # (the two-halves k-block is measured on dense 128-row tiles only)
             raise ValueError("promoted 256-wide tiles run with block_m = 128, ungrouped")
-        if self.block_m == 192 and self.promoted and (ELEMENT_BYTES[self.out_dtype] == 1
-                                                      or self.epilogue and self.epilogue.fuses_more):
+        if self.block_m == 192 and self.promoted and (ELEMENT_BYTES[self.out_dtype] == 1 or self.epilogue and (
+                self.epilogue.fuses_more if self.block_scaled else not self.epilogue.scale_only)):
             # Three consumers get 160 registers each: 64 sums and 64 accumulators leave too few
-            # for more epilogue terms (an fp8 output's amax spills 12 + 20 B).
-            raise ValueError("promoted 192-row tiles run with no other epilogue term than alpha and a "
-                             "16- or 32-bit output")
+            # for more epilogue terms (an fp8 output's amax spills 12 + 20 B); without B's block
+            # scales in flight, the row and column scales fit (SASS).
+            raise ValueError("promoted 192-row tiles run with a 16- or 32-bit output and no other epilogue "
+                             "term than alpha, or without block-wise scales, the row and column scales")
         if self.promoted and self.cluster_size > 1:  # (measured slower where tried)
             raise ValueError("promoted products run without a cluster")
         if self.stream_k and self.block_n > STREAM_K_MAX_BLOCK_N:

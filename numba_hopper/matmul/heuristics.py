@@ -260,6 +260,8 @@ PAIRED_TILE_EPI_BUFFERS = 1
 # 128 x 128 ones at 16-64 k-blocks (fp8-promoted-tiles-h200.json, its commands; 8192^3: python
 # benchmarks/bench_fp8.py --scalings tensor --accumulate promoted --shapes 8192^3 --configs m128-n128 m128-n256).
 UNSCALED_WIDE_TILE_COST = 2.08
+# A 192 x 128 tile costs 1.45-1.46 of them without the scales too (8192^3, 4096x2112x7168; the same file,
+# config m192-n128), BLOCK_SCALED_TILE_COST's 1.44.
 
 
 def promoted_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True, block_scales=True):
@@ -267,7 +269,8 @@ def promoted_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True, blo
     unless ``block_scales`` is False): the fewest
     waves x tile cost (ties to the first, the largest tile). ``wide``: whether tiles over 128
     wide may run (not with column vectors in the epilogue, nor in grouped products); ``tall``:
-    whether 192-row ones may (a 16- or 32-bit output and no epilogue term but alpha);
+    whether 192-row ones may (a 16- or 32-bit output, and no epilogue term but alpha or, without
+    block-wise scales, the row and column scales);
     ``paired``: whether tiles of at most 128 x 128 promote k-blocks in pairs
     (``GemmConfig.promotes_in_pairs``). Per FLOP the three largest tiles cost about the same, so
     the fewest waves win; a 64-row tile (one consumer) costs 1.34x a 128 x 128 one per FLOP and
@@ -397,9 +400,9 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, block_scaled, unit
     if promoted:
         terms = epilogue or EpilogueConfig()
         paired = terms.scale_only  # (GemmConfig.promotes_in_pairs)
+        tall = (not terms.fuses_more if block_scaled else terms.scale_only) and ELEMENT_BYTES[vo.dtype] > 1
         block_m, block_n = promoted_tile(M, N, va.shape[1], limits.sm_count, wide=not terms.column_bytes(192),
-                                             tall=not terms.fuses_more and ELEMENT_BYTES[vo.dtype] > 1,
-                                             paired=paired, block_scales=block_scaled)
+                                         tall=tall, paired=paired, block_scales=block_scaled)
         if paired and block_scaled and (block_m, block_n) == (128, 128):
             return GemmConfig(block_m=block_m, block_n=block_n, epi_buffers=PAIRED_TILE_EPI_BUFFERS)
     else:
