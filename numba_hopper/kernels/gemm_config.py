@@ -348,6 +348,19 @@ class GemmConfig:
         return LONE_CONSUMER_RUN if self.promotes_in_pairs and self.consumers == 1 and not self.block_scaled else 2
 
     @property
+    def overlaps_store(self):
+        """Whether a consumer issues each tile's first k-block before it stores the previous
+        tile, so the tensor cores run through the store (``mainloop/promoted.py``,
+        ``gemm_sm90.py``): promoted products without block-wise scales (whose first k-block
+        would need its scales) on tiles at most 128 wide (a 192-wide tile's split K loop
+        compiles to a rolled loop of k-steps: SASS), ungrouped, without stream-K, whose
+        epilogue only scales (no C to load beside the store). The fresh accumulator beside
+        the stored sums takes the registers of a pair's second, or of three consumers' next
+        k-block."""
+        return (self.promoted and not self.block_scaled and self.block_n <= 128 and self.grouped is None
+                and not self.stream_k and (self.epilogue is None or self.epilogue.scale_only))
+
+    @property
     def partial_bytes(self):
         """One consumer's stream-K partial tile: 64 x ``block_n`` f32 in fragment order."""
         return WG_ROWS * self.block_n * 4

@@ -278,7 +278,8 @@ def _producer(cfg: GemmConfig, mainloop, scheduler, tensormaps, role_schedule):
 
 def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps, role_schedule):
     """``(consumer, pingpong_consumer)``, each ``(p, ep, smem, tid, cta, work)``: the consumer
-    warpgroups' roles, cooperative (each its 64 rows of every tile) or ping-pong."""
+    warpgroups' roles, cooperative (each its 64 rows of every tile; ``cfg.overlaps_store``:
+    each tile stored behind the next one's first k-block) or ping-pong."""
     BN, BARRIERS = cfg.block_n, cfg.layout.barriers
     roles = warp_roles(cfg)
     TRADES, CONSUMER_REGS = roles.trades, roles.consumer_regs
@@ -319,6 +320,39 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
         epilogue.drain(c, stored, ep)
 
     @cuda.jit(device=True, forceinline=True)
+    def overlapped_consumer(p, ep, smem, tid, cta, work):
+        """(``cfg.overlaps_store``) ``consumer``, with each tile's first k-block issued before
+        the previous tile's store, so the tensor cores work through the store (whose sums
+        and the new accumulator are separate registers), then promoted. Nothing stays in
+        flight across the loop's back edge (ptxas would serialize its wgmmas, C7514). The
+        row and column terms (clamped reads) are read for the first item even on a CTA
+        without one."""
+        c = consumer_of(tid)
+        tmaps, work = tensormaps(p), role_schedule(p, work)
+        sums = nh.wgmma_accumulator(BN, "f32")
+        st = pipeline_start()
+        stored = epilogue.start()
+        mainloop.begin(c)
+        item = scheduler.first(work)
+        tile = scheduler.origin(work, item, cta.rm, cta.rn)
+        terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps.c, p, ep)
+        first = True
+        while item.tile < work.num_tiles:
+            acc = mainloop.start(nh.wgmma_accumulator(BN, "f32"), smem, smem + BARRIERS, st, p, item, c)
+            if not first:
+                stored = epilogue.store_tile(nh.tuple_as_array(sums), smem, c, tile, c.cw, stored, tmaps.d, tmaps.c,
+                                             p, ep, terms)
+                tile = scheduler.origin(work, item, cta.rm, cta.rn)
+                terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps.c, p, ep)
+            sums, st = mainloop.finish(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile)
+            first = False
+            item = scheduler.next(work, item)
+        if not first:
+            stored = epilogue.store_tile(nh.tuple_as_array(sums), smem, c, tile, c.cw, stored, tmaps.d, tmaps.c, p, ep,
+                                         terms)
+        epilogue.drain(c, stored, ep)
+
+    @cuda.jit(device=True, forceinline=True)
     def passed_over(st, item, work):
         """(Ping-pong) the ring state and work item past ``item``, which the other consumer takes."""
         if item.tile < work.num_tiles:
@@ -352,4 +386,4 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
             st, item = passed_over(st, scheduler.next(work, item), work)
         epilogue.drain(c, stored, ep)
 
-    return consumer, pingpong_consumer
+    return overlapped_consumer if cfg.overlaps_store else consumer, pingpong_consumer

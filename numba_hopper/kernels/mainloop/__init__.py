@@ -47,7 +47,7 @@ from .promoted import promoted_mma, promoted_pairs_mma
 
 __all__ = ["Mainloop", "ClusterCta", "make_mainloop"]
 
-Mainloop = namedtuple("Mainloop", ["cluster_cta", "prefetch", "load", "begin", "mma"])
+Mainloop = namedtuple("Mainloop", ["cluster_cta", "prefetch", "load", "begin", "mma", "start", "finish"])
 
 
 def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
@@ -65,14 +65,20 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
       is added (times its block-wise scales with ``cfg.block_scaled``, B's read from
       ``params.b_scales``) into an f32 sum, returned in ``acc``'s place; with
       ``cfg.acc_chains`` > 1 the k-block's wgmmas go to separate accumulators, whose sum is
-      returned.
+      returned;
+    - ``start``, ``finish``: (``cfg.overlaps_store``) ``mma`` split after the issue of the
+      item's first k-block, which runs while the consumer stores the previous tile:
+      ``start(acc, smem, bars, st, params, item, consumer) -> acc`` (``acc`` a fresh
+      accumulator) and ``finish(acc, smem, bars, st, params, item, consumer, peers, tile) ->
+      (acc, st)``; None in other kernels.
     """
     cluster_cta, prefetch, load = make_loads(cfg, pipe)
     kb, turns = make_k_block(cfg), make_turns(cfg)
     if cfg.promoted:
-        variant = promoted_pairs_mma if cfg.promotes_in_pairs else promoted_mma
-    elif cfg.pingpong:
-        variant = pingpong_mma
+        mma, start, finish = (promoted_pairs_mma if cfg.promotes_in_pairs else promoted_mma)(cfg, pipe, kb, turns)
+        if not cfg.overlaps_store:
+            start = finish = None
     else:
-        variant = chained_mma if cfg.acc_chains > 1 else plain_mma
-    return Mainloop(cluster_cta, prefetch, load, turns.begin, variant(cfg, pipe, kb, turns))
+        variant = pingpong_mma if cfg.pingpong else chained_mma if cfg.acc_chains > 1 else plain_mma
+        mma, start, finish = variant(cfg, pipe, kb, turns), None, None
+    return Mainloop(cluster_cta, prefetch, load, turns.begin, mma, start, finish)

@@ -31,9 +31,15 @@ from ...kit.pipeline import debug_site
 from ..gemm_config import KBLOCK_SCALE, WG_ROWS, GemmConfig
 from .issue import KBlock, Turns
 
-__all__ = ["promoted_mma", "promoted_pairs_mma", "SCALE_AHEAD"]
+__all__ = ["PromotedMma", "promoted_mma", "promoted_pairs_mma", "SCALE_AHEAD"]
 
 SCALE_AHEAD = 2  # k-blocks: B's scales' loads (from L2) take about two k-blocks' wgmmas
+
+PromotedMma = namedtuple("PromotedMma", ["mma", "start", "finish"])
+PromotedMma.__doc__ = """A promoted K loop's device functions: ``mma(acc, smem, bars, st, p, item, c, peers,
+tile) -> (sums, st)`` over the item's k-blocks; ``start(acc, smem, bars, st, p, item, c) -> acc`` and
+``finish(acc, smem, bars, st, p, item, c, peers, tile) -> (sums, st)``, the same loop split after
+the first k-block's issue (``cfg.overlaps_store``: the previous tile is stored in between)."""
 
 _Promotion = namedtuple("_Promotion", ["load_b_scale", "first_b_scales", "a_scales", "promote", "take_turn"])
 
@@ -117,6 +123,7 @@ def promoted_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
     B_HALF_DESC = KBLOCK_SCALE * 128 // 16  # B's rows 128 on: 128 K-major rows of 128 B, in 16 B units
     stage_descriptors = kb.descriptors
     load_b_scale, first_b_scales, a_scales, promote, take_turn = _promotion(cfg, kb, turns)
+    start, promote_first = _first_k_block(cfg, pipe, kb, take_turn)
 
     @cuda.jit(device=True, forceinline=True)
     def the_tile_accumulator(acc):
@@ -130,10 +137,21 @@ def promoted_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
 
     @cuda.jit(device=True, forceinline=True)
     def mma_promoted(acc, smem, bars, st, p, item, c, peers, tile):
+        return promoted_from(nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32")), acc, smem, bars, st, p, item, c,
+                             peers, tile, np.int32(0))
+
+    @cuda.jit(device=True, forceinline=True)
+    def finish(acc, smem, bars, st, p, item, c, peers, tile):
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
+        acc, st = promote_first(sums, acc, bars, st, c, peers)
+        return promoted_from(sums, acc, smem, bars, st, p, item, c, peers, tile, np.int32(1))
+
+    @cuda.jit(device=True, forceinline=True)
+    def promoted_from(sums, acc, smem, bars, st, p, item, c, peers, tile, first):
+        """The item's k-blocks from its ``first`` on, promoted into ``sums``."""
         # 32-bit k-block count and scale indices, as in k_loop: with numba's 64-bit ones, the
         # loop's B-scale addresses took 64-bit compares and multiplies.
-        k_begin, k_blocks = np.uint32(item.k_begin), np.int32(item.k_end - item.k_begin)
+        k_begin, k_blocks = np.uint32(item.k_begin + first), np.int32(item.k_end - item.k_begin - first)
         n0 = np.uint32(tile.n0)
         n_block = np.uint32(n0 // KBLOCK_SCALE)
         # this thread's two rows in the box (which starts at the 16-byte boundary before m0)
@@ -191,7 +209,7 @@ def promoted_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
 
-    return mma_promoted
+    return PromotedMma(mma_promoted, start, finish)
 
 
 def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
@@ -213,6 +231,7 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
     RUN = cfg.promotion_run
     stage_descriptors, mma_block, wait_turn, pass_turn = kb.descriptors, kb.issue, turns.wait, turns.pass_on
     load_b_scale, first_b_scales, a_scales, promote, take_turn = _promotion(cfg, kb, turns)
+    start, promote_first = _first_k_block(cfg, pipe, kb, take_turn)
 
     @cuda.jit(device=True, forceinline=True)
     def add_scaled(sums, part_acc, scales, s):
@@ -263,8 +282,19 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
 
     @cuda.jit(device=True, forceinline=True)
     def mma_promoted_pairs(acc, smem, bars, st, p, item, c, peers, tile):
+        return pairs_from(nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32")), acc, smem, bars, st, p, item, c, peers,
+                          tile, np.int32(0))
+
+    @cuda.jit(device=True, forceinline=True)
+    def finish(acc, smem, bars, st, p, item, c, peers, tile):
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
-        k_begin, k_blocks = np.uint32(item.k_begin), np.int32(item.k_end - item.k_begin)
+        acc, st = promote_first(sums, acc, bars, st, c, peers)
+        return pairs_from(sums, acc, smem, bars, st, p, item, c, peers, tile, np.int32(1))
+
+    @cuda.jit(device=True, forceinline=True)
+    def pairs_from(sums, acc, smem, bars, st, p, item, c, peers, tile, first):
+        """The item's k-blocks from its ``first`` on, promoted into ``sums``."""
+        k_begin, k_blocks = np.uint32(item.k_begin + first), np.int32(item.k_end - item.k_begin - first)
         n_block = np.uint32(np.uint32(tile.n0) // KBLOCK_SCALE)
         row_scales = smem + A_SCALES + 4 * (tile.m0 % 4 + c.cw * WG_ROWS + c.row_in_wg)
         b_scales = first_b_scales(p, tile.batch, n_block, k_begin, k_blocks)  # the next pair's
@@ -299,7 +329,39 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
             st = pipe.advance(st)
         return nh.array_as_tuple(sums, acc), st
 
-    return mma_promoted_pairs
+    return PromotedMma(mma_promoted_pairs, start, finish)
+
+
+def _first_k_block(cfg: GemmConfig, pipe, kb: KBlock, take_turn):
+    """``(start, promote_first)`` of a kernel that stores a tile while the next one's first
+    k-block runs (``cfg.overlaps_store``, unscaled):
+
+    - ``start(acc, smem, bars, st, p, item, c) -> acc``: the item's first k-block issued into
+      ``acc`` (a fresh accumulator: the previous tile's sums are still to be stored) in this
+      consumer's turn;
+    - ``promote_first(sums, acc, bars, st, c, peers) -> (acc, st)``: once stored, that k-block
+      waited for and added into ``sums``, its slot released: the ring's next slot.
+    """
+    DEBUG, HALF = cfg.debug, cfg.block_n // 2
+    stage_descriptors = kb.descriptors
+
+    @cuda.jit(device=True, forceinline=True)
+    def start(acc, smem, bars, st, p, item, c):
+        pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, item.k_begin) if DEBUG else None)
+        return take_turn(acc, stage_descriptors(smem, st, c.cw), c)
+
+    @cuda.jit(device=True, forceinline=True)
+    def promote_first(sums, acc, bars, st, c, peers):
+        nh.wgmma_wait_group(0)
+        acc = nh.wgmma_fence_operand(acc)  # the reads below stay after the wait
+        if c.lane == 0:
+            pipe.consumer_release(bars, st, peers)
+        part = nh.tuple_as_array(acc)
+        for e in range(HALF):
+            sums[e] = part[e]
+        return acc, pipe.advance(st)
+
+    return start, promote_first
 
 
 def _repeated(step, n):
