@@ -399,17 +399,24 @@ def test_promoted_sass_adds_every_k_block_without_scales(block_m, block_n):
     B's scales; the plain output store (no epilogue), no spills. A lone consumer (64-row tiles)
     runs ``LONE_CONSUMER_RUN`` k-blocks at a time, each accumulator given its next k-block once
     promoted: the code of a run, a pair (an item's last pairs) and a last k-block, with no C7514
-    serialization."""
+    serialization. Two or three consumers issue an item's first k-block before the previous
+    tile's store (``overlaps_store``): its code, then (paired) the first pair's second k-block,
+    a pair and a last k-block, or the loop; promoted alone (an item of one k-block, or three
+    consumers), it is copied into the sums, not added."""
     stages = max_stages("e4m3", "bf16", block_n, a_major="K", b_major="K", block_m=block_m, promoted=True)
     cfg = GemmConfig("e4m3", "bf16", "K", "K", block_m=block_m, block_n=block_n, stages=stages, promoted=True)
     assert cfg.epilogue is None and cfg.tensormaps == 3 and cfg.a_scales_bytes == 0
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
     assert cfg.promotes_in_pairs == (block_n <= 128 and block_m <= 128)
     assert cfg.promotion_run == (LONE_CONSUMER_RUN if block_m == 64 else 2)
+    assert cfg.overlaps_store == (block_m > 64 and block_n <= 128)
     copies = (cfg.promotion_run + 2 + 1 if cfg.promotion_run > 2 else 3) if cfg.promotes_in_pairs else 1
+    adds = copies
+    if cfg.overlaps_store:  # the first k-block, (paired) the first pair's second
+        copies, adds = copies + 1 + cfg.promotes_in_pairs, copies + 2 * cfg.promotes_in_pairs
     mma_n = 128 if block_n == 256 else block_n
     assert r.sass.count(f"QGMMA.64x{mma_n}x32.F32.E4M3.E4M3 ") == copies * 4 * block_n // mma_n, r.summary()
-    assert r.count("FADD") + r.count("FFMA") == copies * block_n // 2, r.summary()
+    assert r.count("FADD") + r.count("FFMA") == adds * block_n // 2, r.summary()
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x0" in r.sass
     assert not [w for w in r.warnings if "C7514" in w or "C7517" in w], r.warnings
     assert not [line for line in _k_block_loop(r.sass) if " LDG.E" in line or " LD.E " in line]
@@ -417,6 +424,41 @@ def test_promoted_sass_adds_every_k_block_without_scales(block_m, block_n):
 
 
 PER_TENSOR_DEVICE_SCALES = EpilogueConfig(row_scale=True, col_scale=True, scalar_col_scale=True)
+
+
+@pytest.mark.kernel_matrix
+@pytest.mark.parametrize("block_m,scaling", [(128, "tensor"), (128, "rowwise"), (192, "tensor")])
+def test_promoted_store_runs_behind_the_next_first_k_block(block_m, scaling):
+    """Two or three consumers without block-wise scales store a tile while the next one's
+    first k-block runs: in the tile loop, a wgmma group is committed and the tile's stmatrix
+    stores follow before any wait for it; no spills beside the fresh accumulator, no C7514."""
+    ecfg = PER_TENSOR_DEVICE_SCALES if scaling == "tensor" else EpilogueConfig(row_scale=True, col_scale=True)
+    kw = dict(a_major="K", b_major="K", block_m=block_m, epilogue=ecfg, promoted=True)
+    cfg = GemmConfig("e4m3", "bf16", "K", "K", block_n=128, stages=max_stages("e4m3", "bf16", 128, **kw),
+                     epilogue=ecfg, promoted=True, block_m=block_m)
+    assert cfg.overlaps_store
+    vec = types.Array(types.float32, 1, "A")
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (vec, vec)))
+    lines = [line for line in r.sass.splitlines() if "QGMMA" in line or "WARPGROUP.DEPBAR" in line or "STSM" in line]
+    first_store = next(i for i, line in enumerate(lines) if "STSM" in line)
+    issued = max(i for i, line in enumerate(lines[:first_store]) if "QGMMA" in line)
+    assert "gsb0" in lines[issued] and not [line for line in lines[issued:first_store] if "DEPBAR" in line], \
+        lines[issued:first_store]
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert not [w for w in r.warnings if "C7514" in w or "C7517" in w], r.warnings
+
+
+def test_which_kernels_overlap_the_store():
+    """``overlaps_store``: unscaled promotion on tiles of two or three consumers at most 128
+    wide with a scale-only epilogue, ungrouped, without stream-K."""
+    fp8 = ("e4m3", "bf16", "K", "K")
+    assert GemmConfig(*fp8, block_n=128, promoted=True).overlaps_store
+    assert GemmConfig(*fp8, block_m=192, block_n=128, stages=4, promoted=True,
+                      epilogue=EpilogueConfig(row_scale=True, col_scale=True)).overlaps_store
+    for kw in (dict(block_n=128, block_scaled=True), dict(block_m=64, block_n=128, promoted=True),
+               dict(block_n=192, promoted=True), dict(block_n=128, promoted=True, epilogue=EpilogueConfig(bias="col")),
+               dict(block_n=128), dict(block_n=128, promoted=True, stream_k=True)):
+        assert not GemmConfig(*fp8, **kw).overlaps_store, kw
 
 
 @pytest.mark.kernel_matrix
@@ -436,7 +478,8 @@ def test_promoted_tiles_take_per_tensor_and_row_wise_scales(block_m, block_n, sc
     vec = types.Array(types.float32, 1, "A")
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (vec, vec)))
     mma_n = 128 if block_n == 256 else block_n
-    assert r.sass.count(f"QGMMA.64x{mma_n}x32.F32.E4M3.E4M3 ") == 4 * block_n // mma_n, r.summary()
+    copies = 1 + cfg.overlaps_store  # (192 x 128: the first k-block's issue before the store)
+    assert r.sass.count(f"QGMMA.64x{mma_n}x32.F32.E4M3.E4M3 ") == copies * 4 * block_n // mma_n, r.summary()
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     assert not [w for w in r.warnings if "C7514" in w or "C7517" in w], r.warnings
 

@@ -135,6 +135,21 @@ def test_fp8_192_row_tiles_take_the_scales(torch, M, N, K, out_dtype, scaling):
     _check(torch, out, _reference(torch, a, b, sa, sb), out_dtype, K, f"{M}x{N}x{K} {scaling} 192x128")
 
 
+@pytest.mark.parametrize("scaling", ["none", "tensor", "rowwise"])
+@pytest.mark.parametrize("K", [16, 128, 256, 384, 1040])
+@pytest.mark.parametrize("block_m", [128, 192])
+def test_fp8_tiles_stored_behind_the_next_first_k_block(torch, block_m, K, scaling):
+    """More tiles than SMs, so a CTA stores a tile while the next one's first k-block runs
+    (``GemmConfig.overlaps_store``): items of one, two, three and nine k-blocks (a partial
+    one at K = 16 and 1040), ragged tiles, the plain store and the scales' epilogue."""
+    M = N = 2000
+    a, b = _operands(torch, M, N, K)
+    sa, sb = _scales(torch, scaling, M, N)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert gemm(a, b, out, scale_a=sa, scale_b=sb, config=GemmConfig(block_m=block_m, block_n=128)) is out
+    _check(torch, out, _reference(torch, a, b, sa, sb), "bf16", K, f"{block_m}x128 K={K} {scaling}")
+
+
 @pytest.mark.parametrize("out_dtype", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
 def test_fp8_output_dtypes(torch, fp8, out_dtype):

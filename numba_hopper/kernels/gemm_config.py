@@ -352,12 +352,14 @@ class GemmConfig:
         """Whether a consumer issues each tile's first k-block before it stores the previous
         tile, so the tensor cores run through the store (``mainloop/promoted.py``,
         ``gemm_sm90.py``): promoted products without block-wise scales (whose first k-block
-        would need its scales) on tiles at most 128 wide (a 192-wide tile's split K loop
-        compiles to a rolled loop of k-steps: SASS), ungrouped, without stream-K, whose
-        epilogue only scales (no C to load beside the store). The fresh accumulator beside
-        the stored sums takes the registers of a pair's second, or of three consumers' next
-        k-block."""
-        return (self.promoted and not self.block_scaled and self.block_n <= 128 and self.grouped is None
+        would need its scales) on tiles of two or three consumers at most 128 wide, ungrouped,
+        without stream-K, whose epilogue only scales (no C to load beside the store). The
+        fresh accumulator beside the stored sums takes the registers of a pair's second, or
+        of three consumers' next k-block. A 192-wide tile's split K loop compiles to a rolled
+        loop of k-steps (SASS); a lone consumer's tile is mostly its CTA's only one, and its
+        first run, split off, ran 4-6% slower at 128x7168x16384."""
+        return (self.promoted and not self.block_scaled and self.block_n <= 128 and self.consumers > 1
+                and self.grouped is None
                 and not self.stream_k and (self.epilogue is None or self.epilogue.scale_only))
 
     @property

@@ -66,7 +66,9 @@ __all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel", "gemm
 PRODUCER_REGS = 40
 PRODUCER_REGS_CLUSTER = 56
 # A fused epilogue keeps more values live in the consumers: give them the registers the
-# producer can spare (measured: bias+gelu_tanh+c spills 96 B at 40/232, none at 24/240).
+# producer can spare (measured: bias+gelu_tanh+c spills 96 B at 40/232, none at 24/240). So does
+# a store behind the next tile's first k-block (GemmConfig.overlaps_store): three consumers' plain
+# 192 x 128 kernel spills 512 B at 40/152, none at 24/160.
 PRODUCER_REGS_FUSED = 24
 PRODUCER_REGS_FUSED_CLUSTER = 40
 # A grouped producer also walks the groups' row ends in 64-bit arithmetic: at 24 it spills
@@ -101,7 +103,7 @@ def warp_roles(cfg: GemmConfig) -> WarpSpecialization:
     ``setmaxnreg`` chosen here. The warpgroups only trade the registers the CTA got at launch,
     so a consumer gets its share of what the producer gives back; a larger request never
     completes (``setmaxnreg.inc`` waits for registers that no warp will free)."""
-    if cfg.epilogue is None:
+    if cfg.epilogue is None and not cfg.overlaps_store:
         producer = PRODUCER_REGS_CLUSTER if cfg.cluster_size > 1 else PRODUCER_REGS
     elif cfg.grouped is not None and not cfg.promoted:
         producer = PRODUCER_REGS_FUSED_GROUPED

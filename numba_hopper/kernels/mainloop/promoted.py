@@ -288,24 +288,21 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
     @cuda.jit(device=True, forceinline=True)
     def finish(acc, smem, bars, st, p, item, c, peers, tile):
         sums = nh.tuple_as_array(nh.wgmma_accumulator(BN, "f32"))
-        if item.k_end - item.k_begin >= RUN:
-            acc, st = first_run(sums, acc, smem, bars, st, p, item, c, peers)
-            first = np.int32(RUN)
+        if item.k_end - item.k_begin >= 2:
+            acc, st = first_pair(sums, acc, smem, bars, st, p, item, c, peers)
+            first = np.int32(2)
         else:
             acc, st = promote_first(sums, acc, bars, st, c, peers)
             first = np.int32(1)
         return pairs_from(sums, acc, smem, bars, st, p, item, c, peers, tile, first)
 
     @cuda.jit(device=True, forceinline=True)
-    def first_run(sums, acc, smem, bars, st, p, item, c, peers):
-        """(Unscaled) the item's first run, its first k-block already issued into ``acc``: the
-        second issued, the rest of the run, the drain: ``(acc, next slot)``."""
+    def first_pair(sums, acc, smem, bars, st, p, item, c, peers):
+        """(Unscaled, two or three consumers) the item's first pair, its first k-block already
+        issued into ``acc``: the second issued, both promoted: ``(acc, next slot)``."""
         st_second = pipe.advance(st)
-        k = np.uint32(item.k_begin)
-        pipe.consumer_wait(bars, st_second, debug_site(p.debug_record, item.tile, k + 1) if DEBUG else None)
+        pipe.consumer_wait(bars, st_second, debug_site(p.debug_record, item.tile, item.k_begin + 1) if DEBUG else None)
         second_acc = take_turn(nh.wgmma_accumulator(BN, "f32"), stage_descriptors(smem, st_second, c.cw), c)
-        acc, second_acc, st, st_second = rest_of_run(sums, acc, second_acc, smem, bars, st, st_second, p, item, c,
-                                                     peers, k + 2)
         ones = (np.float32(1), np.float32(1))
         acc, second_acc, st = drain_pair(sums, acc, second_acc, bars, st, st_second, c, peers, ones, ones, ones)
         return acc, st
