@@ -21,7 +21,8 @@ Roles:
 - warpgroups 1 to BM / 64, the consumers: take registers (``setmaxnreg.inc``; a single
   consumer has them all from the start); each owns 64 rows of the BM x BN output tile,
   accumulates them in registers (128 f32 per thread for BN = 256), and stores them while
-  the producer already loads the next tile. With ``cfg.pingpong`` the two consumers instead take
+  the producer already loads the next tile (unscaled promoted products of two or three
+  consumers: while the next tile's first k-block runs, ``cfg.overlaps_store``). With ``cfg.pingpong`` the two consumers instead take
   whole tiles in turn (each the upper and lower 64 rows), one storing its tile while the other
   computes the next.
 
