@@ -304,14 +304,20 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
         return Consumer(wg - 1, t, np.int32(t % 32), thread_rows(t)[0], t == 0)
 
     @cuda.jit(device=True, forceinline=True)
-    def consumer(p, ep, smem, tid, cta, work):
+    def cooperative_start(p, tid, work):
+        """A cooperative consumer's ``(consumer, tensor maps, work, ring state, epilogue state,
+        first item)``, its first turn handed out."""
         c = consumer_of(tid)
         tmaps, work = tensormaps(p), role_schedule(p, work)
-        acc = nh.wgmma_accumulator(BN, "f32")
         st = pipeline_start()
         stored = epilogue.start()
         mainloop.begin(c)
-        item = scheduler.first(work)
+        return c, tmaps, work, st, stored, scheduler.first(work)
+
+    @cuda.jit(device=True, forceinline=True)
+    def consumer(p, ep, smem, tid, cta, work):
+        c, tmaps, work, st, stored, item = cooperative_start(p, tid, work)
+        acc = nh.wgmma_accumulator(BN, "f32")
         while item.tile < work.num_tiles:
             tile = scheduler.origin(work, item, cta.rm, cta.rn)
             terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps.c, p, ep)
@@ -330,13 +336,8 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
         flight across the loop's back edge (ptxas would serialize its wgmmas, C7514). The
         row and column terms (clamped reads) are read for the first item even on a CTA
         without one."""
-        c = consumer_of(tid)
-        tmaps, work = tensormaps(p), role_schedule(p, work)
+        c, tmaps, work, st, stored, item = cooperative_start(p, tid, work)
         sums = nh.wgmma_accumulator(BN, "f32")
-        st = pipeline_start()
-        stored = epilogue.start()
-        mainloop.begin(c)
-        item = scheduler.first(work)
         tile = scheduler.origin(work, item, cta.rm, cta.rn)
         terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps.c, p, ep)
         first = True
