@@ -359,8 +359,8 @@ class GemmConfig:
         loop of k-steps (SASS); a lone consumer's tile is mostly its CTA's only one, and its
         first run, split off, ran 4-6% slower at 128x7168x16384."""
         return (self.promoted and not self.block_scaled and self.block_n <= 128 and self.consumers > 1
-                and self.grouped is None
-                and not self.stream_k and (self.epilogue is None or self.epilogue.scale_only))
+                and self.grouped is None and not self.stream_k
+                and (self.epilogue is None or self.epilogue.scale_only))
 
     @property
     def partial_bytes(self):

@@ -22,9 +22,9 @@ Roles:
   consumer has them all from the start); each owns 64 rows of the BM x BN output tile,
   accumulates them in registers (128 f32 per thread for BN = 256), and stores them while
   the producer already loads the next tile (unscaled promoted products of two or three
-  consumers: while the next tile's first k-block runs, ``cfg.overlaps_store``). With ``cfg.pingpong`` the two consumers instead take
-  whole tiles in turn (each the upper and lower 64 rows), one storing its tile while the other
-  computes the next.
+  consumers: while the next tile's first k-block runs, ``cfg.overlaps_store``). With
+  ``cfg.pingpong`` the two consumers instead take whole tiles in turn (each the upper and lower
+  64 rows), one storing its tile while the other computes the next.
 
 ``make_gemm_kernel(config)`` builds (and caches) one kernel per :class:`GemmConfig`; every
 config value is a compile-time constant of that kernel. Its arguments are a

@@ -260,8 +260,8 @@ PAIRED_TILE_EPI_BUFFERS = 1
 # 128 x 128 ones at 16-64 k-blocks (fp8-promoted-tiles-h200.json, its commands; 8192^3: python
 # benchmarks/bench_fp8.py --scalings tensor --accumulate promoted --shapes 8192^3 --configs m128-n128 m128-n256).
 UNSCALED_WIDE_TILE_COST = 2.08
-# A 192 x 128 tile costs 1.45-1.46 of them without the scales too (8192^3, 4096x2112x7168; the same file,
-# config m192-n128), BLOCK_SCALED_TILE_COST's 1.44.
+# A 192 x 128 tile costs 1.45-1.46 of them without the scales too (8192^3, 4096x2112x7168:
+# fp8-promoted-tiles-h200.json, tall_tiles), BLOCK_SCALED_TILE_COST's 1.44.
 
 
 def promoted_tile(M, N, K, sms, units=1, wide=True, tall=False, paired=True, block_scales=True):

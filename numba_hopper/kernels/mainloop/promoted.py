@@ -298,7 +298,7 @@ def promoted_pairs_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
 
     @cuda.jit(device=True, forceinline=True)
     def first_pair(sums, acc, smem, bars, st, p, item, c, peers):
-        """(Unscaled, two or three consumers) the item's first pair, its first k-block already
+        """(Unscaled, two consumers) the item's first pair, its first k-block already
         issued into ``acc``: the second issued, both promoted: ``(acc, next slot)``."""
         st_second = pipe.advance(st)
         pipe.consumer_wait(bars, st_second, debug_site(p.debug_record, item.tile, item.k_begin + 1) if DEBUG else None)
@@ -355,8 +355,9 @@ def _first_k_block(cfg: GemmConfig, pipe, kb: KBlock, take_turn):
     - ``start(acc, smem, bars, st, p, item, c) -> acc``: the item's first k-block issued into
       ``acc`` (a fresh accumulator: the previous tile's sums are still to be stored) in this
       consumer's turn;
-    - ``promote_first(sums, acc, bars, st, c, peers) -> (acc, st)``: once stored, that k-block
-      waited for and added into ``sums``, its slot released: the ring's next slot.
+    - ``promote_first(sums, acc, bars, st, c, peers) -> (acc, st)``: once the previous tile is
+      stored, that k-block waited for and copied into the fresh ``sums``, its slot released:
+      the ring's next slot.
     """
     DEBUG, HALF = cfg.debug, cfg.block_n // 2
     stage_descriptors = kb.descriptors
