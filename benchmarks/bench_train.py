@@ -14,7 +14,9 @@ every ``nn.Linear``, ``lm_head`` included, on numba_hopper's GEMMs, forward and 
 gated``: each SwiGLU MLP one operator instead, ``fuse_gated_mlps(fused_training=True)``), and
 (``--loss fused``, the default) ``numba_hopper.torch.fuse_linear_cross_entropy`` its loss: the
 head's GEMM and the cross-entropy over the vocabulary without float32 logits. ``--loss model``
-leaves the model's loss as it is. Its optimizer is ``numba_hopper.torch.AdamW`` (``--optimizer
+leaves the model's loss as it is. ``numba_hopper.torch.fuse_rms_norms`` puts its RMSNorms on one
+kernel each way in eager steps (compiled, Inductor fuses them on both sides; ``--norm model``
+leaves the model's). Its optimizer is ``numba_hopper.torch.AdamW`` (``--optimizer
 torch``: PyTorch's, as stock's). Its products run in the training tiles,
 ``gemm(config="sustained")`` (``--training-tiles default``: the burst-tuned ones).
 
@@ -123,20 +125,22 @@ def check_first_step(sides, ids):
     return _rel(losses["ours"], losses["ref"]), _rel(grads["ours"], grads["ref"])
 
 
-def make_ours(stock, loss="fused", mlp="linears"):
-    """Ours, a copy of ``stock`` (module doc): ``(model, MLPs fused, linears swapped)``."""
+def make_ours(stock, loss="fused", mlp="linears", norm="fused"):
+    """Ours, a copy of ``stock`` (module doc): ``(model, MLPs fused, linears swapped, norms swapped)``."""
     ours = copy.deepcopy(stock)
     gated = nht.fuse_gated_mlps(ours, fused_training=True) if mlp == "gated" else 0
     swapped = nht.replace_linear(ours)
     if loss == "fused":
         nht.fuse_linear_cross_entropy(ours)
-    return ours, gated, swapped
+    norms = nht.fuse_rms_norms(ours) if norm == "fused" else 0
+    return ours, gated, swapped, norms
 
 
-def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="numba_hopper", mlp="linears"):
+def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="numba_hopper", mlp="linears",
+               norm="fused"):
     """One case's record: the pair built, checked, warmed up and timed in paired rounds."""
     stock = build_model(model_name)
-    ours, gated, swapped = make_ours(stock, loss, mlp)
+    ours, gated, swapped, norms = make_ours(stock, loss, mlp, norm)
     sides = {}
     for side, module in (("ours", ours), ("ref", stock)):
         run = torch.compile(module, dynamic=False) if mode == "compiled" else module
@@ -164,7 +168,7 @@ def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="n
         gc.enable()
     ours_ms, ref_ms = statistics.median(times["ours"]), statistics.median(times["ref"])
     return {"name": f"{model_name} {tokens} {mode}", "model": model_name, "tokens": tokens, "mode": mode, "loss": loss,
-            "optimizer": ours_optimizer, "mlp": mlp, "gated_mlps": gated,
+            "optimizer": ours_optimizer, "mlp": mlp, "gated_mlps": gated, "norm": norm, "norms": norms,
             "ours_ms": ours_ms, "ref_ms": ref_ms, "ratio": paired_ratio(times, "ref", "ours"),
             "ratio_of_medians": ref_ms / ours_ms, "loss_rel_diff": loss_rel, "grad_rel_error": grad_rel,
             "linears": swapped, "rounds_ms": {side: [round(t, 3) for t in ts] for side, ts in times.items()}}
@@ -201,6 +205,8 @@ def main(argv=None):
                         "default (numba_hopper.torch.training.GEMM_CONFIG = None)")
     p.add_argument("--mlp", choices=("linears", "gated"), default="linears",
                    help="ours: each MLP's three linears (default) or one operator (fuse_gated_mlps(fused_training=True))")
+    p.add_argument("--norm", choices=("fused", "model"), default="fused",
+                   help="ours: fuse_rms_norms (default) or the model's own RMSNorm operators")
     p.add_argument("--out", "--json", dest="out", metavar="PATH",
                    help="results file (default: benchmarks/results/train-<gpu>.json)")
     args = p.parse_args(argv)
@@ -216,7 +222,7 @@ def main(argv=None):
             for mode in args.modes:
                 started = time.perf_counter()
                 torch.cuda.reset_peak_memory_stats()
-                r = bench_case(model_name, tokens, mode, args.rounds, args.loss, args.optimizer, args.mlp)
+                r = bench_case(model_name, tokens, mode, args.rounds, args.loss, args.optimizer, args.mlp, args.norm)
                 peak_gb = torch.cuda.max_memory_allocated() / 2**30
                 _free()
                 records.append(r)

@@ -5,7 +5,7 @@
     python benchmarks/profile_train.py --model llama-3-8b --tokens 4x2048 --mode compiled
     python benchmarks/profile_train.py --model qwen3-4b --tokens 4x2048 --mode compiled --sustained 3
 
-For the stock model and ours (``bench_train.py``'s, with its ``--loss``, ``--mlp`` and
+For the stock model and ours (``bench_train.py``'s, with its ``--loss``, ``--mlp``, ``--norm`` and
 ``--optimizer``), eager or (``--mode compiled``) each under ``torch.compile(dynamic=False)``,
 alternating, medians:
 
@@ -56,12 +56,13 @@ def main():
     p.add_argument("--mode", choices=("eager", "compiled"), default="eager")
     p.add_argument("--mlp", choices=("linears", "gated"), default="linears")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="numba_hopper", help="ours' AdamW")
+    p.add_argument("--norm", choices=("fused", "model"), default="fused", help="ours' RMSNorms")
     p.add_argument("--sustained", type=float, default=0, metavar="S", help="S seconds of steps: power and clock")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print a step's N costliest functions")
     p.add_argument("--kernels", type=int, default=10, metavar="N", help="print the N costliest kernels beside the GEMMs")
     args = p.parse_args()
     models = {"stock": build_model(args.model)}
-    models["ours"] = make_ours(models["stock"], args.loss, args.mlp)[0]
+    models["ours"] = make_ours(models["stock"], args.loss, args.mlp, args.norm)[0]
     batch, seq = TOKENS[args.tokens]
     ids = torch.randint(0, models["stock"].config.vocab_size, (batch, seq), device="cuda")
     steps = {}

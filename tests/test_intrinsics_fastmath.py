@@ -81,6 +81,17 @@ def test_each_is_one_instruction(op, sass, ptx):
 
 
 @cuda.jit(device=True)
+def _rsqrt(a, b):
+    return nh.rsqrt_approx(a)
+
+
+def test_rsqrt_is_the_mufu():
+    """``rsqrt.approx.f32``: one MUFU.RSQ (with the denormal path around it, as CUDA's ``rsqrtf``)."""
+    r = inspect_kernel(_one_op_kernel(_rsqrt), "void(float32[::1])")
+    assert "rsqrt.approx.f32" in r.ptx and r.opcodes["MUFU.RSQ"] == 1, r.summary()
+
+
+@cuda.jit(device=True)
 def _ex2_fma(a, b):
     return nh.ex2_fma(a)
 

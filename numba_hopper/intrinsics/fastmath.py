@@ -21,6 +21,10 @@ intrinsic                  PTX                         SASS, semantics
 ``rcp_approx_ftz(x)``      ``rcp.approx.ftz.f32``      one ``MUFU.RCP``; ``1/x``, max
                                                        error 1 ulp; ``1/0 = +inf``
 ``rcp_approx(x)``          ``rcp.approx.f32``          ``MUFU.RCP`` plus the denormal path
+``rsqrt_approx(x)``        ``rsqrt.approx.f32``        ``MUFU.RSQ`` plus the denormal path;
+                                                       ``1/sqrt(x)``, max error 2 ulp (the
+                                                       instruction of CUDA's ``rsqrtf``,
+                                                       so of ``torch.rsqrt``)
 ``lg2_approx_ftz(x)``      ``lg2.approx.ftz.f32``      one ``MUFU.LG2``; ``log2(x)``,
                                                        ``lg2(0) = -inf``
 ``fmax(a, b)``             ``max.f32``                 one ``FMNMX``; a NaN operand is
@@ -44,6 +48,7 @@ __all__ = [
     "ex2_fma",
     "rcp_approx",
     "rcp_approx_ftz",
+    "rsqrt_approx",
     "lg2_approx_ftz",
     "fmax",
     "fmin",
@@ -102,6 +107,12 @@ def rcp_approx(x: f32) -> f32:
 def rcp_approx_ftz(x: f32) -> f32:
     """PTX ISA 9.7.3 Floating-Point Instructions: rcp.approx: ``1/x`` in one MUFU.RCP,
     denormals flushed to zero; ``rcp_approx_ftz(0) = +inf``."""
+
+
+@ptx_asm("rsqrt.approx.f32 {out}, {x};", pure=True)
+def rsqrt_approx(x: f32) -> f32:
+    """PTX ISA 9.7.3 Floating-Point Instructions: rsqrt.approx: ``1/sqrt(x)`` within 2 ulp,
+    denormals kept; ``rsqrt_approx(0) = +inf``."""
 
 
 @ptx_asm("lg2.approx.ftz.f32 {out}, {x};", pure=True)

@@ -5,6 +5,7 @@
     nht.replace_linear(model)                                 # every nn.Linear, in place
     nht.fuse_gated_mlps(model)                                # SwiGLU MLPs on one gated GEMM
     nht.fuse_linear_cross_entropy(model)                      # the LM loss without fp32 logits
+    nht.fuse_rms_norms(model)                                 # RMSNorm in one kernel each way
     opt = nht.AdamW(model.parameters(), lr=1e-5)              # one kernel a step (16-bit params)
     model = torch.compile(model, fullgraph=True)              # no graph break
 
@@ -25,6 +26,8 @@
 - :mod:`~numba_hopper.torch.loss`: ``linear_cross_entropy`` (a language model's head and its
   loss without float32 logits) and ``fuse_linear_cross_entropy`` (a transformers causal LM's
   training loss on it).
+- :mod:`~numba_hopper.torch.norm`: ``rms_norm``, ``RMSNorm`` and ``fuse_rms_norms`` (transformers'
+  RMSNorm in one kernel forward and one backward).
 - :mod:`~numba_hopper.torch.optim`: ``AdamW``, ``torch.optim.AdamW`` for 16-bit CUDA parameters
   in one bandwidth-bound kernel a step.
 
@@ -48,8 +51,9 @@ from .linear import Linear, linear, replace_linear
 from .mlp import GatedMLP, fuse_gated_mlps
 from .attention import register_transformers_attention, scaled_dot_product_attention
 from .loss import fuse_linear_cross_entropy, linear_cross_entropy
+from .norm import RMSNorm, fuse_rms_norms, rms_norm
 from .optim import AdamW
 
 __all__ = ["ops", "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "Linear", "replace_linear", "GatedMLP",
            "fuse_gated_mlps", "scaled_dot_product_attention", "register_transformers_attention",
-           "linear_cross_entropy", "fuse_linear_cross_entropy", "AdamW"]
+           "linear_cross_entropy", "fuse_linear_cross_entropy", "rms_norm", "RMSNorm", "fuse_rms_norms", "AdamW"]
