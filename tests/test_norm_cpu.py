@@ -15,15 +15,15 @@ BACKWARD_SIG = "void(int64, int64, int64, float32[::1], int64, float32[:, ::1], 
 
 
 def test_tilings():
-    """Groups of threads as narrow as hold a row in two vectors a thread, up to a CTA; four
-    vectors a thread in a CTA-wide group."""
+    """Groups of threads as narrow as hold a row in two vectors a thread (a pair at least), up to
+    a CTA; four vectors a thread in a CTA-wide group."""
     assert [tiling(w) for w in (8, 128, 2048, 2560, 4096, 8192, 136)] == [
-        (1, 1), (8, 2), (128, 2), (256, 2), (256, 2), (256, 4), (16, 2)]
+        (2, 1), (8, 2), (128, 2), (256, 2), (256, 2), (256, 4), (16, 2)]
     assert MAX_WIDTH == 8192
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
-@pytest.mark.parametrize("width", [128, 2048, 8192])
+@pytest.mark.parametrize("width", [8, 128, 2048, 8192])
 def test_kernels_compile_without_spills(width, dtype):
     group, per_thread = tiling(width)
     forward = inspect_kernel(forward_kernel(dtype, group, per_thread), FORWARD_SIG)
@@ -40,6 +40,7 @@ def test_kernels_compile_without_spills(width, dtype):
     assert backward.count("ATOMS.CAST.SPIN") >= 1  # the CTA's weight gradient (shared float adds)
     column = inspect_kernel(column_sum_kernel(dtype), "void(float32[:, ::1], int64, int64)")
     assert column.spill_bytes == 0 and column.count("STG.E.U16") == 1
+    assert column.count("LDG.E") >= 5, column.summary()  # four partial rows at a time, then one
 
 
 torch = pytest.importorskip("torch")

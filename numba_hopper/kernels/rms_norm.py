@@ -16,7 +16,7 @@ only in registers.
   ``blockIdx.x`` of ``partials`` (float32, one row per CTA) the CTA's share of the weight's
   gradient, ``sum(dy * xhat rounded)`` over its rows.
 - ``column_sum_kernel(dtype)``: ``column_sum(partials, out, width)``: ``out[c] = sum(partials[:, c])``,
-  rounded to ``dtype``: the weight's gradient.
+  rounded to ``dtype``: the weight's gradient; a CTA for each 32 columns.
 
 ``x``, ``weight``, ``y``, ``dy``, ``dx`` and ``out`` are global addresses (``int``) of contiguous
 rows of ``width`` elements, ``width`` a multiple of 8 and every address 16-byte aligned (the
@@ -52,9 +52,9 @@ _ONE = np.float32(1)
 def tiling(width: int) -> tuple[int, int]:
     """``(group, per_thread)`` for rows of ``width`` elements (a multiple of 8, at most
     :data:`MAX_WIDTH`): the narrowest power-of-two group, at most a CTA, whose threads hold the
-    row in ``PER_THREAD`` vectors each (more, up to 4, in a CTA-wide group)."""
+    row in ``PER_THREAD`` vectors each (more, up to 4, in a CTA-wide group), at least a pair."""
     vectors = width // VEC
-    group = min(THREADS, 1 << max(0, math.ceil(math.log2(max(1, -(-vectors // PER_THREAD))))))
+    group = min(THREADS, 1 << max(1, math.ceil(math.log2(max(1, -(-vectors // PER_THREAD))))))
     return group, -(-vectors // group)
 
 
@@ -263,16 +263,35 @@ def backward_kernel(dtype: str, group: int, per_thread: int):
 
 @functools.lru_cache(maxsize=None)
 def column_sum_kernel(dtype: str):
-    """``column_sum(partials, out, width)`` (module doc): a thread a column; block ``THREADS``."""
+    """``column_sum(partials, out, width)`` (module doc); block ``THREADS``, a CTA for each 32
+    columns: a warp's lanes are the columns, its warps take every eighth partial row, four at a
+    time (independent loads), and shared memory adds the warps' sums."""
     from_f32 = _conversions(dtype)[1]
 
     @cuda.jit
     def column_sum(partials, out, width):
-        c = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
+        lane, warp = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
+        c = cuda.blockIdx.x * 32 + lane
+        n = partials.shape[0]
+        s0, s1, s2, s3 = _ZERO, _ZERO, _ZERO, _ZERO
         if c < width:
+            p = warp
+            while p + 3 * _WARPS < n:
+                s0 += partials[p, c]
+                s1 += partials[p + _WARPS, c]
+                s2 += partials[p + 2 * _WARPS, c]
+                s3 += partials[p + 3 * _WARPS, c]
+                p += 4 * _WARPS
+            while p < n:
+                s0 += partials[p, c]
+                p += _WARPS
+        sums = cuda.shared.array((_WARPS, 32), np.float32)
+        sums[warp, lane] = (s0 + s1) + (s2 + s3)
+        cuda.syncthreads()
+        if warp == 0 and c < width:
             s = _ZERO
-            for p in range(partials.shape[0]):
-                s += partials[p, c]
+            for w in range(_WARPS):
+                s += sums[w, lane]
             nh.st_global_u16(np.uint64(out + 2 * c), from_f32(s))
 
     return column_sum

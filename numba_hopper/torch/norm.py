@@ -22,8 +22,9 @@ import torch
 from ..errors import DeviceMismatchError, ShapeError
 from ..kernels.rms_norm import MAX_WIDTH, THREADS, backward_kernel, column_sum_kernel, forward_kernel, tiling
 from ..runtime.launch import device_limits
+from ..runtime.operands import current_torch_stream
 from . import ops
-from ._launch import KERNEL_DTYPES, launch
+from ._launch import KERNEL_DTYPES, prepare
 
 __all__ = ["rms_norm", "RMSNorm", "fuse_rms_norms"]
 
@@ -42,7 +43,7 @@ def rms_norm(x, weight, eps: float = 1e-6):
     """
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
         raise TypeError(f"rms_norm: expected Tensor arguments, got {type(x).__name__}, {type(weight).__name__}")
-    if x.dim() < 1 or weight.shape != x.shape[-1:]:
+    if x.dim() < 1 or weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
         raise ShapeError(f"rms_norm: weight must be (H,) for x (..., H); got x {tuple(x.shape)}, weight "
                          f"{tuple(weight.shape)}")
     if x.device != weight.device:
@@ -73,36 +74,73 @@ def _streamable(t):
     return t.clone(memory_format=torch.contiguous_format)
 
 
+class _Plan:
+    """One row layout's launches, prepared at its first forward and backward: what a call
+    would otherwise work out again (tilings, grids, kernels, argument layouts)."""
+
+    __slots__ = ("rows", "width", "inv_width", "device", "stream", "forward", "backward", "column_sum",
+                 "forward_grid", "backward_grid", "kernel_args")
+
+    def __init__(self, x):
+        self.width = x.shape[-1]
+        self.rows = x.numel() // self.width
+        self.inv_width = np.float32(1 / self.width)
+        self.device = x.device
+        self.stream = current_torch_stream(x.get_device())
+        group, per_thread = tiling(self.width)
+        self.kernel_args = (KERNEL_DTYPES[x.dtype], group, per_thread)
+        ctas = -(-self.rows // (THREADS // group))
+        sms = device_limits(x.get_device()).sm_count
+        self.forward_grid = min(ctas, sms * _FORWARD_CTAS_PER_SM)
+        self.backward_grid = min(ctas, sms * _BACKWARD_CTAS_PER_SM)
+        self.forward = self.backward = self.column_sum = None
+
+
+_PLANS = {}  # (shape, dtype, device index) -> _Plan
+
+
+def _plan(x):
+    key = (x.shape, x.dtype, x.get_device())
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        plan = _PLANS[key] = _Plan(x)
+    return plan
+
+
 def _forward(x, weight, eps):
-    """``(y, rstd)``: the normalized rows and each row's float32 ``1 / sqrt(mean(x^2) + eps)``."""
+    """``(y, rstd)``: the normalized rows and each row's float32 ``rsqrt(mean(x^2) + eps)``."""
     x, weight = _streamable(x), _streamable(weight)
-    width = x.shape[-1]
-    rows = x.numel() // width
-    group, per_thread = tiling(width)
+    plan = _plan(x)
     y = torch.empty_like(x)
-    rstd = x.new_empty(rows, dtype=torch.float32)
-    grid = min(-(-rows // (THREADS // group)), device_limits(x.device.index).sm_count * _FORWARD_CTAS_PER_SM)
-    launch(forward_kernel(KERNEL_DTYPES[x.dtype], group, per_thread), x.device, grid, THREADS, x.data_ptr(),
-           weight.data_ptr(), y.data_ptr(), rstd, rows, width, np.float32(1 / width), np.float32(eps))
+    rstd = x.new_empty(plan.rows, dtype=torch.float32)
+    args = (x.data_ptr(), weight.data_ptr(), y.data_ptr(), rstd, plan.rows, plan.width, plan.inv_width,
+            np.float32(eps))
+    if plan.forward is None:
+        plan.forward = prepare(forward_kernel(*plan.kernel_args), plan.device, plan.forward_grid, THREADS, *args)
+    plan.forward(plan.stream(), *args[:3], rstd.data_ptr(), *args[4:])
     return y, rstd
 
 
 def _backward(dy, x, weight, rstd, weight_grad):
     """``(dx, dw)`` (``dw`` None unless ``weight_grad``)."""
     dy, x, weight = _streamable(dy), _streamable(x), _streamable(weight)
-    width = x.shape[-1]
-    rows = x.numel() // width
-    group, per_thread = tiling(width)
+    plan = _plan(x)
     dx = torch.empty_like(x)
-    grid = min(-(-rows // (THREADS // group)), device_limits(x.device.index).sm_count * _BACKWARD_CTAS_PER_SM)
-    partials = x.new_empty((grid, width), dtype=torch.float32)
-    dtype = KERNEL_DTYPES[x.dtype]
-    launch(backward_kernel(dtype, group, per_thread), x.device, grid, THREADS, dy.data_ptr(), x.data_ptr(),
-           weight.data_ptr(), rstd, dx.data_ptr(), partials, rows, width, np.float32(1 / width))
+    partials = x.new_empty((plan.backward_grid, plan.width), dtype=torch.float32)
+    args = (dy.data_ptr(), x.data_ptr(), weight.data_ptr(), rstd, dx.data_ptr(), partials, plan.rows, plan.width,
+            plan.inv_width)
+    if plan.backward is None:
+        plan.backward = prepare(backward_kernel(*plan.kernel_args), plan.device, plan.backward_grid, THREADS, *args)
+        plan.column_sum = prepare(column_sum_kernel(plan.kernel_args[0]), plan.device, -(-plan.width // 32), THREADS,
+                                  partials, 0, plan.width)
+    stream = plan.stream()
+    plan.backward(stream, *args[:3], rstd.data_ptr(), args[4], partials.data_ptr(), *args[6:])
     if not weight_grad:
         return dx, None
     dw = torch.empty_like(weight)
-    launch(column_sum_kernel(dtype), x.device, -(-width // THREADS), THREADS, partials, dw.data_ptr(), width)
+    plan.column_sum(stream, partials.data_ptr(), dw.data_ptr(), plan.width)
     return dx, dw
 
 
