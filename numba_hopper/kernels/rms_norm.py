@@ -14,7 +14,8 @@ only in registers.
   ``backward(dy, x, weight, rstd, dx, partials, rows, width, inv_width)``:
   ``dx = rstd * (g - xhat * mean(g * xhat))`` with ``g = dy * weight``, and in row
   ``blockIdx.x`` of ``partials`` (float32, one row per CTA) the CTA's share of the weight's
-  gradient, ``sum(dy * xhat rounded)`` over its rows.
+  gradient, ``sum(dy * xhat)`` over its rows (``xhat`` in float32: PyTorch's autograd
+  multiplies by the rounded one, an error of its own).
 - ``column_sum_kernel(dtype)``: ``column_sum(partials, out, width)``: ``out[c] = sum(partials[:, c])``,
   rounded to ``dtype``: the weight's gradient; a CTA for each 32 columns.
 
@@ -174,7 +175,7 @@ def forward_kernel(dtype: str, group: int, per_thread: int):
 def backward_kernel(dtype: str, group: int, per_thread: int):
     """The backward of ``dtype`` ("bf16" or "f16") rows (module doc); block ``THREADS``; the
     grid no larger than ``partials``' rows."""
-    to_f32, from_f32, unpack, pack = _conversions(dtype)
+    unpack, pack = _conversions(dtype)[2:]
     spread, keep = _vectors(unpack)
     total = _group_sum(group)
     rows_per_cta = THREADS // group
@@ -195,8 +196,8 @@ def backward_kernel(dtype: str, group: int, per_thread: int):
         da, db = unpack(dword)
         a *= s
         b *= s
-        dw[at] += da * to_f32(from_f32(a))
-        dw[at + 1] += db * to_f32(from_f32(b))
+        dw[at] += da * a
+        dw[at + 1] += db * b
         return pack(s * (da * w[at] - a * mean), s * (db * w[at + 1] - b * mean))
 
     @cuda.jit
