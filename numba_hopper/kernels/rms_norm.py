@@ -92,16 +92,10 @@ def _group_sum(group):
     return total
 
 
-def _vectors(unpack):
-    """``spread(floats, at, v0, v1, v2, v3)``: a 16-byte vector's eight elements into
-    ``floats[at:at + 8]``; ``keep(words, at, v0, v1, v2, v3)``: its four words into ``words[at:at + 4]``."""
-
-    @cuda.jit(device=True, inline="always")
-    def spread(floats, at, v0, v1, v2, v3):
-        floats[at], floats[at + 1] = unpack(v0)
-        floats[at + 2], floats[at + 3] = unpack(v1)
-        floats[at + 4], floats[at + 5] = unpack(v2)
-        floats[at + 6], floats[at + 7] = unpack(v3)
+def _vectors(unpack, group, per_thread):
+    """``keep(words, at, v0, v1, v2, v3)``: a 16-byte vector's four words into
+    ``words[at:at + 4]``; ``load_weight(w, weight, lane, vectors)``: the weight's elements that
+    the thread at ``lane`` of its group holds, in float32, into ``w`` (``per_thread`` vectors of 8)."""
 
     @cuda.jit(device=True, inline="always")
     def keep(words, at, v0, v1, v2, v3):
@@ -110,14 +104,25 @@ def _vectors(unpack):
         words[at + 2] = v2
         words[at + 3] = v3
 
-    return spread, keep
+    @cuda.jit(device=True, inline="always")
+    def load_weight(w, weight, lane, vectors):
+        for j in range(per_thread):
+            if lane + j * group < vectors:
+                v0, v1, v2, v3 = nh.ld_global_nc_v4_u32(np.uint64(weight + 16 * (lane + j * group)))
+                at = j * VEC
+                w[at], w[at + 1] = unpack(v0)
+                w[at + 2], w[at + 3] = unpack(v1)
+                w[at + 4], w[at + 5] = unpack(v2)
+                w[at + 6], w[at + 7] = unpack(v3)
+
+    return keep, load_weight
 
 
 @functools.lru_cache(maxsize=None)
 def forward_kernel(dtype: str, group: int, per_thread: int):
     """The forward of ``dtype`` ("bf16" or "f16") rows (module doc); block ``THREADS``."""
     to_f32, from_f32, unpack, pack = _conversions(dtype)
-    spread, keep = _vectors(unpack)
+    keep, load_weight = _vectors(unpack, group, per_thread)
     total = _group_sum(group)
     rows_per_cta = THREADS // group
     pt = per_thread
@@ -137,10 +142,7 @@ def forward_kernel(dtype: str, group: int, per_thread: int):
         scratch = cuda.shared.array((2, _WARPS), np.float32)
         w = cuda.local.array(floats, np.float32)
         xs = cuda.local.array(words, np.uint32)
-        for j in range(pt):
-            if lane + j * group < vectors:
-                v0, v1, v2, v3 = nh.ld_global_nc_v4_u32(np.uint64(weight + 16 * (lane + j * group)))
-                spread(w, j * VEC, v0, v1, v2, v3)
+        load_weight(w, weight, lane, vectors)
         parity = 0
         first = cuda.blockIdx.x * rows_per_cta
         while first < rows:  # (a range with a runtime step divides in 64 bits)
@@ -176,7 +178,7 @@ def backward_kernel(dtype: str, group: int, per_thread: int):
     """The backward of ``dtype`` ("bf16" or "f16") rows (module doc); block ``THREADS``; the
     grid no larger than ``partials``' rows."""
     unpack, pack = _conversions(dtype)[2:]
-    spread, keep = _vectors(unpack)
+    keep, load_weight = _vectors(unpack, group, per_thread)
     total = _group_sum(group)
     rows_per_cta = THREADS // group
     pt = per_thread
@@ -211,12 +213,9 @@ def backward_kernel(dtype: str, group: int, per_thread: int):
         dw = cuda.local.array(floats, np.float32)
         xs = cuda.local.array(words, np.uint32)
         ds = cuda.local.array(words, np.uint32)
-        for j in range(pt):
-            for e in range(VEC):
-                dw[j * VEC + e] = _ZERO
-            if lane + j * group < vectors:
-                v0, v1, v2, v3 = nh.ld_global_nc_v4_u32(np.uint64(weight + 16 * (lane + j * group)))
-                spread(w, j * VEC, v0, v1, v2, v3)
+        load_weight(w, weight, lane, vectors)
+        for i in range(floats):
+            dw[i] = _ZERO
         for i in range(t, width, THREADS):
             dw_cta[i] = _ZERO
         parity = 0
