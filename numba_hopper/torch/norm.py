@@ -117,7 +117,7 @@ def _forward(x, weight, eps):
     rstd = x.new_empty(plan.rows, dtype=torch.float32)
     args = (x.data_ptr(), weight.data_ptr(), y.data_ptr(), rstd, plan.rows, plan.width, plan.inv_width,
             np.float32(eps))
-    if plan.forward is None:
+    if plan.forward is None:  # prepared with rstd as an array (its layout), called with its address
         plan.forward = prepare(forward_kernel(*plan.kernel_args), plan.device, plan.forward_grid, THREADS, *args)
     plan.forward(plan.stream(), *args[:3], rstd.data_ptr(), *args[4:])
     return y, rstd
@@ -131,7 +131,7 @@ def _backward(dy, x, weight, rstd, weight_grad):
     partials = x.new_empty((plan.backward_grid, plan.width), dtype=torch.float32)
     args = (dy.data_ptr(), x.data_ptr(), weight.data_ptr(), rstd, dx.data_ptr(), partials, plan.rows, plan.width,
             plan.inv_width)
-    if plan.backward is None:
+    if plan.backward is None:  # (the float32 arrays as in _forward)
         plan.backward = prepare(backward_kernel(*plan.kernel_args), plan.device, plan.backward_grid, THREADS, *args)
         plan.column_sum = prepare(column_sum_kernel(plan.kernel_args[0]), plan.device, -(-plan.width // 32), THREADS,
                                   partials, 0, plan.width)
