@@ -162,3 +162,17 @@ def test_fused_norms_in_a_transformers_model(family):
         grads.append(model.model.layers[0].input_layernorm.weight.grad)
     assert abs(losses[0] - losses[1]) < 1e-2 * abs(losses[0])
     assert rel_error(grads[1], grads[0]) < 0.02
+
+
+def test_the_norm_never_waits_for_the_gpu():
+    x, w, dy = inputs((512, 2048), torch.bfloat16)
+    x.requires_grad_()
+    nht.rms_norm(x, w).backward(dy)  # first call: compile and prepare
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # the GPU busy for ~0.1 s
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        nht.rms_norm(x, w).backward(dy)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
