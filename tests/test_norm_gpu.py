@@ -167,6 +167,7 @@ def test_fused_norms_in_a_transformers_model(family):
 def test_the_norm_never_waits_for_the_gpu():
     x, w, dy = inputs((512, 2048), torch.bfloat16)
     x.requires_grad_()
+    w.requires_grad_()  # the weight gradient's column sum too
     nht.rms_norm(x, w).backward(dy)  # first call: compile and prepare
     torch.cuda.synchronize()
     torch.cuda._sleep(200_000_000)  # the GPU busy for ~0.1 s
