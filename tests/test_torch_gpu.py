@@ -67,14 +67,15 @@ def test_linear_gradients_match_float64(activation, m):
         assert cases.rel_error(g, r) < 2e-2
 
 
-@pytest.mark.parametrize("layout", ["RC", "CR"])
-def test_sustained_config_matches_float64(layout):
-    """``gemm(config="sustained")``'s 2x1-cluster tiles (a forward and a dW layout of 4 waves or
-    more, ragged edges) into an output poisoned with NaN."""
+@pytest.mark.parametrize("layout,M,N,K", [("RC", 4000, 8456, 200), ("CR", 4000, 8456, 200),
+                                          ("RC", 8000, 9728, 2560), ("CR", 14000, 4000, 1000)])
+def test_sustained_config_matches_float64(layout, M, N, K):
+    """``gemm(config="sustained")``'s tiles (a forward and a dW layout of 4 waves or more, ragged
+    edges; the last two take 2x1 clusters where the default runs 128 x 192 tiles) into an output
+    poisoned with NaN."""
     import numba_hopper
 
     torch.manual_seed(0)
-    M, N, K = 4000, 8456, 200
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).t()  # x @ W.T
     if layout == "CR":  # dY.T @ X

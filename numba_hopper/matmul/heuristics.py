@@ -430,8 +430,7 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, block_scaled, unit
     elif block_m == 128 and (va.itemsize == 1 or epilogue is not None) and not promoted and base.cluster_size == 1 \
             and not (epilogue and epilogue.c_dtype) and epilogue_pingpong_pays(M, N, units, limits.sm_count, block_n):
         base = GemmConfig(block_n=EPILOGUE_PINGPONG_WIDTH, pingpong=True)
-    if sustained and plain_16bit_out and base.block_m == 128 and base.cluster_size == 1 \
-            and (base.block_n == 256 or base.pingpong) \
+    if sustained and plain_16bit_out and not straddling and base.block_m == 128 and base.cluster_order == "launch" \
             and sustained_clusters_pay(M, N, a_major, b_major, units, limits.sm_count):
         base = GemmConfig(block_m=128, block_n=256, cluster_m=2)
     return base
@@ -446,14 +445,14 @@ SUSTAINED_MIN_WAVES = 4
 
 def sustained_clusters_pay(M, N, a_major, b_major, units, sms):
     """Whether a plain 16-bit product run back to back at the board's power limit (a training
-    step: ``gemm(config="sustained")``) takes 128 x 256 tiles in 2x1 clusters in place of
-    unclustered 128 x 256 or ping-pong tiles: forward (``x @ W.T``: both operands K-major) and
-    weight-gradient (``dY.T @ X``: A M-major, B N-major) products of at least
-    ``SUSTAINED_MIN_WAVES`` waves of clusters. The cluster multicasts each B tile to its two
-    CTAs, which halves B's reads from the L2 and the energy they cost; at the power limit energy
-    is clock, so these products ran 1-4% faster than the burst-tuned default
-    (``benchmarks/results/sustained-h200.json``), though 1-4% slower in bursts. ``dX`` products
-    (A K-major, B N-major) gained too little to take them."""
+    step: ``gemm(config="sustained")``) takes 128 x 256 tiles in 2x1 clusters in place of the
+    burst-tuned default's 128-row tiles (unclustered, ping-pong, or in 1x2 clusters in launch
+    order): forward (``x @ W.T``: both operands K-major) and weight-gradient (``dY.T @ X``: A
+    M-major, B N-major) products of at least ``SUSTAINED_MIN_WAVES`` waves of clusters. The
+    cluster multicasts each B tile to its two CTAs, which halves B's reads from the L2 and the
+    energy they cost; at the power limit energy is clock, so these products ran 1-4% faster than
+    the default (``benchmarks/results/sustained-h200.json``, ``sustained-2x1-h200.json``), though
+    1-4% slower in bursts. ``dX`` products (A K-major, B N-major) gained too little to take them."""
     slots = units * 2 * _ceil(M, 256) * _ceil(N, 256)  # (a cluster takes two tile slots, with two tiles or one)
     return (a_major, b_major) in (("K", "K"), ("M", "N")) and slots >= SUSTAINED_MIN_WAVES * sms
 
