@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..kit.barriers import NamedBarriers
-from ..kit.layouts import OperandLayout, operand_layout, tma_box
+from ..kit.layouts import EVICTION_PRIORITIES, OperandLayout, operand_layout, tma_box
 from ..kit.pipeline import pipeline_barrier_bytes
 from .epilogue_config import EpilogueConfig
 
@@ -107,6 +107,9 @@ class GemmConfig:
     backward reads). Block-scaled and gated kernels compile the fused epilogue's store (the gating
     multiply is part of it; the block-scaled tiles' register budgets were fitted with it), so
     their ``epilogue`` is never None: ``EpilogueConfig()`` where none is given.
+    ``a_evict``, ``b_evict``: the L2 priority of A's and B's tile loads ("normal", "first" or
+    "last": :func:`numba_hopper.kit.layouts.make_tile_loads`), so that an operand the raster
+    reads again stays in the L2 while the other streams through it.
     """
 
     in_dtype: str = "bf16"
@@ -132,6 +135,8 @@ class GemmConfig:
     promoted: bool = False
     block_scaled: bool = False
     gated: bool = False
+    a_evict: str = "normal"
+    b_evict: str = "normal"
 
     def __post_init__(self):
         if self.block_scaled:
@@ -197,6 +202,9 @@ class GemmConfig:
         if not (self.acc_chains == 1 or chained and self.block_n <= 64 and not self.promoted):
             raise ValueError(f"acc_chains must be 1, or {ACC_CHAINS} with block_n <= 64 and no promotion; "
                              f"got {self.acc_chains} with block_n = {self.block_n}")
+        if self.a_evict not in EVICTION_PRIORITIES or self.b_evict not in EVICTION_PRIORITIES:
+            raise ValueError(f"a_evict and b_evict must be in {EVICTION_PRIORITIES}; got {self.a_evict!r}, "
+                             f"{self.b_evict!r}")
         if self.epi_buffers not in (1, 2):
             raise ValueError(f"epi_buffers must be 1 or 2, got {self.epi_buffers}")
         if self.stages < 2:

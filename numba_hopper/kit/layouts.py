@@ -64,9 +64,10 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
-from ..intrinsics import (matrix_descriptor, tma_load_2d, tma_load_3d, tma_load_multicast_2d, tma_load_multicast_3d,
-                          tma_prefetch_2d, tma_prefetch_3d, wgmma_accumulator, wgmma_commit_group, wgmma_fence,
-                          wgmma_fence_operand, wgmma_mma_async)
+from ..intrinsics import (createpolicy_fractional, matrix_descriptor, tma_load_2d, tma_load_2d_cache_hint, tma_load_3d,
+                          tma_load_3d_cache_hint, tma_load_multicast_2d, tma_load_multicast_2d_cache_hint,
+                          tma_load_multicast_3d, tma_load_multicast_3d_cache_hint, tma_prefetch_2d, tma_prefetch_3d,
+                          wgmma_accumulator, wgmma_commit_group, wgmma_fence, wgmma_fence_operand, wgmma_mma_async)
 
 __all__ = [
     "OperandLayout",
@@ -76,6 +77,7 @@ __all__ = [
     "TileLoads",
     "make_tile_loads",
     "tma_box",
+    "EVICTION_PRIORITIES",
     "Mma",
     "make_mma",
     "swizzle",
@@ -254,17 +256,57 @@ the one before it). ``box``: the tensor map's box for these loads (numpy order: 
 part is ``mn / parts`` rows)."""
 
 
-def make_tile_loads(layout: OperandLayout, parts=1) -> TileLoads:
+EVICTION_PRIORITIES = ("normal", "first", "last")
+
+
+def make_tile_loads(layout: OperandLayout, parts=1, evict="normal") -> TileLoads:
     """The :class:`TileLoads` of ``layout``: a K-major tile's boxes follow each other along
     K (coordinates ``(k0 + i * span, mn0)``, innermost first), an MN-major tile's along MN
     (``(mn0 + i * span, k0)``), ``span`` the box's ``swizzle / element_bytes`` elements.
     ``parts`` > 1 (CTAs sharing the tile by multicast): a K-major tile is split by rows, each
-    part ``mn / parts`` rows (whole 8-row atoms) of every box; an MN-major tile by boxes."""
+    part ``mn / parts`` rows (whole 8-row atoms) of every box; an MN-major tile by boxes.
+    ``evict``: the L2 priority of the loaded lines, one of :data:`EVICTION_PRIORITIES`
+    ("normal": loads without a cache hint; "first" / "last": the ``.L2::cache_hint`` loads with
+    ``createpolicy.fractional.L2::evict_first`` / ``evict_last``, PTX ISA 9.7.9.18). An operand
+    whose lines are read once is loaded "first" so that they leave the L2 before those of an
+    operand read again and again ("last")."""
+    if evict not in EVICTION_PRIORITIES:
+        raise ValueError(f"evict must be one of {EVICTION_PRIORITIES}; got {evict!r}")
     BOXES, BOX_BYTES, SWIZZLE = layout.boxes, layout.box_bytes, layout.swizzle
     SPAN = SWIZZLE // layout.element_bytes
     K_MAJOR = layout.major == "K"
     box = tma_box(layout, parts)
     SHARED, PART_ROWS, PART_BOXES = parts, layout.mn // parts, BOXES // parts
+    HINTED, POLICY = evict != "normal", "evict_" + evict
+
+    # One box, with or without the cache hint (one branch compiles).
+    @cuda.jit(device=True, forceinline=True)
+    def box_2d(dst, tmap, c0, c1, bar):
+        if HINTED:
+            tma_load_2d_cache_hint(dst, tmap, c0, c1, bar, createpolicy_fractional(POLICY))
+        else:
+            tma_load_2d(dst, tmap, c0, c1, bar)
+
+    @cuda.jit(device=True, forceinline=True)
+    def box_3d(dst, tmap, c0, c1, c2, bar):
+        if HINTED:
+            tma_load_3d_cache_hint(dst, tmap, c0, c1, c2, bar, createpolicy_fractional(POLICY))
+        else:
+            tma_load_3d(dst, tmap, c0, c1, c2, bar)
+
+    @cuda.jit(device=True, forceinline=True)
+    def multicast_2d(dst, tmap, c0, c1, bar, mask):
+        if HINTED:
+            tma_load_multicast_2d_cache_hint(dst, tmap, c0, c1, bar, mask, createpolicy_fractional(POLICY))
+        else:
+            tma_load_multicast_2d(dst, tmap, c0, c1, bar, mask)
+
+    @cuda.jit(device=True, forceinline=True)
+    def multicast_3d(dst, tmap, c0, c1, c2, bar, mask):
+        if HINTED:
+            tma_load_multicast_3d_cache_hint(dst, tmap, c0, c1, c2, bar, mask, createpolicy_fractional(POLICY))
+        else:
+            tma_load_multicast_3d(dst, tmap, c0, c1, c2, bar, mask)
 
     # A K-major tile of one box (the usual: k spans the swizzle) takes no loop: LLVM keeps the
     # address arithmetic of a one-trip loop in 64 bits. (MN-major tiles keep theirs, whatever
@@ -273,23 +315,23 @@ def make_tile_loads(layout: OperandLayout, parts=1) -> TileLoads:
     def load(dst, tmap, mn0, k0, bar):
         if not K_MAJOR:
             for i in range(BOXES):
-                tma_load_2d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, bar)
+                box_2d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, bar)
         elif BOXES == 1:
-            tma_load_2d(dst, tmap, k0, mn0, bar)
+            box_2d(dst, tmap, k0, mn0, bar)
         else:
             for i in range(BOXES):
-                tma_load_2d(dst + i * BOX_BYTES, tmap, k0 + i * SPAN, mn0, bar)
+                box_2d(dst + i * BOX_BYTES, tmap, k0 + i * SPAN, mn0, bar)
 
     @cuda.jit(device=True, forceinline=True)
     def load_3d(dst, tmap, mn0, k0, batch, bar):
         if not K_MAJOR:
             for i in range(BOXES):
-                tma_load_3d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, batch, bar)
+                box_3d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, batch, bar)
         elif BOXES == 1:
-            tma_load_3d(dst, tmap, k0, mn0, batch, bar)
+            box_3d(dst, tmap, k0, mn0, batch, bar)
         else:
             for i in range(BOXES):
-                tma_load_3d(dst + i * BOX_BYTES, tmap, k0 + i * SPAN, mn0, batch, bar)
+                box_3d(dst + i * BOX_BYTES, tmap, k0 + i * SPAN, mn0, batch, bar)
 
     # A K-major part is rows part * PART_ROWS on of every box; an MN-major part, whole boxes.
     @cuda.jit(device=True, forceinline=True)
@@ -297,30 +339,30 @@ def make_tile_loads(layout: OperandLayout, parts=1) -> TileLoads:
         if SHARED == 1:
             load(dst, tmap, mn0, k0, bar)
         elif K_MAJOR and BOXES == 1:
-            tma_load_multicast_2d(dst + part * PART_ROWS * SWIZZLE, tmap, k0, mn0 + part * PART_ROWS, bar, mask)
+            multicast_2d(dst + part * PART_ROWS * SWIZZLE, tmap, k0, mn0 + part * PART_ROWS, bar, mask)
         elif K_MAJOR:
             for i in range(BOXES):
-                tma_load_multicast_2d(dst + part * PART_ROWS * SWIZZLE + i * BOX_BYTES, tmap, k0 + i * SPAN,
+                multicast_2d(dst + part * PART_ROWS * SWIZZLE + i * BOX_BYTES, tmap, k0 + i * SPAN,
                                       mn0 + part * PART_ROWS, bar, mask)
         else:
             for j in range(PART_BOXES):
                 i = part * PART_BOXES + j
-                tma_load_multicast_2d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, bar, mask)
+                multicast_2d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, bar, mask)
 
     @cuda.jit(device=True, forceinline=True)
     def load_part_3d(dst, tmap, mn0, k0, batch, bar, part, mask):
         if SHARED == 1:
             load_3d(dst, tmap, mn0, k0, batch, bar)
         elif K_MAJOR and BOXES == 1:
-            tma_load_multicast_3d(dst + part * PART_ROWS * SWIZZLE, tmap, k0, mn0 + part * PART_ROWS, batch, bar, mask)
+            multicast_3d(dst + part * PART_ROWS * SWIZZLE, tmap, k0, mn0 + part * PART_ROWS, batch, bar, mask)
         elif K_MAJOR:
             for i in range(BOXES):
-                tma_load_multicast_3d(dst + part * PART_ROWS * SWIZZLE + i * BOX_BYTES, tmap, k0 + i * SPAN,
+                multicast_3d(dst + part * PART_ROWS * SWIZZLE + i * BOX_BYTES, tmap, k0 + i * SPAN,
                                       mn0 + part * PART_ROWS, batch, bar, mask)
         else:
             for j in range(PART_BOXES):
                 i = part * PART_BOXES + j
-                tma_load_multicast_3d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, batch, bar, mask)
+                multicast_3d(dst + i * BOX_BYTES, tmap, mn0 + i * SPAN, k0, batch, bar, mask)
 
     @cuda.jit(device=True, forceinline=True)
     def prefetch(tmap, mn0, k0):

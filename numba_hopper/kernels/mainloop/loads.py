@@ -42,8 +42,8 @@ def make_loads(cfg: GemmConfig, pipe: TmaPipeline) -> Loads:
     # and multicasts it. A gated tile's B slot is B's rows n0 / 2 on, then as many of B_up's
     # (kernel column n0 is output column n0 / 2), each half one load of its own.
     GATED = cfg.gated
-    a_loads = make_tile_loads(cfg.a_layout, CN)
-    b_loads = make_tile_loads(cfg.b_load_layout, 1 if GATED else CM)
+    a_loads = make_tile_loads(cfg.a_layout, CN, cfg.a_evict)
+    b_loads = make_tile_loads(cfg.b_load_layout, 1 if GATED else CM, cfg.b_evict)
     b_prefetch = make_tile_loads(cfg.b_layout).prefetch_3d
     DEBUG = cfg.debug
     BLOCK_SCALED = cfg.block_scaled
