@@ -107,6 +107,25 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     assert not [line for line in loop if "R2UR" in line], loop
 
 
+@pytest.mark.parametrize("a_evict,b_evict", [("first", "last"), ("last", "normal")])
+def test_l2_priorities_hint_only_the_loads_of_their_operand(a_evict, b_evict):
+    """Each operand's loads carry the cache-hint operand (``desc[...]``) exactly when its priority
+    is not "normal", in a 2x1 cluster whose B loads are multicast; nothing else changes."""
+    cfg = GemmConfig("bf16", "bf16", "M", "N", cluster_m=2, a_evict=a_evict, b_evict=b_evict)
+    plain = inspect_kernel(make_gemm_kernel(GemmConfig("bf16", "bf16", "M", "N", cluster_m=2)),
+                           gemm_argument_types(cfg))
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
+    loads = [line for line in r.sass.splitlines() if "UTMALDG" in line]
+    a_loads = [line for line in loads if "MULTICAST" not in line]
+    b_loads = [line for line in loads if "MULTICAST" in line]
+    assert a_loads and b_loads and len(loads) == plain.count("UTMALDG")
+    assert all(("desc[" in line) == (a_evict != "normal") for line in a_loads), a_loads
+    assert all(("desc[" in line) == (b_evict != "normal") for line in b_loads), b_loads
+    for e in ("first", "last"):
+        assert (f"createpolicy.fractional.L2::evict_{e}" in r.ptx) == (e in (a_evict, b_evict))
+    assert r.spill_bytes == 0 and r.registers <= plain.registers, r.summary()
+
+
 def _k_block_loop(sass):
     """The SASS lines of the innermost loop around the first wgmma (the consumers' k-block loop):
     from the label that a later branch jumps back to, to that branch."""
@@ -232,6 +251,7 @@ def test_stage_count_fills_shared_memory():
     (dict(block_m=192), "block_n <= 192"), (dict(block_m=192, block_n=128, stream_k=True), "block_m = 192"),
     (dict(block_m=192, block_n=128, a_major="M", cluster_n=2), "block_m = 192"),
     (dict(cluster_order="smid"), "cluster_order"), (dict(cluster_order="gpc"), "2-CTA clusters"),
+    (dict(a_evict="evict_last"), "a_evict"), (dict(b_evict="never"), "b_evict"),
     (dict(block_n=128, cluster_m=2, cluster_n=2, cluster_order="gpc"), "2-CTA clusters"),
     *((dict(dict(block_n=128, pingpong=True), **kw), "pingpong") for kw in (
         dict(block_m=64), dict(block_n=256), dict(in_dtype="e4m3", b_major="K", promoted=True), dict(cluster_n=2),

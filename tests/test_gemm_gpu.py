@@ -156,6 +156,16 @@ def test_192_row_tiles_in_clusters(torch, cluster, block_n, layout, M, N, K):
     _check(torch, M, N, K, layout=layout, config=cfg)
 
 
+@pytest.mark.parametrize("cfg,layout", [
+    (GemmConfig(b_major="K", a_evict="last", b_evict="first"), "RC"),
+    (GemmConfig(a_major="M", cluster_m=2, a_evict="first", b_evict="last"), "CR"),
+    (GemmConfig(b_major="K", block_n=128, cluster_n=2, a_evict="last"), "RC")], ids=["RC", "CR-2x1", "RC-1x2"])
+def test_l2_priorities(torch, cfg, layout):
+    """Loads with L2 cache hints (plain and multicast) fill the same tiles."""
+    for M, N, K in [(1, 1, 8), (7, 1000, 296), (129, 127, 136), (1000, 520, 264), (4104, 2600, 1000)]:
+        _check(torch, M, N, K, layout=layout, config=cfg)
+
+
 @pytest.mark.parametrize("cfg,layout,out_dtype", [
     (GemmConfig(block_m=192, block_n=192, stages=4, cluster_n=2, epi_buffers=1), "RR", "bf16"),
     (GemmConfig(a_major="M", b_major="K", block_m=192, block_n=192, stages=4, cluster_m=2, epi_buffers=1), "CC", "bf16"),

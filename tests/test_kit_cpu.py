@@ -375,6 +375,9 @@ def test_multicast_parts_of_a_tile():
     B = operand_layout("MN", 128, "bf16", mn=256, k=64)
     assert layouts.tma_box(A, 2) == (64, 64) and layouts.tma_box(B, 2) == (64, 64) and layouts.tma_box(A) == A.box
     assert layouts.make_tile_loads(A, 2).box == (64, 64)
+    assert layouts.make_tile_loads(A, 2, evict="last").box == (64, 64)
+    with pytest.raises(ValueError, match="evict must be one of"):
+        layouts.make_tile_loads(A, evict="evict_last")
     with pytest.raises(ValueError, match="8-row atoms"):
         layouts.tma_box(operand_layout("K", 128, "bf16", mn=64, k=64), 16)
     with pytest.raises(ValueError, match="whole boxes"):
