@@ -181,7 +181,7 @@ def _call_options(name, layout="RR"):
     ``swap`` (the product computed swapped, a column-major output tile: ``m64-n8-swap``), ``gpc`` (clusters in
     GPC order: ``n112-1x2-gpc``), ``pp`` (ping-pong consumers: ``n176-pp``), ``a<accumulators>``
     (``a4``), ``e<output buffers per consumer>`` (``e1``), ``af``/``al`` and ``bf``/``bl`` (A's or B's loads at L2
-    priority evict_first / evict_last: ``2x1-al-bf``); e.g. ``n128-s2``, ``n192-sk``. Unnamed parts keep GemmConfig's defaults (128x256 tiles, no cluster,
+    priority evict_first / evict_last: ``2x1-al-bf``), ``dyn`` (the dynamic schedule: ``2x1-dyn``); e.g. ``n128-s2``, ``n192-sk``. Unnamed parts keep GemmConfig's defaults (128x256 tiles, no cluster,
     no split, no stream-K, the deepest ring that fits). ``layout``: the operands' (``RC``: A row-major, B
     column-major), whose majors the config is checked with.
     """
@@ -201,6 +201,8 @@ def _call_options(name, layout="RR"):
             kw["cluster_order"] = "gpc"
         elif part == "pp":
             kw["pingpong"] = True
+        elif part == "dyn":
+            kw["dynamic_schedule"] = True
         elif part in ("af", "al", "bf", "bl"):
             kw[part[0] + "_evict"] = {"f": "first", "l": "last"}[part[1]]
         elif part[0] in parts and part[1:].isdigit():

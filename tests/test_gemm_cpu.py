@@ -60,13 +60,17 @@ ALL_CONFIGS = [
     # clusters in GPC order (slots claimed with atomics): the 1x2 tile the heuristic runs, and 2x1
     GemmConfig("bf16", "bf16", "K", "K", block_n=112, stages=6, cluster_n=2, cluster_order="gpc"),
     GemmConfig("bf16", "bf16", "M", "N", cluster_m=2, cluster_order="gpc"),
+    # the dynamic schedule (tiles taken off a counter, handed through a ring of ids): the
+    # training tiles' 2x1 cluster, and unclustered
+    GemmConfig("bf16", "bf16", "M", "N", cluster_m=2, dynamic_schedule=True),
+    GemmConfig("bf16", "f32", "K", "K", dynamic_schedule=True),
 ]
 
 
 @pytest.mark.kernel_matrix
 @pytest.mark.parametrize("cfg", ALL_CONFIGS, ids=lambda c: f"{c.in_dtype}-{c.out_dtype}-{c.a_major}{c.b_major}-c{c.cluster_m}x{c.cluster_n}-{c.block_m}x{c.block_n}"
                          + ("-colmajor" if c.out_major == "M" else "") + ("-gpc" if c.cluster_order == "gpc" else "")
-                         + ("-pingpong" if c.pingpong else "")
+                         + ("-pingpong" if c.pingpong else "") + ("-dynamic" if c.dynamic_schedule else "")
                          + f"-a{c.acc_chains}")
 def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
@@ -80,7 +84,10 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
     # previous kernel (whose last cluster cleared the claims), claims its slot after it and
     # counts itself once
     gpc = cfg.cluster_order == "gpc"
-    assert ("SR_VIRTUALSMID" in r.sass, "ATOMG.E.CAS" in r.sass, r.count("ATOMG.E.ADD")) == (gpc, gpc, int(gpc))
+    assert ("SR_VIRTUALSMID" in r.sass, "ATOMG.E.CAS" in r.sass) == (gpc, gpc)
+    # a dynamic schedule's leader takes tiles off the counter and counts its cluster done
+    adds = r.count("ATOMG.E.ADD")
+    assert adds >= 2 if cfg.dynamic_schedule else adds == int(gpc)
     if gpc:
         order = [r.sass.index(op) for op in ("SR_VIRTUALSMID", "CCTL.E.PF2", "ACQBULK", "ATOMG.E.CAS", "UTMALDG")]
         assert order == sorted(order)
@@ -252,6 +259,9 @@ def test_stage_count_fills_shared_memory():
     (dict(block_m=192, block_n=128, a_major="M", cluster_n=2), "block_m = 192"),
     (dict(cluster_order="smid"), "cluster_order"), (dict(cluster_order="gpc"), "2-CTA clusters"),
     (dict(a_evict="evict_last"), "a_evict"), (dict(b_evict="never"), "b_evict"),
+    *((dict(dict(dynamic_schedule=True), **kw), "dynamic_schedule") for kw in (
+        dict(block_n=128, stream_k=True), dict(block_n=128, pingpong=True), dict(grouped="contiguous", block_n=128),
+        dict(cluster_n=2, cluster_order="gpc"), dict(in_dtype="e4m3", b_major="K", block_n=128, promoted=True))),
     (dict(block_n=128, cluster_m=2, cluster_n=2, cluster_order="gpc"), "2-CTA clusters"),
     *((dict(dict(block_n=128, pingpong=True), **kw), "pingpong") for kw in (
         dict(block_m=64), dict(block_n=256), dict(in_dtype="e4m3", b_major="K", promoted=True), dict(cluster_n=2),

@@ -18,6 +18,7 @@ __all__ = [
     "mbarrier_try_wait_parity",
     "mbarrier_test_wait_parity",
     "mbarrier_wait_parity",
+    "mbarrier_wait_parity_cluster",
     "mbarrier_wait_parity_timeout",
     "mbarrier_inval",
     "fence_mbarrier_init",
@@ -82,6 +83,18 @@ def mbarrier_test_wait_parity(bar: u32, phase: u32) -> bool:
 def mbarrier_wait_parity(bar: u32, phase: u32):
     """PTX ISA 9.7.13.15.16 mbarrier.try_wait.parity in a spin loop (one asm block, CUTLASS
     ClusterBarrier::wait): returns once the phase of parity ``phase`` has completed.
+    """
+
+
+@ptx_asm(
+    "{ .reg .pred p; NH_CWAIT: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [{bar}], {phase}; "
+    "@!p bra NH_CWAIT; }"
+)
+def mbarrier_wait_parity_cluster(bar: u32, phase: u32):
+    """PTX ISA 9.7.13.15.16 mbarrier.try_wait.parity.acquire.cluster in a spin loop: returns once
+    the phase of parity ``phase`` has completed, with acquire semantics at cluster scope, so that
+    what another CTA of the cluster stored into this CTA's shared memory before its
+    ``.release.cluster`` arrive (``mbarrier_arrive_cluster``) is visible.
     """
 
 

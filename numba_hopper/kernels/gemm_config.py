@@ -22,7 +22,7 @@ from .epilogue_config import EpilogueConfig
 
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "BarrierIds", "WG_ROWS", "KBLOCK_BYTES",
            "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES",
-           "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N", "GATED_NS"]
+           "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N", "GATED_NS", "TILE_ID_SLOTS", "TILE_ID_RING_BYTES"]
 
 WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
 KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements
@@ -53,6 +53,9 @@ PINGPONG_MAX_BLOCK_N = 192
 # Gated tiles: each half (B's columns, B_up's) a multiple of the 64-column epilogue sub-tile.
 GATED_NS = (128, 256)
 SWIZZLE_ALIGN = 1024  # a 128B-swizzled tile starts on a 1024-byte boundary (the swizzle's period)
+# A dynamic schedule's ring of tile ids: TILE_ID_SLOTS slots of a full and an empty mbarrier and a u32 id.
+TILE_ID_SLOTS = 2
+TILE_ID_RING_BYTES = TILE_ID_SLOTS * (8 + 8 + 4)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,11 @@ class GemmConfig:
     ``a_evict``, ``b_evict``: the L2 priority of A's and B's tile loads ("normal", "first" or
     "last": :func:`numba_hopper.kit.layouts.make_tile_loads`), so that an operand the raster
     reads again stays in the L2 while the other streams through it.
+    ``dynamic_schedule``: after its first tile, a cluster takes the next tile not yet taken
+    (a global counter) instead of every ``ctas``-th one (``kernels/scheduler.py``): the tiles in
+    flight then stay consecutive in the raster however far the CTAs' speeds drift apart over
+    a long walk; plain cooperative kernels (no stream-K, grouping, ping-pong, promotion or GPC
+    order).
     """
 
     in_dtype: str = "bf16"
@@ -137,6 +145,7 @@ class GemmConfig:
     gated: bool = False
     a_evict: str = "normal"
     b_evict: str = "normal"
+    dynamic_schedule: bool = False
 
     def __post_init__(self):
         if self.block_scaled:
@@ -205,6 +214,10 @@ class GemmConfig:
         if self.a_evict not in EVICTION_PRIORITIES or self.b_evict not in EVICTION_PRIORITIES:
             raise ValueError(f"a_evict and b_evict must be in {EVICTION_PRIORITIES}; got {self.a_evict!r}, "
                              f"{self.b_evict!r}")
+        if self.dynamic_schedule and (self.stream_k or self.grouped is not None or self.pingpong or self.promoted
+                                      or self.cluster_order != "launch"):
+            raise ValueError("dynamic_schedule runs cooperative kernels without stream_k, grouping, pingpong, "
+                             "promotion or cluster_order = 'gpc'")
         if self.epi_buffers not in (1, 2):
             raise ValueError(f"epi_buffers must be 1 or 2, got {self.epi_buffers}")
         if self.stages < 2:
@@ -495,8 +508,9 @@ class SharedLayout:
 
     In order: the ring's A tiles, its B tiles, ``epi_buffers`` output sub-tile buffers per consumer,
     two residual-C sub-tile buffers per consumer, each consumer's staged column vectors,
-    the ring's block-wise scales of A, the ring's barriers, the C buffers' barriers and, with
-    ``cluster_order = "gpc"``, the cluster's claimed slot (a u32 written by its claimer).
+    the ring's block-wise scales of A, the ring's barriers, the C buffers' barriers, with
+    ``cluster_order = "gpc"`` the cluster's claimed slot (a u32 written by its claimer) and with
+    ``dynamic_schedule`` the ring of tile ids (``kernels/scheduler.py``: ``TILE_ID_RING_BYTES``).
     """
 
     a: int
@@ -509,6 +523,7 @@ class SharedLayout:
     barriers: int
     c_barriers: int
     cluster_slot: int
+    tile_ids: int
     total: int
 
     @staticmethod
@@ -522,12 +537,13 @@ class SharedLayout:
         barriers = a_scales + cfg.stages * cfg.a_scales_bytes
         c_barriers = barriers + pipeline_barrier_bytes(cfg.stages)
         cluster_slot = c_barriers + (2 * cfg.consumers * 8 if cfg.has_c else 0)
-        total = cluster_slot + (8 if cfg.cluster_order == "gpc" else 0)
+        tile_ids = cluster_slot + (8 if cfg.cluster_order == "gpc" else 0)
+        total = tile_ids + (TILE_ID_RING_BYTES if cfg.dynamic_schedule else 0)
         # Swizzled tiles keep the swizzle's period; mbarriers are 8-byte aligned.
         assert cfg.a_tile_bytes % SWIZZLE_ALIGN == 0 and cfg.b_tile_bytes % SWIZZLE_ALIGN == 0, cfg
         assert b % SWIZZLE_ALIGN == 0 and epi % SWIZZLE_ALIGN == 0 and c % SWIZZLE_ALIGN == 0, cfg
         assert a_scales % 128 == 0 and barriers % 8 == 0, cfg  # (TMA writes 128-byte-aligned boxes)
-        return SharedLayout(0, b, epi, c, vec, vec_bytes, a_scales, barriers, c_barriers, cluster_slot, total)
+        return SharedLayout(0, b, epi, c, vec, vec_bytes, a_scales, barriers, c_barriers, cluster_slot, tile_ids, total)
 
 
 class GemmParams(NamedTuple):
@@ -562,7 +578,9 @@ class GemmParams(NamedTuple):
     of the GPC-major rank of each TPC (u32, indexed by ``%smid // 2``:
     ``numba_hopper.matmul.placement``), and ``cluster_claims`` that of a u32 count of the
     clusters that claimed, then a u32 claim per tile slot, all zero before the launch and left
-    zero after it (``numba_hopper.runtime.workspace``).
+    zero after it (``numba_hopper.runtime.workspace``). Dynamically scheduled kernels
+    (``cfg.dynamic_schedule``): ``cluster_claims`` is the address of two u32, the tiles taken
+    after the first wave and the clusters done, zero before the launch and left zero after it.
 
     Block-scaled kernels (``cfg.block_scaled``): ``b_scales`` is B's block-wise scales, a float32
     device array of (ceil(K / 128), ceil(N / 128)), or (G, ceil(K / 128), ceil(N / 128)) grouped

@@ -159,7 +159,8 @@ def _build_gemm_kernel(cfg: GemmConfig):
         if tid == 0:
             prefetch_tensormaps(p)
             epilogue.init(smem)
-            pipe.init(smem + BARRIERS)
+            scheduler.init(smem)
+            pipe.init(smem + BARRIERS)  # (its fence.mbarrier_init covers every barrier above)
         cta = mainloop.cluster_cta()
         if CLUSTER > 1:
             nh.cluster_sync()  # every barrier of the cluster is initialized before any use

@@ -12,6 +12,16 @@ Which cluster takes which slot of the walk (``cta`` above counts clusters) is th
 order, or with ``cfg.cluster_order = "gpc"`` the GPC-major order of where the clusters run
 (:func:`make_tile_scheduler`'s ``claim``).
 
+With ``cfg.dynamic_schedule`` a cluster's first tile is its slot and each later one the next
+tile no cluster has taken: its leader (the producer of cluster rank 0) counts it off a global
+counter and hands it to every role of the cluster through a ring of tile ids
+(:func:`_dynamic_walk`). In the static walk CTA c takes tile ``c + n * ctas`` whenever it gets
+there; over hundreds of tiles the CTAs' speeds drift apart, the tiles in flight spread over
+many rows of the raster, and the operand panels they share are read from DRAM again instead of
+the L2 (the output layer's products at 8192 tokens read 1.4x more per tile than at 1/8 of the
+vocabulary, ``benchmarks/results/gemm-traffic-h200.json``). Counted off in order, the tiles
+in flight stay consecutive.
+
 Grouped kernels (``cfg.grouped``, mixture-of-experts layers) number the tiles of all
 groups in one sequence, group after group, and walk it the same way (``cta, cta + ctas,
 ...``). The group sizes live on the device and are read there, so the host never waits for
@@ -33,6 +43,7 @@ from numba import cuda
 from .. import intrinsics as nh
 from ..kit.barriers import warpgroup_sync
 from ..kit.scheduler import OutputTile, grouped_tile, grouped_tile_host
+from .gemm_config import TILE_ID_SLOTS
 
 __all__ = ["TileScheduler", "Work", "WorkItem", "GroupWork", "GroupItem", "GroupTile",
            "make_tile_scheduler", "device_work_walk", "host_work_walk",
@@ -107,14 +118,19 @@ def host_work_walk():
     return _work_walk(operator.floordiv, True, lambda f: f)
 
 
-Work = namedtuple("Work", ["ctiles_m", "ctiles_n", "per_batch", "num_tiles", "k_blocks", "cta", "ctas", "dp_tiles"])
-WorkItem = namedtuple("WorkItem", ["tile", "k_begin", "k_end"])
-TileScheduler = namedtuple("TileScheduler", ["nominate", "claim", "work", "first", "next", "origin", "fixup"])
+Work = namedtuple("Work", ["ctiles_m", "ctiles_n", "per_batch", "num_tiles", "k_blocks", "cta", "ctas", "dp_tiles",
+                           "claims"])
+WorkItem = namedtuple("WorkItem", ["tile", "k_begin", "k_end", "seq"])
+WorkItem.__doc__ = """A work item: ``tile`` (cluster tiles, batch-major), its k-blocks ``[k_begin, k_end)``, and
+``seq``, its place in the CTA's walk (0, 1, ...)."""
+TileScheduler = namedtuple("TileScheduler", ["init", "nominate", "claim", "work", "first", "next", "origin", "fixup"])
 
 
 def make_tile_scheduler(cfg) -> TileScheduler:
     """The scheduler of the kernel of ``cfg``: a :class:`TileScheduler` of device functions.
 
+    - ``init(smem)``: (one thread, before the block's first synchronization) the barriers of a
+      dynamic schedule's ring of tile ids (nothing otherwise);
     - ``nominate(params, tid) -> rank``, before griddepcontrol.wait, then ``claim(params, rank,
       slot_address, tid) -> slot`` after it: this CTA's cluster's slot among the launch's
       clusters (every thread of the cluster calls both; ``slot_address``:
@@ -156,15 +172,22 @@ def make_tile_scheduler(cfg) -> TileScheduler:
         num_tiles = p.batches * per_batch
         k_blocks = p.k_split if p.k_split else (p.K + BK - 1) // BK
         dp_tiles = p.dp_tiles if STREAM_K else num_tiles
-        return Work(ctiles_m, ctiles_n, per_batch, num_tiles, k_blocks, slot, cuda.gridDim.x // CLUSTER, dp_tiles)
+        return Work(ctiles_m, ctiles_n, per_batch, num_tiles, k_blocks, slot, cuda.gridDim.x // CLUSTER, dp_tiles,
+                    p.cluster_claims)
 
     @cuda.jit(device=True, forceinline=True)
-    def first(w):
-        return WorkItem(*first_item(w.cta, w.ctas, w.dp_tiles, w.num_tiles, w.k_blocks))
+    def static_first(w):
+        return WorkItem(*first_item(w.cta, w.ctas, w.dp_tiles, w.num_tiles, w.k_blocks), 0)
 
     @cuda.jit(device=True, forceinline=True)
-    def next_(w, item):
-        return WorkItem(*next_item(item, w.cta, w.ctas, w.dp_tiles, w.num_tiles, w.k_blocks))
+    def static_next(w, item):
+        return WorkItem(*next_item(item, w.cta, w.ctas, w.dp_tiles, w.num_tiles, w.k_blocks), item.seq + 1)
+
+    @cuda.jit(device=True, forceinline=True)
+    def no_ring(smem):
+        pass
+
+    init, first, next_ = _dynamic_walk(cfg) if cfg.dynamic_schedule else (no_ring, static_first, static_next)
 
     @cuda.jit(device=True, forceinline=True)
     def origin(w, item, rm, rn):
@@ -222,7 +245,81 @@ def make_tile_scheduler(cfg) -> TileScheduler:
             return False
         return True
 
-    return TileScheduler(nominate, claim, work, first, next_, origin, fixup)
+    return TileScheduler(init, nominate, claim, work, first, next_, origin, fixup)
+
+
+def _dynamic_walk(cfg):
+    """``(init, first, next)`` of ``cfg.dynamic_schedule`` (:func:`make_tile_scheduler`).
+
+    A cluster's first item is its slot's tile. Each later one, the cluster's leader (the
+    producer thread of cluster rank 0) takes off the counter at ``work.claims`` (the first u32:
+    tiles taken after the first wave) and hands to every CTA of the cluster through a ring of
+    ``TILE_ID_SLOTS`` slots (``cfg.layout.tile_ids``: ``full`` mbarriers, ``empty`` mbarriers,
+    then the u32 ids), as a producer hands k-blocks to consumers: it waits for the slot's
+    ``empty`` in its own CTA, stores the id into the slot in each CTA and arrives on each CTA's
+    ``full`` (release at cluster scope); every reader (each CTA's producer thread and lane 0 of
+    each consumer warp, after its warp read the id) waits on its CTA's ``full`` (acquire at
+    cluster scope) and arrives on the leader's ``empty``. A tile id at or past ``num_tiles``
+    ends every role's walk. The leader that hands out its end counts its cluster done (the
+    second u32); the last cluster to do so, after which nobody takes a tile, clears both for the
+    next launch."""
+    CLUSTER = cfg.cluster_size
+    SLOTS = TILE_ID_SLOTS
+    RING = cfg.layout.tile_ids
+    FULL, EMPTY, IDS = 0, 8 * SLOTS, 16 * SLOTS
+    READERS = CLUSTER * (1 + 4 * cfg.consumers)  # arrivals on the leader's empty barriers
+
+    @cuda.jit(device=True, forceinline=True)
+    def init(smem):
+        for s in range(SLOTS):
+            nh.mbarrier_init(smem + RING + FULL + 8 * s, 1)
+            nh.mbarrier_init(smem + RING + EMPTY + 8 * s, READERS)
+
+    @cuda.jit(device=True, forceinline=True)
+    def in_cta(addr, rank):
+        """``addr`` (this CTA's shared memory) in CTA ``rank`` of the cluster."""
+        return nh.mapa(addr, rank) if CLUSTER > 1 else addr
+
+    @cuda.jit(device=True, forceinline=True)
+    def leader():
+        return cuda.threadIdx.x < 128 and (CLUSTER == 1 or nh.cluster_ctarank() == 0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def count_done(w):
+        if nh.atom_add_acq_rel_gpu_u32(w.claims + 4, 1) == w.ctas - 1:
+            nh.st_global_u32(w.claims, 0)
+            nh.st_global_u32(w.claims + 4, 0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def first(w):
+        if w.cta >= w.num_tiles and leader():  # (a grid of more clusters than tiles)
+            count_done(w)
+        return WorkItem(w.cta, 0, w.k_blocks, 0)
+
+    @cuda.jit(device=True, forceinline=True)
+    def next_(w, item):
+        q = item.seq  # ring position of item seq + 1 (the first item takes none)
+        slot, phase = q % SLOTS, (q // SLOTS) & 1
+        ring = nh.dynamic_shared_base() + RING
+        full, empty, ids = ring + FULL + 8 * slot, ring + EMPTY + 8 * slot, ring + IDS + 4 * slot
+        producer = cuda.threadIdx.x < 128
+        if leader():
+            nh.mbarrier_wait_parity_cluster(empty, phase ^ 1)
+            taken = w.ctas + nh.atom_add_acq_rel_gpu_u32(w.claims, 1)
+            for r in range(CLUSTER):
+                nh.st_shared_cluster_u32(in_cta(ids, r), np.uint32(taken))
+                nh.mbarrier_arrive_cluster(in_cta(full, r))
+            if taken >= w.num_tiles:
+                count_done(w)
+        nh.mbarrier_wait_parity_cluster(full, phase)
+        tile = np.int64(nh.ld_shared_u32(ids))
+        if not producer:
+            cuda.syncwarp()
+        if producer or cuda.threadIdx.x % 32 == 0:
+            nh.mbarrier_arrive_cluster(in_cta(empty, 0))
+        return WorkItem(tile, 0, w.k_blocks, q + 1)
+
+    return init, first, next_
 
 
 def _cluster_slots(cfg):

@@ -216,7 +216,7 @@ class _Gemm:
         tiles = batch.count * -(-M // (cfg.block_m * cfg.cluster_m)) * -(-N // (cfg.block_n * cfg.cluster_n))
         self.grid = grid or min(tiles * cfg.cluster_size, limits.sm_count)  # whole clusters: trimmed in prepare
         self.partials = scratch.take(self.grid * 2 * (cfg.partial_bytes + 4)) if cfg.stream_k else None
-        self.claims = scratch.claims() if cfg.cluster_order == "gpc" else None
+        self.claims = scratch.claims() if cfg.cluster_order == "gpc" or cfg.dynamic_schedule else None
 
     def _kernel_shape(self):
         """The kernel's (M, N): the output's, with a gated kernel's columns B's and B_up's."""
@@ -275,7 +275,7 @@ class _Gemm:
             debug_record=self.record.address if self.record else 0,
             group_rows=self.group_rows.resolve(values) if self.group_rows else 0,
             out_address=self.d.src.resolve(values) if self.group_rows else 0,
-            tpc_order=tpc_order(self.d.view.device) if self.claims else 0,
+            tpc_order=tpc_order(self.d.view.device) if cfg.cluster_order == "gpc" else 0,
             cluster_claims=self.claims.resolve(values) if self.claims else 0,
             b_scales=numba_array(self.b_scales.at(values)) if self.b_scales else 0)
         # Where each call's value of a field comes from (None: fixed at preparation).
@@ -299,7 +299,8 @@ class _Gemm:
             resident = max_active_clusters(kernel, cfg.cluster_size, cfg.threads, args,
                                            shared_mem=cfg.shared_bytes, cache_key=cache_key)
             # In GPC order every TPC takes a slot, a tile or not: the slots of a GPC stay consecutive.
-            grid = (resident if self.claims else min(grid // cfg.cluster_size, resident)) * cfg.cluster_size
+            gpc = cfg.cluster_order == "gpc"
+            grid = (resident if gpc else min(grid // cfg.cluster_size, resident)) * cfg.cluster_size
         launch = prepare_launch(kernel, grid, cfg.threads, args, shared_mem=cfg.shared_bytes, cache_key=cache_key,
                                 cluster=cfg.cluster_size if cfg.cluster_size > 1 else None, dependent=_dependent())
         gemm = _launch_step(launch, srcs)
