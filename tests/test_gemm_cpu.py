@@ -428,6 +428,8 @@ def test_sustained_config_takes_2x1_clusters_for_large_forward_and_dw_products(M
         assert default.cluster_m == 1
         assert (sustained.block_m, sustained.block_n, sustained.cluster_m, sustained.cluster_n) == (128, 256, 2, 1)
         assert not sustained.pingpong
+        # the output layer's products (48 waves of clusters or more) take their tiles dynamically
+        assert sustained.dynamic_schedule == (M * N >= 151936 * 2560)
     else:
         assert sustained == default
     fused = EpilogueConfig(activation="relu")  # plain products only: what was measured

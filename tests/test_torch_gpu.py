@@ -68,11 +68,12 @@ def test_linear_gradients_match_float64(activation, m):
 
 
 @pytest.mark.parametrize("layout,M,N,K", [("RC", 4000, 8456, 200), ("CR", 4000, 8456, 200),
-                                          ("RC", 8000, 9728, 2560), ("CR", 14000, 4000, 1000)])
+                                          ("RC", 8000, 9728, 2560), ("CR", 14000, 4000, 1000),
+                                          ("RC", 8000, 25400, 256), ("CR", 25400, 8000, 256)])
 def test_sustained_config_matches_float64(layout, M, N, K):
     """``gemm(config="sustained")``'s tiles (a forward and a dW layout of 4 waves or more, ragged
-    edges; the last two take 2x1 clusters where the default runs 128 x 192 tiles) into an output
-    poisoned with NaN."""
+    edges; the middle two take 2x1 clusters where the default runs 128 x 192 tiles, the last two,
+    of 48 waves or more, take their tiles dynamically) into an output poisoned with NaN."""
     import numba_hopper
 
     torch.manual_seed(0)

@@ -183,11 +183,7 @@ def make_tile_scheduler(cfg) -> TileScheduler:
     def static_next(w, item):
         return WorkItem(*next_item(item, w.cta, w.ctas, w.dp_tiles, w.num_tiles, w.k_blocks), item.seq + 1)
 
-    @cuda.jit(device=True, forceinline=True)
-    def no_ring(smem):
-        pass
-
-    init, first, next_ = _dynamic_walk(cfg) if cfg.dynamic_schedule else (no_ring, static_first, static_next)
+    init, first, next_ = _dynamic_walk(cfg) if cfg.dynamic_schedule else (_no_ring, static_first, static_next)
 
     @cuda.jit(device=True, forceinline=True)
     def origin(w, item, rm, rn):
@@ -246,6 +242,11 @@ def make_tile_scheduler(cfg) -> TileScheduler:
         return True
 
     return TileScheduler(init, nominate, claim, work, first, next_, origin, fixup)
+
+
+@cuda.jit(device=True, forceinline=True)
+def _no_ring(smem):
+    """``init`` of a static schedule: it has no ring of tile ids."""
 
 
 def _dynamic_walk(cfg):
@@ -507,7 +508,7 @@ def _grouped_scheduler(cfg) -> TileScheduler:
     def fixup(frag, w, item, workspace, c):
         return True
 
-    return TileScheduler(*_cluster_slots(cfg), work, first, next_, origin, fixup)
+    return TileScheduler(_no_ring, *_cluster_slots(cfg), work, first, next_, origin, fixup)
 
 
 def host_group_walk(mode, block_m, block_n, group_m=8):

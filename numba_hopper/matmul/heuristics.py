@@ -432,7 +432,8 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, block_scaled, unit
         base = GemmConfig(block_n=EPILOGUE_PINGPONG_WIDTH, pingpong=True)
     if sustained and plain_16bit_out and not straddling and base.block_m == 128 and base.cluster_order == "launch" \
             and sustained_clusters_pay(M, N, a_major, b_major, units, limits.sm_count):
-        base = GemmConfig(block_m=128, block_n=256, cluster_m=2)
+        base = GemmConfig(block_m=128, block_n=256, cluster_m=2,
+                          dynamic_schedule=dynamic_schedule_pays(M, N, units, limits.sm_count))
     return base
 
 
@@ -455,6 +456,22 @@ def sustained_clusters_pay(M, N, a_major, b_major, units, sms):
     1-4% slower in bursts. ``dX`` products (A K-major, B N-major) gained too little to take them."""
     slots = units * 2 * _ceil(M, 256) * _ceil(N, 256)  # (a cluster takes two tile slots, with two tiles or one)
     return (a_major, b_major) in (("K", "K"), ("M", "N")) and slots >= SUSTAINED_MIN_WAVES * sms
+
+
+# Waves of 2x1 clusters from which the training tiles take their tiles dynamically: the output
+# layer's products (90-288 waves at 8192 tokens) ran 0.9-2.1% faster so, a 6-wave MLP product
+# no faster (benchmarks/results/sustained-dynamic-h200.json).
+DYNAMIC_MIN_WAVES = 48
+
+
+def dynamic_schedule_pays(M, N, units, sms):
+    """Whether the training tiles' 2x1 clusters of 128 x 256 tiles take each tile after the
+    first wave off a counter (``GemmConfig.dynamic_schedule``) rather than every clusters-th
+    one: over ``DYNAMIC_MIN_WAVES`` waves or more the static walk's CTAs drift apart, the tiles
+    in flight spread over the raster, and the shared operand panels are read from DRAM again
+    (1.5-2.4x the bytes at the output layer's products, ``gemm-traffic-h200.json``); at the
+    power limit those reads are clock."""
+    return units * _ceil(M, 256) * _ceil(N, 256) >= DYNAMIC_MIN_WAVES * (sms // 2)
 
 
 def gated_tile(M, N, K, units, sms):
