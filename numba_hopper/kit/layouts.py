@@ -259,6 +259,18 @@ part is ``mn / parts`` rows)."""
 EVICTION_PRIORITIES = ("normal", "first", "last")
 
 
+def _hinted(plain, hinted, policy):
+    """The TMA load ``plain``, or with ``policy`` (an L2 eviction priority) its ``.L2::cache_hint``
+    form ``hinted``, which takes the policy as its last argument."""
+    if policy is None:
+        return plain
+
+    @cuda.jit(device=True, forceinline=True)
+    def load(*args):
+        hinted(*(args + (createpolicy_fractional(policy),)))
+    return load
+
+
 def make_tile_loads(layout: OperandLayout, parts=1, evict="normal") -> TileLoads:
     """The :class:`TileLoads` of ``layout``: a K-major tile's boxes follow each other along
     K (coordinates ``(k0 + i * span, mn0)``, innermost first), an MN-major tile's along MN
@@ -277,36 +289,11 @@ def make_tile_loads(layout: OperandLayout, parts=1, evict="normal") -> TileLoads
     K_MAJOR = layout.major == "K"
     box = tma_box(layout, parts)
     SHARED, PART_ROWS, PART_BOXES = parts, layout.mn // parts, BOXES // parts
-    HINTED, POLICY = evict != "normal", "evict_" + evict
-
-    # One box, with or without the cache hint (one branch compiles).
-    @cuda.jit(device=True, forceinline=True)
-    def box_2d(dst, tmap, c0, c1, bar):
-        if HINTED:
-            tma_load_2d_cache_hint(dst, tmap, c0, c1, bar, createpolicy_fractional(POLICY))
-        else:
-            tma_load_2d(dst, tmap, c0, c1, bar)
-
-    @cuda.jit(device=True, forceinline=True)
-    def box_3d(dst, tmap, c0, c1, c2, bar):
-        if HINTED:
-            tma_load_3d_cache_hint(dst, tmap, c0, c1, c2, bar, createpolicy_fractional(POLICY))
-        else:
-            tma_load_3d(dst, tmap, c0, c1, c2, bar)
-
-    @cuda.jit(device=True, forceinline=True)
-    def multicast_2d(dst, tmap, c0, c1, bar, mask):
-        if HINTED:
-            tma_load_multicast_2d_cache_hint(dst, tmap, c0, c1, bar, mask, createpolicy_fractional(POLICY))
-        else:
-            tma_load_multicast_2d(dst, tmap, c0, c1, bar, mask)
-
-    @cuda.jit(device=True, forceinline=True)
-    def multicast_3d(dst, tmap, c0, c1, c2, bar, mask):
-        if HINTED:
-            tma_load_multicast_3d_cache_hint(dst, tmap, c0, c1, c2, bar, mask, createpolicy_fractional(POLICY))
-        else:
-            tma_load_multicast_3d(dst, tmap, c0, c1, c2, bar, mask)
+    policy = None if evict == "normal" else "evict_" + evict
+    box_2d = _hinted(tma_load_2d, tma_load_2d_cache_hint, policy)
+    box_3d = _hinted(tma_load_3d, tma_load_3d_cache_hint, policy)
+    multicast_2d = _hinted(tma_load_multicast_2d, tma_load_multicast_2d_cache_hint, policy)
+    multicast_3d = _hinted(tma_load_multicast_3d, tma_load_multicast_3d_cache_hint, policy)
 
     # A K-major tile of one box (the usual: k spans the swizzle) takes no loop: LLVM keeps the
     # address arithmetic of a one-trip loop in 64 bits. (MN-major tiles keep theirs, whatever
