@@ -27,9 +27,11 @@ loss), ``loss.backward()`` and the AdamW step (stock: ``torch.optim.AdamW(fused=
 shapes, so a case never picks up another case's dynamic graphs). Each case builds its pair
 afresh; the first step, from identical weights, checks ours against stock: the losses' relative
 difference and layer 0's ``q_proj`` weight gradient's relative norm error (printed, not
-asserted: bf16 all the way). Then warm-up steps, then ``--rounds`` rounds, each timing one whole
-step of each model between CUDA events, the order reversed every other round, the garbage
-collector paused. ``ours_ms`` and ``ref_ms`` are medians; ``ratio = ref / ours`` is the median
+asserted: bf16 all the way). Then warm-up steps, then ``--rounds`` rounds, each timing
+``--steps`` steps of each model issued back to back between CUDA events, as a training loop issues
+them (the host issues a step while the GPU finishes the one before; ``--steps 1`` times a step
+alone, its last kernels' drain included), the order reversed every other round, the garbage
+collector paused. ``ours_ms`` and ``ref_ms`` are medians of the time per step; ``ratio = ref / ours`` is the median
 of the rounds' ratios (``paired_ratio``: the two steps of a round share the clock, which moves
 under the power limit between rounds); ``ratio_of_medians`` is there beside it, and
 ``rounds_ms`` has every round's two timings (where the two ratios disagree, the rounds are
@@ -73,6 +75,7 @@ MODELS = {
 }
 TOKENS = {"2x1024": (2, 1024), "4x2048": (4, 2048)}  # sequences x length
 MODES = ("eager", "compiled")
+STEPS = 4  # steps per timed round
 WARMUP = {"eager": 3, "compiled": 5}  # steps after the checked one; compiled: any recompile lands here
 BAR = 1.05
 
@@ -137,7 +140,7 @@ def make_ours(stock, loss="fused", mlp="linears", norm="fused"):
 
 
 def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="numba_hopper", mlp="linears",
-               norm="fused"):
+               norm="fused", steps=STEPS):
     """One case's record: the pair built, checked, warmed up and timed in paired rounds."""
     stock = build_model(model_name)
     ours, gated, swapped, norms = make_ours(stock, loss, mlp, norm)
@@ -153,6 +156,10 @@ def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="n
         _, run, opt = sides[side]
         return lambda: train_step(run, opt, ids)
 
+    def steps_back_to_back(side):
+        one = step(side)
+        return lambda: [one() for _ in range(steps)]
+
     for side in sides:
         for _ in range(WARMUP[mode]):
             step(side)()
@@ -163,7 +170,7 @@ def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="n
     try:
         for r in range(rounds):
             for side in (("ours", "ref") if r % 2 == 0 else ("ref", "ours")):
-                times[side].append(_time_ms(step(side)))
+                times[side].append(_time_ms(steps_back_to_back(side)) / steps)
     finally:
         gc.enable()
     ours_ms, ref_ms = statistics.median(times["ours"]), statistics.median(times["ref"])
@@ -171,7 +178,8 @@ def bench_case(model_name, tokens, mode, rounds, loss="fused", ours_optimizer="n
             "optimizer": ours_optimizer, "mlp": mlp, "gated_mlps": gated, "norm": norm, "norms": norms,
             "ours_ms": ours_ms, "ref_ms": ref_ms, "ratio": paired_ratio(times, "ref", "ours"),
             "ratio_of_medians": ref_ms / ours_ms, "loss_rel_diff": loss_rel, "grad_rel_error": grad_rel,
-            "linears": swapped, "rounds_ms": {side: [round(t, 3) for t in ts] for side, ts in times.items()}}
+            "linears": swapped, "steps_per_round": steps,
+            "rounds_ms": {side: [round(t, 3) for t in ts] for side, ts in times.items()}}
 
 
 def _free():
@@ -196,6 +204,7 @@ def main(argv=None):
     p.add_argument("--tokens", nargs="+", choices=list(TOKENS), default=list(TOKENS))
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--steps", type=int, default=STEPS, help="steps per round, issued back to back")
     p.add_argument("--loss", choices=("fused", "model"), default="fused",
                    help="ours: fuse_linear_cross_entropy (default) or the model's own loss")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="numba_hopper",
@@ -215,14 +224,15 @@ def main(argv=None):
     fields = {"models": {m: {"family": MODELS[m][0], "layers": LAYERS, **MODELS[m][1]} for m in models},
               "step": "zero_grad, forward with labels, backward, AdamW step; bf16, SDPA",
               "training_tiles": args.training_tiles,
-              "rounds": args.rounds, "records": []}
+              "rounds": args.rounds, "steps_per_round": args.steps, "records": []}
     records = fields["records"]
     for model_name in models:
         for tokens in args.tokens:
             for mode in args.modes:
                 started = time.perf_counter()
                 torch.cuda.reset_peak_memory_stats()
-                r = bench_case(model_name, tokens, mode, args.rounds, args.loss, args.optimizer, args.mlp, args.norm)
+                r = bench_case(model_name, tokens, mode, args.rounds, args.loss, args.optimizer, args.mlp, args.norm,
+                               args.steps)
                 peak_gb = torch.cuda.max_memory_allocated() / 2**30
                 _free()
                 records.append(r)
