@@ -169,11 +169,14 @@ def local_attention_error(placement, device, packed=False):
 
 class Attention(torch.nn.Module):
     """Causal self-attention with grouped key/value heads; the head count comes from the
-    projections' outputs (``view(..., -1, head_dim)``), as in transformers' models."""
+    projections' outputs (``view(..., -1, head_dim)``), as in transformers' models. With
+    ``head_norms``, Qwen3's per-head RMSNorms of the queries and keys (``q_norm``, ``k_norm``)."""
 
-    def __init__(self, hidden, heads, kv_heads, head_dim, bias):
+    def __init__(self, hidden, heads, kv_heads, head_dim, bias, head_norms=False):
         super().__init__()
         self.head_dim = head_dim
+        self.q_norm = torch.nn.RMSNorm(head_dim) if head_norms else None
+        self.k_norm = torch.nn.RMSNorm(head_dim) if head_norms else None
         self.q_proj = torch.nn.Linear(hidden, heads * head_dim, bias=bias)
         # (no key bias: it adds one value to all of a query's scores, which the softmax ignores, so its
         # gradient is 0 and a bf16 one is rounding alone, which no relative error can judge)
@@ -183,8 +186,10 @@ class Attention(torch.nn.Module):
 
     def forward(self, hidden_states):
         b, s, _ = hidden_states.shape
-        q, k, v = (p(hidden_states).view(b, s, -1, self.head_dim).transpose(1, 2)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (p(hidden_states).view(b, s, -1, self.head_dim) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
@@ -203,10 +208,10 @@ class MLP(torch.nn.Module):
 
 
 class Layer(torch.nn.Module):
-    def __init__(self, hidden, heads, kv_heads, head_dim, ffn, bias):
+    def __init__(self, hidden, heads, kv_heads, head_dim, ffn, bias, head_norms):
         super().__init__()
         self.input_layernorm = torch.nn.RMSNorm(hidden)
-        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, bias)
+        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, bias, head_norms)
         self.post_attention_layernorm = torch.nn.RMSNorm(hidden)
         self.mlp = MLP(hidden, ffn, bias)
 
@@ -217,12 +222,13 @@ class Layer(torch.nn.Module):
 
 class Decoder(torch.nn.Module):
     """Decoder layers on hidden states (no embedding), under ``model.layers`` as in transformers;
-    with ``bias``, the query, value and down projections have biases."""
+    with ``bias``, the query, value and down projections have biases; with ``head_norms``, the
+    attention normalizes each query and key head (Qwen3)."""
 
-    def __init__(self, layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, bias=True):
+    def __init__(self, layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, bias=True, head_norms=False):
         super().__init__()
         self.model = torch.nn.Module()
-        self.model.layers = torch.nn.ModuleList(Layer(hidden, heads, kv_heads, head_dim, ffn, bias)
+        self.model.layers = torch.nn.ModuleList(Layer(hidden, heads, kv_heads, head_dim, ffn, bias, head_norms)
                                                 for _ in range(layers))
 
     def forward(self, x):

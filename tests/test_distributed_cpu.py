@@ -340,6 +340,23 @@ def test_decoder_plan_collectives(double, fake_mesh):
     assert shapes["model.layers.0.self_attn.q_proj.bias"] == ((32,), (64,))
 
 
+def test_decoder_plan_sums_the_head_norms_gradients(double, fake_mesh):
+    """Qwen3's per-head query and key norms see a rank's heads: one all-reduce each of their
+    weights' gradients, on top of the plan's four a layer."""
+    model = cases.decoder("cpu", head_norms=True)
+    _, comms, shapes = cases.tensor_parallel_errors(model, cases.decoder_inputs("cpu"), fake_mesh())
+    assert comms == {"all_reduce": 6 * len(model.model.layers)}
+    assert "model.layers.0.self_attn.q_norm.weight" not in shapes  # (plain, replicated tensors)
+
+
+def test_decoder_plan_refuses_a_norm_over_all_heads(fake_mesh):
+    model = cases.decoder("cpu", head_norms=True)
+    model.model.layers[0].self_attn.q_norm = torch.nn.RMSNorm(64)  # over the 4 heads of 16 (as OLMo2's)
+    nht.replace_linear(model)
+    with pytest.raises(ValueError, match="q_norm normalizes 64 features, not one head's 16"):
+        parallelize_module(model, fake_mesh(), nhd.decoder_tp_plan())
+
+
 def test_fused_gated_mlp_runs_its_gated_product_on_the_shards(gemm_calls, fake_mesh):
     mesh = fake_mesh()
     model = cases.decoder("cpu")
@@ -401,6 +418,8 @@ def _two_rank_checks(rank, world, store):
     results = {}
     results["tp"], results["tp_comms"], _ = cases.tensor_parallel_errors(
         cases.decoder("cpu"), cases.decoder_inputs("cpu"), mesh)
+    results["tp_head_norms"] = cases.tensor_parallel_errors(cases.decoder("cpu", head_norms=True),
+                                                            cases.decoder_inputs("cpu"), mesh)[0]
     results["fused"] = cases.fused_inference_errors(cases.decoder("cpu"), cases.decoder_inputs("cpu"), mesh)
     batches = [cases.decoder_inputs("cpu", batch=4, seed=s) for s in range(4)]
     results["fsdp"] = cases.fsdp_losses(cases.decoder("cpu"), batches, mesh)
@@ -413,9 +432,9 @@ def test_two_ranks(tmp_path):
     """One spawn of two ranks for all four checks (each rank's process takes seconds to start)."""
     ranks = cases.check_ranks(cases.spawn(2, _two_rank_checks, tmp_path))
     for result in ranks:
-        errors = result["tp"]  # tensor parallelism against one device, forward and backward
-        assert errors["tp"]["out"] < 1e-2 and errors["tp"]["grads"] < 2e-2, errors
-        assert errors["tp"]["out"] <= 2 * errors["single"]["out"] + 2e-3, errors
+        for errors in (result["tp"], result["tp_head_norms"]):  # tensor parallelism against one device
+            assert errors["tp"]["out"] < 1e-2 and errors["tp"]["grads"] < 2e-2, errors
+            assert errors["tp"]["out"] <= 2 * errors["single"]["out"] + 2e-3, errors
         assert result["tp_comms"] == {"all_reduce": 8}
         errors = result["fused"]  # inference with fused gated MLPs against one device
         assert errors["tp"] < 1e-2 and errors["tp"] <= 2 * errors["single"] + 2e-3, errors

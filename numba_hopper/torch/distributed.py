@@ -56,9 +56,11 @@ operands on different devices (through ``implicit_replication``) raise numba_hop
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.experimental import register_sharding
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
@@ -234,11 +236,14 @@ def decoder_tp_plan(layers: str = "model.layers.*") -> dict:
     itself, runs its gated product on the shards. Attention runs on
     each rank's heads as plain local tensors, so the model must take its head count from the
     projections' outputs (``view(..., -1, head_dim)``, as transformers does), and the query and
-    key/value head counts must divide by the mesh's size."""
+    key/value head counts must divide by the mesh's size. Per-head query and key norms (Qwen3's
+    ``self_attn.q_norm`` and ``k_norm``) run on each rank's heads with their whole weights, which
+    stay plain tensors: the backward sums their gradients over the ranks (one all-reduce each),
+    so every rank holds one GPU's gradient."""
     attention_input = {"hidden_states": R}  # (passed by keyword, as transformers' decoder layers do)
     return {
-        f"{layers}.self_attn": PrepareModuleInput(input_kwarg_layouts=attention_input,
-                                                  desired_input_kwarg_layouts=attention_input, use_local_output=False),
+        f"{layers}.self_attn": _AttentionInput(input_kwarg_layouts=attention_input,
+                                               desired_input_kwarg_layouts=attention_input, use_local_output=False),
         f"{layers}.self_attn.q_proj": ColwiseParallel(),
         f"{layers}.self_attn.k_proj": ColwiseParallel(),
         f"{layers}.self_attn.v_proj": ColwiseParallel(),
@@ -248,3 +253,30 @@ def decoder_tp_plan(layers: str = "model.layers.*") -> dict:
         f"{layers}.mlp.up_proj": ColwiseParallel(),
         f"{layers}.mlp.down_proj": RowwiseParallel(),
     }
+
+
+HEAD_NORMS = ("q_norm", "k_norm")
+
+
+class _AttentionInput(PrepareModuleInput):
+    """``PrepareModuleInput`` for an attention module, whose per-head norms (:data:`HEAD_NORMS`)
+    then see only the rank's heads: each of their parameters' gradients is a partial sum, summed
+    over the mesh by a hook."""
+
+    def _apply(self, module, device_mesh):
+        for name in HEAD_NORMS:
+            norm = getattr(module, name, None)
+            if norm is None:
+                continue
+            head_dim = getattr(module, "head_dim", None)
+            weight = getattr(norm, "weight", None)
+            if weight is not None and head_dim is not None and weight.shape[-1] != head_dim:
+                raise ValueError(f"self_attn.{name} normalizes {weight.shape[-1]} features, not one head's "
+                                 f"{head_dim}: a norm over all heads cannot run on a rank's heads")
+            for param in norm.parameters():
+                param.register_hook(functools.partial(_sum_over_ranks, mesh=device_mesh))
+        return super()._apply(module, device_mesh)
+
+
+def _sum_over_ranks(grad, mesh):
+    return funcol.wait_tensor(funcol.all_reduce(grad, "sum", mesh))
