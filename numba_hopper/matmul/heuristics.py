@@ -459,8 +459,8 @@ def sustained_clusters_pay(M, N, a_major, b_major, units, sms):
 
 
 # Waves of 2x1 clusters from which the training tiles take their tiles dynamically: the output
-# layer's products (90-288 waves at 8192 tokens) ran 0.9-2.1% faster so, a 6-wave MLP product
-# no faster (benchmarks/results/sustained-dynamic-h200.json).
+# layer's products (90-288 waves at 8192 tokens) ran 0.9-2.1% faster so, MLP products of 6-27
+# waves within 0.6% either way (benchmarks/results/sustained-dynamic-h200.json).
 DYNAMIC_MIN_WAVES = 48
 
 
