@@ -28,15 +28,15 @@ shapes, so a case never picks up another case's dynamic graphs). Each case build
 afresh; the first step, from identical weights, checks ours against stock: the losses' relative
 difference and layer 0's ``q_proj`` weight gradient's relative norm error (printed, not
 asserted: bf16 all the way). Then warm-up steps, then ``--rounds`` rounds, each timing
-``--steps`` steps of each model issued back to back between CUDA events, as a training loop issues
-them (the host issues a step while the GPU finishes the one before; ``--steps 1`` times a step
-alone, its last kernels' drain included), the order reversed every other round, the garbage
-collector paused. ``ours_ms`` and ``ref_ms`` are medians of the time per step; ``ratio = ref / ours`` is the median
-of the rounds' ratios (``paired_ratio``: the two steps of a round share the clock, which moves
-under the power limit between rounds); ``ratio_of_medians`` is there beside it, and
-``rounds_ms`` has every round's two timings (where the two ratios disagree, the rounds are
-bimodal). The bar,
-printed: ours at 1.05x stock or better in every case.
+``--steps`` steps of each model issued back to back between CUDA events, as a training loop
+issues them (the host issues a step while the GPU finishes the one before; ``--steps 1`` times a
+step alone, its last kernels' drain included), the order reversed every other round, the
+garbage collector paused. ``ours_ms`` and ``ref_ms`` are medians of the time per step; ``ratio =
+ref / ours`` is the median of the rounds' ratios (``paired_ratio``: the two sides of a round
+share the clock, which moves under the power limit between rounds); ``ratio_of_medians`` is
+there beside it, and ``rounds_ms`` has every round's two times per step (where the two ratios
+disagree, the rounds are bimodal). The bar, printed: ours at 1.05x stock or better in every
+case.
 
 The results file is rewritten after each case, so a run stopped by a time limit keeps the cases
 it finished. Split runs (``--models``, ``--tokens``, ``--modes``) need an ``--out`` each.

@@ -255,16 +255,16 @@ def decoder_tp_plan(layers: str = "model.layers.*") -> dict:
     }
 
 
-HEAD_NORMS = ("q_norm", "k_norm")
+_HEAD_NORMS = ("q_norm", "k_norm")  # per-head query and key norms (Qwen3)
 
 
 class _AttentionInput(PrepareModuleInput):
-    """``PrepareModuleInput`` for an attention module, whose per-head norms (:data:`HEAD_NORMS`)
-    then see only the rank's heads: each of their parameters' gradients is a partial sum, summed
-    over the mesh by a hook."""
+    """``PrepareModuleInput`` for an attention module, whose per-head norms then see only the
+    rank's heads: each of their parameters' gradients is a partial sum, summed over the mesh by
+    a hook."""
 
     def _apply(self, module, device_mesh):
-        for name in HEAD_NORMS:
+        for name in _HEAD_NORMS:
             norm = getattr(module, name, None)
             if norm is None:
                 continue
