@@ -408,15 +408,17 @@ def test_fused_16_bit_products_take_ping_pong_tiles_where_they_pay(M, N, K, ping
 
 
 @pytest.mark.parametrize("M,N,K,layout,clustered", [
-    # a training step's forward (RC) and dW (CR) products of 4 waves or more: 2x1 clusters, in place
-    # of unclustered 128 x 256 or 128 x 192, ping-pong, or the default's 1x2 clusters
+    # a training step's forward (RC) and dW (CR) products: 2x1 clusters, in place of unclustered
+    # 128 x 256 or 128 x 192, ping-pong, or the default's 1x2 clusters
     (8192, 2560, 9728, "RC", True), (8192, 4096, 4096, "RC", True), (9728, 2560, 8192, "CR", True),
     (8192, 151936, 2560, "RC", True), (8192, 9728, 2560, "RC", True), (32000, 2048, 8192, "CR", True),
     (151936, 2560, 8192, "CR", True), (14336, 4096, 8192, "CR", True),
-    # dX (RR), under 4 waves (4096x2560: 320 tiles), a small step's products
+    # ping-pong tiles' products of 2.7 and 3.9 waves of clusters, dX (RR) included
+    (5632, 2048, 8192, "CR", True), (8192, 2048, 5632, "RC", True), (8192, 2048, 2048, "RR", True),
+    # a dX in unclustered 128 x 256 tiles; 2.4 waves (4096x2560: a last wave 42% full); 1 wave
     (8192, 4096, 14336, "RR", False), (4096, 2560, 8192, "CR", False), (2048, 2048, 2048, "RC", False),
 ])
-def test_sustained_config_takes_2x1_clusters_for_large_forward_and_dw_products(M, N, K, layout, clustered):
+def test_sustained_config_takes_2x1_clusters_where_they_fill_their_waves(M, N, K, layout, clustered):
     from numba_hopper.matmul.heuristics import choose_config
     from numba_hopper.tools.prebuild import H100, _view
 

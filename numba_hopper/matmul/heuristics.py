@@ -17,7 +17,7 @@ from ..kernels.gemm_config import ELEMENT_BYTES, FP8_DTYPES, KBLOCK_BYTES, KBLOC
 from ..runtime.launch import device_limits
 
 __all__ = ["TILE_COST", "K_MAJOR_WIDTHS", "GROUPED_SLOW_WIDTHS", "SK_MIN_ITERS", "tile_shape", "small_m_tiling", "narrow_tokens", "swappable", "narrow_config", "promoted_tile", "stream_k_schedule",
-           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "EPILOGUE_PINGPONG_WIDTH", "EPILOGUE_PINGPONG_TILE_COST", "epilogue_pingpong_pays", "SUSTAINED", "SUSTAINED_MIN_WAVES", "sustained_clusters_pay", "choose_config", "grouped_config", "split_count", "max_stages"]
+           "cluster_pays", "GPC_MIN_K", "gpc_clusters_pay", "rows_straddle_sectors", "straddling_tile", "PINGPONG_TILE_COST", "PINGPONG_MAX_K_BLOCKS", "pingpong_width", "EPILOGUE_PINGPONG_WIDTH", "EPILOGUE_PINGPONG_TILE_COST", "epilogue_pingpong_pays", "SUSTAINED", "SUSTAINED_MIN_WAVES", "SUSTAINED_MIN_FILL", "sustained_clusters_pay", "choose_config", "grouped_config", "split_count", "max_stages"]
 
 # Relative time per output column of a 128-row tile, up to and over MANY_WAVES waves (tile_shape):
 # python benchmarks/bench_gemm.py --device-time --configs n112 n128 n144 n160 n192 n224 n256 --shapes 1792x1280x4096 \
@@ -431,7 +431,7 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, block_scaled, unit
             and not (epilogue and epilogue.c_dtype) and epilogue_pingpong_pays(M, N, units, limits.sm_count, block_n):
         base = GemmConfig(block_n=EPILOGUE_PINGPONG_WIDTH, pingpong=True)
     if sustained and plain_16bit_out and not straddling and base.block_m == 128 and base.cluster_order == "launch" \
-            and sustained_clusters_pay(M, N, a_major, b_major, units, limits.sm_count):
+            and sustained_clusters_pay(M, N, a_major, b_major, base.pingpong, units, limits.sm_count):
         base = GemmConfig(block_m=128, block_n=256, cluster_m=2,
                           dynamic_schedule=dynamic_schedule_pays(M, N, units, limits.sm_count))
     return base
@@ -439,23 +439,35 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, block_scaled, unit
 
 # ``gemm(config=SUSTAINED)``: the default's choice for products run back to back at the power limit.
 SUSTAINED = "sustained"
-# Waves of 2x1 clusters from which a plain product under sustained load takes them (a training
-# step's A/B: python benchmarks/bench_train.py --modes compiled --tokens 4x2048 --training-tiles default).
-SUSTAINED_MIN_WAVES = 4
+# 2x1 clusters under sustained load: from two waves (products were measured from 1.9), with
+# their last wave at least this full. A wave's idle SMs cost time that the clusters' saved
+# energy does not buy back: 2.4 waves (a last wave 42% full, 81% of the clusters' slots busy)
+# ran 7-8% slower than ping-pong tiles, 2.7 waves (89%) 4-5% faster
+# (benchmarks/results/sustained-fill-h200.json).
+SUSTAINED_MIN_WAVES = 2
+SUSTAINED_MIN_FILL = 0.85
 
 
-def sustained_clusters_pay(M, N, a_major, b_major, units, sms):
+def sustained_clusters_pay(M, N, a_major, b_major, pingpong, units, sms):
     """Whether a plain 16-bit product run back to back at the board's power limit (a training
     step: ``gemm(config="sustained")``) takes 128 x 256 tiles in 2x1 clusters in place of the
-    burst-tuned default's 128-row tiles (unclustered, ping-pong, or in 1x2 clusters in launch
-    order): forward (``x @ W.T``: both operands K-major) and weight-gradient (``dY.T @ X``: A
-    M-major, B N-major) products of at least ``SUSTAINED_MIN_WAVES`` waves of clusters. The
-    cluster multicasts each B tile to its two CTAs, which halves B's reads from the L2 and the
-    energy they cost; at the power limit energy is clock, so these products ran 1-4% faster than
-    the default (``benchmarks/results/sustained-h200.json``, ``sustained-2x1-h200.json``), though
-    1-4% slower in bursts. ``dX`` products (A K-major, B N-major) gained too little to take them."""
+    burst-tuned default's 128-row tiles (``pingpong``: the default's are ping-pong tiles): at
+    least ``SUSTAINED_MIN_WAVES`` waves of clusters that keep at least ``SUSTAINED_MIN_FILL`` of
+    their slots busy, in place of ping-pong tiles in any layout, of any other 128-row tile
+    (unclustered, or 1x2 clusters in launch order) in a forward (``x @ W.T``: both operands
+    K-major) or weight-gradient (``dY.T @ X``: A M-major, B N-major) product. The cluster
+    multicasts each B tile to its two CTAs, which halves B's reads from the L2 and the energy
+    they cost; at the power limit energy is clock. In place of ping-pong tiles, which read the
+    most from the L2 per FLOP, forward, ``dX`` and weight-gradient products ran 0.5-5% faster
+    (``benchmarks/results/sustained-fill-h200.json``); in place of the others, forward and
+    weight-gradient products 1-4% faster (``sustained-h200.json``, ``sustained-2x1-h200.json``),
+    ``dX`` ones from 0.7% slower to 2% faster, so those keep theirs. In bursts all ran 1-4%
+    slower."""
     slots = units * 2 * _ceil(M, 256) * _ceil(N, 256)  # (a cluster takes two tile slots, with two tiles or one)
-    return (a_major, b_major) in (("K", "K"), ("M", "N")) and slots >= SUSTAINED_MIN_WAVES * sms
+    waves = slots / sms
+    forward_or_dw = (a_major, b_major) in (("K", "K"), ("M", "N"))
+    return (pingpong or forward_or_dw) and waves >= SUSTAINED_MIN_WAVES and \
+        waves / math.ceil(waves) >= SUSTAINED_MIN_FILL
 
 
 # Waves of 2x1 clusters from which the training tiles take their tiles dynamically: the output
