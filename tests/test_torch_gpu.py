@@ -69,11 +69,13 @@ def test_linear_gradients_match_float64(activation, m):
 
 @pytest.mark.parametrize("layout,M,N,K", [("RC", 4000, 8456, 200), ("CR", 4000, 8456, 200),
                                           ("RC", 8000, 9728, 2560), ("CR", 14000, 4000, 1000),
-                                          ("RC", 8000, 25400, 256), ("CR", 25400, 8000, 256)])
+                                          ("RC", 8000, 25400, 256), ("CR", 25400, 8000, 256),
+                                          ("RR", 8000, 2000, 2000), ("CR", 5600, 2000, 1000)])
 def test_sustained_config_matches_float64(layout, M, N, K):
-    """``gemm(config="sustained")``'s tiles (a forward and a dW layout of 4 waves or more, ragged
-    edges; the middle two take 2x1 clusters where the default runs 128 x 192 tiles, the last two,
-    of 48 waves or more, take their tiles dynamically) into an output poisoned with NaN."""
+    """``gemm(config="sustained")``'s tiles in the forward (RC), dX (RR) and dW (CR) layouts, ragged
+    edges, into an output poisoned with NaN: 2x1 clusters in place of 128 x 192 tiles (the third
+    and fourth) and of ping-pong tiles (the last two: 3.9 and 2.7 waves), taken dynamically over
+    48 waves or more (the fifth and sixth)."""
     import numba_hopper
 
     torch.manual_seed(0)
@@ -81,6 +83,8 @@ def test_sustained_config_matches_float64(layout, M, N, K):
     b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16).t()  # x @ W.T
     if layout == "CR":  # dY.T @ X
         a, b = torch.randn(K, M, device="cuda", dtype=torch.bfloat16).t(), b.contiguous()
+    if layout == "RR":  # dY @ W
+        b = b.contiguous()
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     numba_hopper.gemm(a, b, out=out, config="sustained")
     assert cases.rel_error(out, a.double() @ b.double()) < 1e-2
