@@ -77,10 +77,11 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, c=None, bias=None, bias_dim=Non
     ``config``: a :class:`GemmConfig` to override the kernel choice (layouts, dtypes and the
     fused features in it are ignored; they come from the arrays and keywords), or "sustained":
     the default choice tuned for products run back to back at the board's power limit, as a
-    training step runs them, where the default is tuned for bursts. Large plain 16-bit forward
-    (``x @ W.T``) and weight-gradient (``dY.T @ X``) products then take 128 x 256 tiles in 2x1
-    clusters, which share each B tile through multicast: less energy per FLOP, so a higher clock
-    at the limit (1-4% faster there), though 1-4% slower in bursts
+    training step runs them, where the default is tuned for bursts. Plain 16-bit products of two
+    waves or more then take 128 x 256 tiles in 2x1 clusters in place of ping-pong tiles, and
+    forward (``x @ W.T``) and weight-gradient (``dY.T @ X``) products in place of any other
+    128-row tile: the cluster shares each B tile through multicast, which costs less energy per
+    FLOP, so a higher clock at the limit (0.5-5% faster there), though slower in bursts
     (:func:`numba_hopper.matmul.heuristics.sustained_clusters_pay`). ``numba_hopper.torch``'s
     training products use it.
     ``split_k``: the number of K slices (an int >= 1), each computed by the GEMM kernel into

@@ -439,10 +439,10 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, block_scaled, unit
 
 # ``gemm(config=SUSTAINED)``: the default's choice for products run back to back at the power limit.
 SUSTAINED = "sustained"
-# 2x1 clusters under sustained load: from two waves (products were measured from 1.9), with
-# their last wave at least this full. A wave's idle SMs cost time that the clusters' saved
-# energy does not buy back: 2.4 waves (a last wave 42% full, 81% of the clusters' slots busy)
-# ran 7-8% slower than ping-pong tiles, 2.7 waves (89%) 4-5% faster
+# 2x1 clusters under sustained load: from two waves of them (under two, 1.9 waves ran as the
+# default), that keep at least this fraction of their slots busy (waves over whole waves). The
+# idle slots of a last wave cost time that the clusters' saved energy does not buy back: at 2.4
+# waves (81% busy) they ran 7-8% slower than ping-pong tiles, at 2.7 (89%) 4-5% faster
 # (benchmarks/results/sustained-fill-h200.json).
 SUSTAINED_MIN_WAVES = 2
 SUSTAINED_MIN_FILL = 0.85
@@ -461,8 +461,8 @@ def sustained_clusters_pay(M, N, a_major, b_major, pingpong, units, sms):
     most from the L2 per FLOP, forward, ``dX`` and weight-gradient products ran 0.5-5% faster
     (``benchmarks/results/sustained-fill-h200.json``); in place of the others, forward and
     weight-gradient products 1-4% faster (``sustained-h200.json``, ``sustained-2x1-h200.json``),
-    ``dX`` ones from 0.7% slower to 2% faster, so those keep theirs. In bursts all ran 1-4%
-    slower."""
+    ``dX`` ones from 0.7% slower to 2% faster (those and ``sustained-fill-h200.json``), so those
+    keep theirs. In bursts forward and weight-gradient products ran 1-4% slower in them."""
     slots = units * 2 * _ceil(M, 256) * _ceil(N, 256)  # (a cluster takes two tile slots, with two tiles or one)
     waves = slots / sms
     forward_or_dw = (a_major, b_major) in (("K", "K"), ("M", "N"))
