@@ -118,15 +118,21 @@ def _vectors(unpack, group, per_thread):
     return keep, load_weight
 
 
+def _row_walk(dtype, group, per_thread):
+    """What both row kernels build: ``_conversions(dtype)``, ``_vectors``' ``keep`` and
+    ``load_weight``, ``_group_sum``'s ``total``, the rows a CTA holds at a time, and the sizes of
+    a thread's float32 and 32-bit-word arrays of its vectors (constants, as local arrays need)."""
+    conversions = _conversions(dtype)
+    return (conversions, *_vectors(conversions[2], group, per_thread), _group_sum(group), THREADS // group,
+            per_thread * VEC, per_thread * 4)
+
+
 @functools.lru_cache(maxsize=None)
 def forward_kernel(dtype: str, group: int, per_thread: int):
     """The forward of ``dtype`` ("bf16" or "f16") rows (module doc); block ``THREADS``."""
-    to_f32, from_f32, unpack, pack = _conversions(dtype)
-    keep, load_weight = _vectors(unpack, group, per_thread)
-    total = _group_sum(group)
-    rows_per_cta = THREADS // group
+    conversions, keep, load_weight, total, rows_per_cta, floats, words = _row_walk(dtype, group, per_thread)
+    to_f32, from_f32, unpack, pack = conversions
     pt = per_thread
-    floats, words = pt * VEC, pt * 4  # (local arrays' sizes must be constants)
 
     @cuda.jit(device=True, inline="always")
     def scaled(word, s, w, at):
@@ -177,12 +183,9 @@ def forward_kernel(dtype: str, group: int, per_thread: int):
 def backward_kernel(dtype: str, group: int, per_thread: int):
     """The backward of ``dtype`` ("bf16" or "f16") rows (module doc); block ``THREADS``; the
     grid no larger than ``partials``' rows."""
-    unpack, pack = _conversions(dtype)[2:]
-    keep, load_weight = _vectors(unpack, group, per_thread)
-    total = _group_sum(group)
-    rows_per_cta = THREADS // group
+    conversions, keep, load_weight, total, rows_per_cta, floats, words = _row_walk(dtype, group, per_thread)
+    unpack, pack = conversions[2:]
     pt = per_thread
-    floats, words = pt * VEC, pt * 4  # (local arrays' sizes must be constants)
 
     @cuda.jit(device=True, inline="always")
     def pair_dot(xword, dword, w, at):

@@ -147,6 +147,7 @@ def _backward(dy, x, weight, rstd, weight_grad):
 class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
+        x = _streamable(x)  # saved as the kernels read it, so the backward reads it without a copy
         y, rstd = _forward(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
         ctx.eps = eps
