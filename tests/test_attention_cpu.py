@@ -281,6 +281,57 @@ def test_sdpa_drop_in_falls_back_on_the_cpu():
     assert torch.equal(nht.scaled_dot_product_attention(q, q, q, is_causal=True), ref)
 
 
+def _mask_arguments(**changes):
+    from transformers.masking_utils import causal_mask_function
+
+    return dict(dict(batch_size=2, q_length=16, kv_length=16, q_offset=0, kv_offset=0, mask_function=causal_mask_function,
+                     attention_mask=None, allow_is_causal_skip=True, dtype=torch.float32, config=None, use_vmap=False,
+                     device="cpu"), **changes)
+
+
+def test_causal_mask_leaves_out_an_unpadded_causal_mask_in_a_trace_too():
+    pytest.importorskip("transformers")
+    from numba_hopper.torch.attention import causal_mask
+
+    for unpadded in (_mask_arguments(), _mask_arguments(q_length=1, kv_length=40, q_offset=39),
+                     _mask_arguments(local_size=32)):
+        assert causal_mask(**unpadded) is None
+        traced = torch.compile(lambda x, a=unpadded: x if causal_mask(**a) is None else x + 1, backend="eager",
+                               fullgraph=True)
+        assert torch.equal(traced(torch.zeros(2)), torch.zeros(2)), unpadded
+
+    padding = torch.ones(2, 16, dtype=torch.bool)
+    padding[1, :5] = False
+    masked = {"padding": _mask_arguments(attention_mask=padding),
+              "no causal skip": _mask_arguments(allow_is_causal_skip=False),
+              "queries after a prefix": _mask_arguments(q_length=8, q_offset=8),
+              "window shorter than the keys": _mask_arguments(local_size=8)}
+    for case, arguments in masked.items():
+        mask = causal_mask(**arguments)
+        assert mask is not None and mask.shape == (2, 1, arguments["q_length"], 16), case
+    assert not causal_mask(**masked["padding"])[1, 0, :, :5].any()
+
+
+def test_transformers_backend_matches_sdpa_on_the_cpu():
+    transformers = pytest.importorskip("transformers")
+    import numba_hopper.torch as nht
+
+    name = nht.register_transformers_attention()
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 100, (2, 12))
+    padding = torch.ones(2, 12, dtype=torch.long)
+    padding[1, :4] = 0
+    with torch.no_grad():
+        for kwargs in ({}, {"attention_mask": padding}):
+            model.set_attn_implementation("sdpa")
+            ref = model(ids, **kwargs).logits
+            model.set_attn_implementation(name)
+            assert torch.allclose(model(ids, **kwargs).logits, ref, atol=1e-5), kwargs
+
+
 def test_pinned_wait_factory_checks_its_count():
     with pytest.raises(ValueError, match="0..7"):
         make_wait_after(8)

@@ -9,6 +9,7 @@ processes into the kernel cache, then every test reuses them. A table of the mea
 printed at the end.
 """
 
+import contextlib
 import importlib
 import itertools
 import math
@@ -318,33 +319,95 @@ def test_torch_compile_and_cuda_graph():
     assert err < TOL[torch.bfloat16]
 
 
-def test_transformers_llama_routes_attention():
+LLAMA_LAYERS = 2
+
+
+def _llama_on_both_backends():
+    """A small transformers Llama, the name of numba_hopper's attention backend and a batch of ids."""
     transformers = pytest.importorskip("transformers")
     import numba_hopper.torch as nht
 
     name = nht.register_transformers_attention()
-    cfg = transformers.LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+    cfg = transformers.LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=LLAMA_LAYERS,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
-    ids = torch.randint(0, 1000, (2, 300), device="cuda")
-    calls = []
+    return model, name, torch.randint(0, 1000, (2, 300), device="cuda")
+
+
+def _sdpa_logits(model, ids):
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        return model(ids).logits.float()
+    finally:
+        model.set_attn_implementation(implementation)
+
+
+@contextlib.contextmanager
+def _counting_attention_calls(calls):
+    """``numba_hopper.torch.attention.attention`` counting its calls in ``calls``."""
+    import numba_hopper.torch as nht
+
     original = nht.attention.attention
 
     def counted(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    with torch.no_grad():
-        model.set_attn_implementation("sdpa")
-        ref = model(ids).logits.float()
-        model.set_attn_implementation(name)
-        nht.attention.attention = counted
-        try:
-            got = model(ids).logits.float()
-        finally:
-            nht.attention.attention = original
+    nht.attention.attention = counted
+    try:
+        yield
+    finally:
+        nht.attention.attention = original
+
+
+def _check_logits(case, got, ref):
     err = ((got - ref).norm() / ref.norm()).item()
-    RESULTS.append(("transformers Llama logits vs sdpa", err, float("nan"), 0.0))
-    assert len(calls) == cfg.num_hidden_layers, "every layer's attention must run on numba_hopper"
-    assert err < 2e-2
+    RESULTS.append((case, err, float("nan"), 0.0))
+    assert err < 2e-2, case
+
+
+def test_transformers_llama_routes_attention():
+    model, name, ids = _llama_on_both_backends()
+    calls = []
+    with torch.no_grad():
+        ref = _sdpa_logits(model, ids)
+        model.set_attn_implementation(name)
+        with _counting_attention_calls(calls):
+            got = model(ids).logits.float()
+    assert len(calls) == LLAMA_LAYERS, "every layer's attention must run on numba_hopper"
+    _check_logits("transformers Llama logits vs sdpa", got, ref)
+
+
+def test_transformers_llama_routes_attention_compiled_and_in_cuda_graphs():
+    """Traced, transformers' SDPA mask builder may build the causal mask for every call; the
+    backend's own builder leaves it out, so the kernel runs there too."""
+    model, name, ids = _llama_on_both_backends()
+    model.set_attn_implementation(name)
+    traced_ops = []
+
+    def counting_backend(gm, example_inputs):
+        traced_ops.extend(n for n in gm.graph.nodes if n.target is torch.ops.numba_hopper.attention.default)
+        return gm.forward
+
+    with torch.no_grad():
+        ref = _sdpa_logits(model, ids)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=counting_backend, dynamic=False)
+        _check_logits("transformers Llama compiled, logits vs sdpa", compiled(ids).logits.float(), ref)
+        assert len(traced_ops) == LLAMA_LAYERS, "the compiled graph must call numba_hopper::attention in every layer"
+        torch._dynamo.reset()
+
+        static_ids = ids.clone()
+        model(static_ids)  # warm-up
+        torch.cuda.synchronize()
+        graph, captured = torch.cuda.CUDAGraph(), []
+        with _counting_attention_calls(captured), torch.cuda.graph(graph):
+            logits = model(static_ids).logits
+        assert len(captured) == LLAMA_LAYERS, "the captured forward must run numba_hopper's attention in every layer"
+        fresh = torch.randint(0, 1000, ids.shape, device="cuda")
+        static_ids.copy_(fresh)
+        graph.replay()
+        _check_logits("transformers Llama CUDA graph replay, new ids, vs sdpa", logits.float(),
+                      _sdpa_logits(model, fresh))

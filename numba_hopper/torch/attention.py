@@ -11,9 +11,9 @@ transformers attention backend.
   wants next (no transpose copy). Forward only: it has no autograd formula.
 - :func:`scaled_dot_product_attention`: ``torch.nn.functional.scaled_dot_product_attention``'s
   signature and results, on the op where it applies, on torch otherwise.
-- :func:`register_transformers_attention`: an attention function and mask for transformers'
-  ``AttentionInterface``, so ``attn_implementation="numba_hopper"`` routes a model's attention
-  here.
+- :func:`register_transformers_attention`: an attention function and a mask builder for
+  transformers' ``AttentionInterface``, so ``attn_implementation="numba_hopper"`` routes a
+  model's attention here.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from ..attention import api as _api
 from ..attention.config import HEAD_DIMS
 
-__all__ = ["attention", "scaled_dot_product_attention", "register_transformers_attention", "attention_forward",
+__all__ = ["attention", "scaled_dot_product_attention", "register_transformers_attention", "attention_forward", "causal_mask",
            "ATTN_IMPLEMENTATION"]
 
 ATTN_IMPLEMENTATION = "numba_hopper"
@@ -144,10 +144,32 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return out.transpose(1, 2), None
 
 
+def causal_mask(**kwargs):
+    """A transformers mask builder (``AttentionMaskInterface``'s keywords): None where the mask is
+    plain causal attention with no padding, which :func:`attention_forward` computes from
+    ``is_causal``, else transformers' SDPA builder's mask.
+
+    None under the conditions on which transformers' SDPA builder leaves the mask out eagerly:
+    no 2-D padding mask, a builder that allows the causal skip (plain causal, not bidirectional
+    or packed), one query or as many queries as keys, and a local window (sliding or chunked)
+    wider than the keys. They are conditions on shapes, so they hold in a trace too: there the
+    SDPA builder (transformers 5 on PyTorch before 2.14) builds the mask for every call, since
+    it cannot tell a trace that reads the padding mask's values from one that has none, under
+    ``torch.compile`` and CUDA graph capture alike; and with a mask the attention runs
+    unskipped and never reaches the kernel."""
+    from transformers.masking_utils import sdpa_mask
+
+    q_length, kv_length, local_size = kwargs["q_length"], kwargs["kv_length"], kwargs.get("local_size")
+    if (kwargs.get("attention_mask") is None and kwargs.get("allow_is_causal_skip", True)
+            and (q_length == 1 or q_length == kv_length) and (local_size is None or kv_length < local_size)):
+        return None
+    return sdpa_mask(**kwargs)
+
+
 def register_transformers_attention(name: str = ATTN_IMPLEMENTATION) -> str:
-    """Register :func:`attention_forward` as transformers' attention implementation ``name`` (and
-    SDPA's mask builder under it, which leaves the mask out for plain causal or unpadded
-    batches, so those reach the kernel); return ``name``. Then::
+    """Register :func:`attention_forward` as transformers' attention implementation ``name``, with
+    :func:`causal_mask` as its mask builder, so causal, unpadded batches reach the kernel,
+    compiled and in CUDA graphs too; return ``name``. Then::
 
         model = AutoModelForCausalLM.from_config(config, attn_implementation="numba_hopper")
         # or, on a built model: model.set_attn_implementation("numba_hopper")
@@ -157,6 +179,6 @@ def register_transformers_attention(name: str = ATTN_IMPLEMENTATION) -> str:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     AttentionInterface.register(name, attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, causal_mask)
     return name
 
