@@ -24,9 +24,12 @@ Prefill: a ``LlamaForCausalLM`` (random init, nothing downloaded; 4 layers, hidd
 heads of 128, 4 K/V heads, MLP 5632, vocabulary 32000, bf16) on 4 x 2048 tokens under
 ``torch.inference_mode()``: stock (transformers' SDPA attention), its attention routed to
 numba_hopper (``register_transformers_attention``), and that plus every linear on
-numba_hopper (``numba_hopper.torch.replace_linear``); ``ratio``: stock's time over ours, paired
-the same way, over ``--prefill-rounds`` rounds (attention is about a twentieth of the model's
-time, so its gain is a percent or less: ten rounds leave the ratio +-1%).
+numba_hopper (``numba_hopper.torch.replace_linear``), eager and under ``torch.compile(dynamic=False)``;
+``ratio``: stock's time over ours, paired the same way, over ``--prefill-rounds`` rounds
+(attention is about a twentieth of the eager model's time, so its gain there is a percent or
+less: ten rounds leave the ratio +-1%). Compiled on PyTorch before 2.14, stock's attention runs
+with the causal mask that transformers' SDPA mask builder makes in a trace (every key of every
+query, the masked ones included), where the backend's builder leaves it out.
 
 ``--configs``: kernel configurations (``AttentionConfig`` fields as ``name=value``, comma-separated;
 the head dim is each point's) timed beside the tuned one at each point where they fit, through
@@ -200,7 +203,8 @@ def build_llama(attn_implementation):
 
 
 def bench_prefill(rounds, window_ms):
-    """Stock vs attention on numba_hopper vs attention and linears on numba_hopper."""
+    """Stock vs attention on numba_hopper vs attention and linears on numba_hopper, eager and
+    compiled."""
     import copy
 
     import numba_hopper.torch as nht
@@ -212,15 +216,21 @@ def bench_prefill(rounds, window_ms):
     both = copy.deepcopy(routed)
     nht.replace_linear(both)
     ids = torch.randint(0, 32000, (4, 2048), device="cuda")
-    models = {"stock": stock, "attention": routed, "attention+linears": both}
-    with torch.inference_mode():
-        logits = {n: m(ids).logits.float() for n, m in models.items()}
-        times = interleaved({n: (lambda m=m: m(ids)) for n, m in models.items()}, rounds, window_ms)
-    ref = logits["stock"]
-    ms = {n: statistics.median(t) for n, t in times.items()}
-    return [{"name": f"llama prefill 4x2048, {n}", "ours_ms": round(ms[n], 3), "ref_ms": round(ms["stock"], 3),
-             "ratio": round(paired_ratio(times, "stock", n), 3),
-             "rel_error": ((logits[n] - ref).norm() / ref.norm()).item()} for n in models if n != "stock"]
+    records = []
+    for mode in ("eager", "compiled"):
+        models = {"stock": stock, "attention": routed, "attention+linears": both}
+        if mode == "compiled":
+            models = {n: torch.compile(m, dynamic=False) for n, m in models.items()}
+        with torch.inference_mode():
+            logits = {n: m(input_ids=ids).logits.float() for n, m in models.items()}
+            times = interleaved({n: (lambda m=m: m(input_ids=ids)) for n, m in models.items()}, rounds, window_ms)
+        ref = logits["stock"]
+        ms = {n: statistics.median(t) for n, t in times.items()}
+        records += [{"name": f"llama prefill 4x2048 {mode}, {n}", "mode": mode, "ours_ms": round(ms[n], 3),
+                     "ref_ms": round(ms["stock"], 3), "ratio": round(paired_ratio(times, "stock", n), 3),
+                     "rel_error": ((logits[n] - ref).norm() / ref.norm()).item()} for n in models if n != "stock"]
+    torch._dynamo.reset()
+    return records
 
 
 def main(argv=None):
