@@ -265,6 +265,66 @@ def test_inductor_calls_numba_hopper_gemm_directly_in_training(double):
         assert cases.rel_error(t.grad, want) < 2e-2
 
 
+class _TinyLM(torch.nn.Module):
+    """An embedding, a linear and an output layer, tied to the embedding or not."""
+
+    def __init__(self, tied, vocab=50, hidden=32):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden, padding_idx=3)
+        self.proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.proj(self.embed(ids))))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_compiled_embedding_gradient_without_a_float32_table(double, tied):
+    """A compiled training graph's embedding gradient is one operator (``_embedding_grad``): for a
+    weight tied to the output layer, that layer's product with the looked-up rows added; else a
+    table of the weight's dtype. Repeated ids and the padding id's lookups as the decomposition has
+    them, against float64."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    ref_model = _TinyLM(tied).double()
+    model = copy.deepcopy(ref_model).to(torch.bfloat16)
+    nht.replace_linear(model)
+    ids = torch.randint(0, 50, (2, 33))
+    ids[0, :4] = 3  # the padding id: no gradient from its lookups
+    ref_model(ids).square().mean().backward()
+
+    def step():
+        loss = torch.compile(model, fullgraph=True)(ids).float().square().mean()
+        loss.backward()
+
+    _, (_, backward) = run_and_get_code(step)
+    op = "mm_embedding_grad" if tied else "embedding_grad"
+    assert backward.count(f"torch.ops.numba_hopper.{op}.default(") == 1, backward
+    assert "index_put" not in backward and "masked_index_put" not in backward, backward
+    assert cases.rel_error(model.embed.weight.grad, ref_model.embed.weight.grad) < 1e-2
+
+
+def test_add_embedding_rows_rounds_each_row_once():
+    from numba_hopper.torch._embedding_grad import add_embedding_rows
+
+    torch.manual_seed(0)
+    out = torch.randn(20, 16, dtype=torch.bfloat16)
+    ids = torch.tensor([[3, 7, 3, 0], [19, 3, 7, 5]])
+    values = torch.randn(2, 4, 16)
+    mask = ids != 5
+    ref = out.double()
+    for i, row, keep in zip(ids.flatten(), values.reshape(8, 16), mask.flatten()):
+        ref[i] += row.double() * keep
+    got = add_embedding_rows(out.clone(), ids, values, mask[..., None])
+    assert torch.equal(got, ref.to(torch.bfloat16))  # float32 sums of a few rows: the same rounding
+    assert torch.equal(got[5], out[5]) and torch.equal(got[1], out[1])
+    assert torch.equal(add_embedding_rows(out.clone(), ids, values), (out.double() + torch.zeros_like(ref).index_add_(
+        0, ids.flatten(), values.reshape(8, 16).double())).to(torch.bfloat16))
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("training_config", ["sustained", None])
 def test_eager_training_products_take_the_training_tiles(double, monkeypatch, training_config):

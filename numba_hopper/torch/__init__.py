@@ -45,7 +45,7 @@ except ModuleNotFoundError as exc:
     raise ImportError("numba_hopper.torch needs PyTorch: pip install 'numba-hopper[torch]' "
                       "(from a clone of the repository: pip install -e '.[torch]')") from exc
 
-from . import ops  # noqa: F401  (registers the custom ops)
+from . import _embedding_grad, ops  # noqa: F401  (register the custom ops)
 from .functional import addmm, baddbmm, bmm, matmul, mm
 from .linear import Linear, linear, replace_linear
 from .mlp import GatedMLP, fuse_gated_mlps

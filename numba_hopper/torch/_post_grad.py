@@ -1,11 +1,15 @@
-"""Inductor's post-grad pass over graphs that hold numba_hopper's operators, in two steps.
+"""Inductor's post-grad pass over graphs that hold numba_hopper's operators, in three steps.
 
 First, a training graph's plain products (``numba_hopper::gemm`` with no epilogue: the
 linears without bias, every ``dX`` and ``dW``) become ``numba_hopper::mm``, which Inductor calls
 directly (``_lowering``) where the operator would go through the dispatcher, in
 ``training.GEMM_CONFIG``'s tiles (``sustained``).
 
-Then, gated MLPs become one GEMM each: the pass finds ``silu(x @ W_gate.T) * (x @ W_up.T)``
+Then, in such a graph, an embedding's weight gradient made through a float32 (V, H) table
+becomes one operator that adds the looked-up rows into a table of the weight's dtype, or, for a
+weight tied to the output layer, into that layer's product (``_embedding_grad``).
+
+Last, gated MLPs become one GEMM each: the pass finds ``silu(x @ W_gate.T) * (x @ W_up.T)``
 (SwiGLU, as Llama, Mistral and Qwen MLPs compute it) over two ``numba_hopper::mm`` and puts one
 ``numba_hopper::gated_mm`` in their place.
 
@@ -39,8 +43,9 @@ _HALF = (torch.bfloat16, torch.float16)
 
 
 class PostGradPass(CustomGraphPass):
-    """The pass (Inductor's ``post_grad_custom_pre_pass``): plain products to ``mm``, then gated
-    MLPs; ``then``: a pass the user had set there, run first."""
+    """The pass (Inductor's ``post_grad_custom_pre_pass``): plain products to ``mm``, then, in
+    graphs that hold them, embedding gradients, then gated MLPs; ``then``: a pass the user had
+    set there, run first."""
 
     def __init__(self, then=None):
         self.then = then
@@ -48,7 +53,8 @@ class PostGradPass(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph):
         if self.then is not None:
             self.then(graph)
-        plain_products_to_mm(graph)
+        if plain_products_to_mm(graph) or _holds(graph, torch.ops.numba_hopper.mm.default):
+            fuse_embedding_grads(graph)
         fuse_gated_mlps(graph)
 
     def uuid(self):
@@ -111,6 +117,67 @@ def fuse_gated_mlps(graph: torch.fx.Graph) -> int:
     if fused:
         graph.eliminate_dead_code()
     return fused
+
+
+def fuse_embedding_grads(graph: torch.fx.Graph) -> int:
+    """Put ``numba_hopper::embedding_grad`` in place of each embedding weight gradient of ``graph``
+    made through a float32 table (``convert(index_put(zeros(V, H), [ids], values, accumulate))``,
+    or its masked form), and ``numba_hopper::mm_embedding_grad`` in place of such a gradient
+    added to a product (a tied weight's; ``_embedding_grad``). Return how many."""
+    mm = torch.ops.numba_hopper.mm.default
+    fused = 0
+    for node in list(graph.nodes):
+        table = _embedding_table(node)
+        if table is None:
+            continue
+        (user,) = node.users
+        product = next((x for x in user.args if x is not node), None) if _is(user, aten.add.Tensor) else None
+        tied = (_is(product, mm) and _single_use(product) and user.args.count(node) == 1
+                and _value(product).shape == _value(node).shape and _value(product).dtype == _value(node).dtype)
+        replaced = user if tied else node
+        with graph.inserting_before(replaced):
+            if tied:
+                grad = graph.call_function(torch.ops.numba_hopper.mm_embedding_grad.default, (*product.args, *table))
+            else:
+                grad = graph.call_function(torch.ops.numba_hopper.embedding_grad.default,
+                                           (*table, _value(node).shape[0], _value(node).dtype))
+        grad.meta["val"] = _value(replaced)
+        replaced.replace_all_uses_with(grad)
+        fused += 1
+    if fused:
+        graph.eliminate_dead_code()
+    return fused
+
+
+_MASKED_PUT = getattr(aten, "_unsafe_masked_index_put_accumulate", None)  # (PyTorch 2.12 on)
+
+
+def _embedding_table(node):
+    """``(ids, values, mask or None)`` if ``node`` converts to a 16-bit dtype a float32 (V, H)
+    table of zeros into which ``index_put`` (or its masked form) added ``values`` at rows
+    ``ids``, each step used only there; else None."""
+    if not (_is(node, _CONVERT) and node.args[1] in _HALF and _single_use(node)):
+        return None
+    put = node.args[0]
+    if _is(put, aten.index_put.default) and len(put.args) == 4 and put.args[3] is True:
+        (zeros, indices, values), mask = put.args[:3], None
+    elif _MASKED_PUT is not None and _is(put, _MASKED_PUT.default):
+        zeros, mask, indices, values = put.args
+    else:
+        return None
+    if not (_single_use(put) and len(indices) == 1 and _is(zeros, aten.full.default) and zeros.args[1] == 0
+            and _single_use(zeros)):
+        return None
+    (ids,), table, v = indices, _value(zeros), _value(values)
+    if not (table.dim() == 2 and table.dtype == torch.float32 and v is not None and v.dtype == torch.float32
+            and tuple(v.shape) == (*_value(ids).shape, table.shape[1]) and not _value(ids).is_floating_point()
+            and (mask is None or _value(mask).numel() == _value(ids).numel())):
+        return None
+    return ids, values, mask
+
+
+def _holds(graph, target):
+    return any(_is(node, target) for node in graph.nodes)
 
 
 def _value(node):
