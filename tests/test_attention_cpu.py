@@ -284,9 +284,9 @@ def test_sdpa_drop_in_falls_back_on_the_cpu():
 def _mask_arguments(**changes):
     from transformers.masking_utils import causal_mask_function
 
-    return dict(dict(batch_size=2, q_length=16, kv_length=16, q_offset=0, kv_offset=0, mask_function=causal_mask_function,
-                     attention_mask=None, allow_is_causal_skip=True, dtype=torch.float32, config=None, use_vmap=False,
-                     device="cpu"), **changes)
+    return dict(dict(batch_size=2, q_length=16, kv_length=16, q_offset=0, kv_offset=0,
+                     mask_function=causal_mask_function, attention_mask=None, allow_is_causal_skip=True,
+                     dtype=torch.float32, config=None, use_vmap=False, device="cpu"), **changes)
 
 
 def test_causal_mask_leaves_out_an_unpadded_causal_mask_in_a_trace_too():

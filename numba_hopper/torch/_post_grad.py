@@ -132,7 +132,7 @@ def fuse_embedding_grads(graph: torch.fx.Graph) -> int:
             continue
         (user,) = node.users
         product = next((x for x in user.args if x is not node), None) if _is(user, aten.add.Tensor) else None
-        tied = (_is(product, mm) and _single_use(product) and user.args.count(node) == 1
+        tied = (_is(product, mm) and _single_use(product) and user.args.count(node) == 1 and not user.kwargs
                 and _value(product).shape == _value(node).shape and _value(product).dtype == _value(node).dtype)
         replaced = user if tied else node
         with graph.inserting_before(replaced):
@@ -149,7 +149,7 @@ def fuse_embedding_grads(graph: torch.fx.Graph) -> int:
     return fused
 
 
-_MASKED_PUT = getattr(aten, "_unsafe_masked_index_put_accumulate", None)  # (PyTorch 2.12 on)
+_MASKED_PUT = getattr(aten, "_unsafe_masked_index_put_accumulate", None)  # (the newer decomposition's)
 
 
 def _embedding_table(node):

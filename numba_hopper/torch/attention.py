@@ -23,8 +23,8 @@ import torch
 from ..attention import api as _api
 from ..attention.config import HEAD_DIMS
 
-__all__ = ["attention", "scaled_dot_product_attention", "register_transformers_attention", "attention_forward", "causal_mask",
-           "ATTN_IMPLEMENTATION"]
+__all__ = ["attention", "scaled_dot_product_attention", "register_transformers_attention", "attention_forward",
+           "causal_mask", "ATTN_IMPLEMENTATION"]
 
 ATTN_IMPLEMENTATION = "numba_hopper"
 _SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal=False, str causal_align='bottom_right', float? scale=None, "
@@ -145,18 +145,17 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 
 
 def causal_mask(**kwargs):
-    """A transformers mask builder (``AttentionMaskInterface``'s keywords): None where the mask is
-    plain causal attention with no padding, which :func:`attention_forward` computes from
-    ``is_causal``, else transformers' SDPA builder's mask.
+    """A transformers mask builder (``AttentionMaskInterface``'s keywords): None for plain causal
+    attention with no padding, which :func:`attention_forward` computes from ``is_causal``; else
+    transformers' SDPA builder's mask.
 
-    None under the conditions on which transformers' SDPA builder leaves the mask out eagerly:
-    no 2-D padding mask, a builder that allows the causal skip (plain causal, not bidirectional
-    or packed), one query or as many queries as keys, and a local window (sliding or chunked)
-    wider than the keys. They are conditions on shapes, so they hold in a trace too: there the
-    SDPA builder (transformers 5 on PyTorch before 2.14) builds the mask for every call, since
-    it cannot tell a trace that reads the padding mask's values from one that has none, under
-    ``torch.compile`` and CUDA graph capture alike; and with a mask the attention runs
-    unskipped and never reaches the kernel."""
+    None on the conditions on which the SDPA builder leaves the mask out eagerly: no 2-D
+    padding mask, a builder that allows the causal skip (not bidirectional, not packed), one
+    query or as many queries as keys, and no local window (sliding, chunked) narrower than the
+    keys. They are conditions on shapes, so they hold in a trace too, where the SDPA builder
+    (transformers 5 on PyTorch before 2.14) builds the mask for every call, under
+    ``torch.compile`` and CUDA graph capture alike: with a mask, the attention would never reach
+    the kernel."""
     from transformers.masking_utils import sdpa_mask
 
     q_length, kv_length, local_size = kwargs["q_length"], kwargs["kv_length"], kwargs.get("local_size")
