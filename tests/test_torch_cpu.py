@@ -194,6 +194,15 @@ def test_no_grad_ops_pass_opcheck(double):
                           (torch.randn(3, 5, 10, dtype=torch.float16), torch.randn(3, 10, 6, dtype=torch.float16), None))
 
 
+def test_embedding_grad_ops_pass_opcheck(double):
+    ids = torch.tensor([[3, 1, 3], [0, 4, 1]])
+    values, mask = torch.randn(2, 3, 8), (ids != 4)[..., None]
+    for m in (None, mask):
+        torch.library.opcheck(torch.ops.numba_hopper.embedding_grad.default, (ids, values, m, 6, torch.bfloat16))
+    a, b = torch.randn(6, 24, dtype=torch.bfloat16), torch.randn(24, 8, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.numba_hopper.mm_embedding_grad.default, (a, b, True, ids, values, mask))
+
+
 def test_a_graph_traced_without_grad_calls_the_operators_without_a_formula(double):
     """Under torch.no_grad() the traced graph holds ``gemm_no_grad`` (no autograd layer to run in
     Python per call), ``mm`` for the linear without bias; with grad, ``gemm``, whose
