@@ -4,6 +4,7 @@
     python benchmarks/profile_train.py --model llama-2048 --cprofile 30
     python benchmarks/profile_train.py --model llama-3-8b --tokens 4x2048 --mode compiled
     python benchmarks/profile_train.py --model qwen3-4b --tokens 4x2048 --mode compiled --sustained 3
+    python benchmarks/profile_train.py --model qwen3-4b --tokens 4x2048 --mode compiled --gaps 4
 
 For the stock model and ours (``bench_train.py``'s, with its ``--loss``, ``--mlp``, ``--norm`` and
 ``--optimizer``), eager or (``--mode compiled``) each under ``torch.compile(dynamic=False)``,
@@ -24,7 +25,9 @@ wait for the GPU shows as the synchronizing call), for where ours spends the hos
 medians) with ``nvidia-smi`` sampling board power and SM clock (``bench_sustained.py``'s
 sampler): at the power limit a step's time is its energy over the limit, and a step that spends
 more energy per cycle gets a lower clock, which slows every kernel in it, the ones both sides
-share included.
+share included. ``--gaps N`` profiles N steps of each side issued back to back and prints the
+GPU's idle time between their kernels, and the longest gaps with the kernels on either side:
+where the GPU waits for the host inside a training loop.
 """
 
 import argparse
@@ -41,10 +44,32 @@ import torch  # noqa: E402
 from bench_sustained import sustained_run  # noqa: E402
 from bench_train import OPTIMIZERS, TOKENS, _time_ms, build_model, make_ours, optimizer, train_step  # noqa: E402
 from profile_compiled import device_ms, host_ms, kernel_times  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 
 SUSTAINED_ROUNDS = 4
 SLEEP_CYCLES = 200_000_000  # ~100 ms at the H200's clock: longer than a step's host time
+GAP_US = 5  # idle intervals shorter than this are launch spacing, not waits
+
+
+def idle_gaps(step, steps):
+    """``(idle us per step, [(gap us, kernel before, kernel after)] longest first)`` over
+    ``steps`` steps issued back to back (``torch.profiler``'s GPU timestamps), behind one more
+    step, so that the first ones do not start on an idle GPU."""
+    step()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    gaps, end, last = [], spans[0][1], spans[0][2]
+    for start, stop, name in spans[1:]:
+        if start - end > GAP_US:
+            gaps.append((start - end, last[:60], name[:60]))
+        if stop > end:
+            end, last = stop, name
+    return sum(g[0] for g in gaps) / steps, sorted(gaps, reverse=True)
 
 
 def main():
@@ -60,6 +85,7 @@ def main():
     p.add_argument("--sustained", type=float, default=0, metavar="S", help="S seconds of steps: power and clock")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print a step's N costliest functions")
     p.add_argument("--kernels", type=int, default=10, metavar="N", help="print the N costliest kernels beside the GEMMs")
+    p.add_argument("--gaps", type=int, default=0, metavar="N", help="the GPU's idle time over N back-to-back steps")
     args = p.parse_args()
     models = {"stock": build_model(args.model)}
     models["ours"] = make_ours(models["stock"], args.loss, args.mlp, args.norm)[0]
@@ -86,6 +112,11 @@ def main():
         print(f"== {name}: kernel time per step {sum(sums.values()) / 1e3:.2f} ms")
         for kernel, us in sorted(sums.items(), key=lambda kv: -kv[1])[:args.kernels + 1]:
             print(f"   {us:9.1f} us  {kernel}")
+    for name, step in steps.items() if args.gaps else ():
+        idle, gaps = idle_gaps(step, args.gaps)
+        print(f"== {name}: GPU idle {idle / 1e3:.3f} ms a step between kernels ({len(gaps)} gaps over {GAP_US} us)")
+        for us, before, after in gaps[:args.kernels]:
+            print(f"   {us:9.1f} us  after {before}  before {after}")
     if args.sustained:
         reps = max(5, int(args.sustained * 1e3 / statistics.median(times["sync", "ours"])))
         sustained_run(steps["stock"], reps)  # (unmeasured: the card warms up)
