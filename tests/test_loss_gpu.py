@@ -219,6 +219,32 @@ def test_add_embedding_rows_never_waits_for_the_gpu():
     assert rel_error(got.cpu(), ref) < 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width", [1, 7, 127, 129, 1000, 2560])
+def test_add_embedding_rows_against_float64(dtype, width):
+    """The kernel's table: each touched row the float32 sum of its lookups (repeated ids, masked
+    lookups, ids repeated across the whole batch) added to the row once, rounded once; every
+    other row exactly as it was."""
+    from numba_hopper.torch._embedding_grad import add_embedding_rows
+
+    torch.manual_seed(width)
+    vocab = 300
+    out = torch.randn(vocab, width, device="cuda").to(dtype)
+    ids = torch.randint(0, vocab, (3, 257), device="cuda")
+    ids[2, :100] = 7  # one id looked up 100 times more
+    values = torch.randn(3, 257, width, device="cuda")
+    for mask in (None, ids % 5 != 0):
+        keep = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
+        ref = out.double().index_add(0, ids[keep], values[keep].double())
+        got = add_embedding_rows(out.clone(), ids, values, mask)
+        touched = torch.zeros(vocab, dtype=torch.bool, device="cuda")
+        touched[ids[keep]] = True
+        assert torch.equal(got[~touched], out[~touched])
+        assert rel_error(got, ref) < 4e-3  # one rounding to 16 bits
+        assert rel_error(got[touched].double() - out[touched].double(),
+                         ref[touched] - out[touched].double()) < 2e-2  # the sums themselves
+
+
 def test_the_loss_never_waits_for_the_gpu():
     x, w, target = inputs(512, 32000, 256, torch.bfloat16)
     nht.linear_cross_entropy(x, w, target).backward()  # first call: compile and prepare

@@ -334,6 +334,17 @@ def test_add_embedding_rows_rounds_each_row_once():
         0, ids.flatten(), values.reshape(8, 16).double())).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_add_rows_kernel_compiles_without_spills(dtype):
+    from numba_hopper.kernels.embedding_grad import COLUMNS, add_rows_kernel
+    from numba_hopper.tools.sass import inspect_kernel
+
+    r = inspect_kernel(add_rows_kernel(dtype), "void(int64, int64, int64, int32[::1], int64[::1], float32[:, ::1])")
+    assert r.spill_bytes == 0 and r.stack_frame == 0 and "CALL" not in r.sass, r.summary()  # sums in registers
+    assert r.count("FADD") >= COLUMNS and r.count("LDG.E.U16") == COLUMNS and r.count("STG.E.U16") == COLUMNS, \
+        r.summary()
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("training_config", ["sustained", None])
 def test_eager_training_products_take_the_training_tiles(double, monkeypatch, training_config):

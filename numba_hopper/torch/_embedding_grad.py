@@ -26,17 +26,30 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.embedding_grad import THREADS, add_rows_kernel, column_spans
 from . import ops
+from ._launch import KERNEL_DTYPES, launch
 
 
 def add_embedding_rows(out, ids, values, mask=None):
     """``out[i] += sum(values[j] for j where ids[j] == i)`` in place, for a (V, H) ``out``, integer
     ``ids`` of any shape and float32 ``values`` of shape ``ids.shape + (H,)``; where a boolean
     ``mask`` (one value per id) is False, that lookup adds nothing. The sums are float32 and
-    each touched row of ``out`` is rounded once; repeated ids add in a fixed order (sorted by
-    position), so the result does not depend on the run. Nothing waits for the GPU."""
+    each touched row of ``out`` is rounded once; repeated ids add in a fixed order (by
+    position), so the result does not depend on the run. Nothing waits for the GPU. A 16-bit
+    table on the GPU takes one sort and one kernel (``kernels.embedding_grad``); others, PyTorch's
+    operators."""
     ids = ids.reshape(-1)
     values = values.reshape(ids.numel(), out.shape[1])
+    if out.is_cuda and out.dtype in KERNEL_DTYPES and out.is_contiguous():
+        if mask is not None:  # (a masked lookup's id out of range: the kernel skips it)
+            ids = torch.where(mask.reshape(-1), ids, -1)
+        sorted_ids, order = torch.sort(ids.to(torch.int32), stable=True)
+        if ids.numel() and out.shape[1]:
+            launch(add_rows_kernel(KERNEL_DTYPES[out.dtype]), out.device, (ids.numel(), column_spans(out.shape[1])),
+                   THREADS, out.data_ptr(), out.shape[0], out.shape[1], sorted_ids, order,
+                   values.float().contiguous())
+        return out
     if mask is not None:
         mask = mask.reshape(-1)
         ids, values = torch.where(mask, ids, 0), torch.where(mask[:, None], values, 0.0)
