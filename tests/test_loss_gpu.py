@@ -222,9 +222,9 @@ def test_add_embedding_rows_never_waits_for_the_gpu():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("width", [1, 7, 127, 129, 1000, 2560])
 def test_add_embedding_rows_against_float64(dtype, width):
-    """The kernel's table: each touched row the float32 sum of its lookups (repeated ids, masked
-    lookups, ids repeated across the whole batch) added to the row once, rounded once; every
-    other row exactly as it was."""
+    """The kernel's table: each touched row the float32 sum of its lookups (repeated ids, one id
+    looked up a hundred times, masked lookups) added to the row once, rounded once; every other
+    row exactly as it was."""
     from numba_hopper.torch._embedding_grad import add_embedding_rows
 
     torch.manual_seed(width)
