@@ -54,6 +54,11 @@ def device_ms(run, cycles=SLEEP_CYCLES):
     return start.elapsed_time(end)
 
 
+def is_gemm(kernel):
+    """Whether a kernel's name is a GEMM's: ours, or cuBLAS's."""
+    return any(s in kernel.lower() for s in ("gemm", "nvjet", "xmma", "cutlass"))
+
+
 def kernel_times(run, forwards=3, cycles=SLEEP_CYCLES):
     """Microseconds of GPU time per call of ``run`` by kernel name (GEMMs as one entry)."""
     torch.cuda.synchronize()
@@ -65,8 +70,7 @@ def kernel_times(run, forwards=3, cycles=SLEEP_CYCLES):
     sums = collections.defaultdict(float)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and "spin_kernel" not in e.name:
-            gemm = any(s in e.name.lower() for s in ("gemm", "nvjet", "xmma", "cutlass"))
-            sums["GEMMs" if gemm else e.name[:70]] += e.device_time_total / forwards
+            sums["GEMMs" if is_gemm(e.name) else e.name[:70]] += e.device_time_total / forwards
     return sums
 
 

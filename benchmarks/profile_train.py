@@ -5,6 +5,7 @@
     python benchmarks/profile_train.py --model llama-3-8b --tokens 4x2048 --mode compiled
     python benchmarks/profile_train.py --model qwen3-4b --tokens 4x2048 --mode compiled --sustained 3
     python benchmarks/profile_train.py --model qwen3-4b --tokens 4x2048 --mode compiled --gaps 4
+    python benchmarks/profile_train.py --model llama-2048 --tokens 4x2048 --mode compiled --gemms 4
 
 For the stock model and ours (``bench_train.py``'s, with its ``--loss``, ``--mlp``, ``--norm`` and
 ``--optimizer``), eager or (``--mode compiled``) each under ``torch.compile(dynamic=False)``,
@@ -27,23 +28,30 @@ sampler): at the power limit a step's time is its energy over the limit, and a s
 more energy per cycle gets a lower clock, which slows every kernel in it, the ones both sides
 share included. ``--gaps N`` profiles N steps of each side issued back to back and prints the
 GPU's idle time between their kernels, and the longest gaps with the kernels on either side:
-where the GPU waits for the host inside a training loop.
+where the GPU waits for the host inside a training loop. ``--gemms N`` profiles N steps of each side
+issued back to back and prints their GEMMs one by one, in the order the step issues them: each
+position's median time on either side (from its start, or the previous kernel's end if it started
+under that kernel's tail, as a programmatic dependent launch may), their ratio, and each kernel's
+name and grid. Both sides' graphs issue the same products in the same order, so a row is one
+product at the power limit, inside the step: which products cost ours its GEMM time there.
 """
 
 import argparse
 import collections
 import cProfile
+import json
 import pathlib
 import pstats
 import statistics
 import sys
+import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from bench_sustained import sustained_run  # noqa: E402
 from bench_train import OPTIMIZERS, TOKENS, _time_ms, build_model, make_ours, optimizer, train_step  # noqa: E402
-from profile_compiled import device_ms, host_ms, kernel_times  # noqa: E402
+from profile_compiled import device_ms, host_ms, is_gemm, kernel_times  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 
@@ -72,6 +80,46 @@ def idle_gaps(step, steps):
     return sum(g[0] for g in gaps) / steps, sorted(gaps, reverse=True)
 
 
+def step_gemms(step, steps):
+    """:func:`gemm_times` of ``steps`` steps issued back to back (``torch.profiler``'s trace), behind
+    one more step."""
+    step()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(pathlib.Path(f.name).read_text())["traceEvents"]
+    return gemm_times([e for e in events if e.get("cat") == "kernel"], steps)
+
+
+def gemm_times(kernels, steps):
+    """Per GEMM of a step, in issue order: ``(median us over the steps, kernel name, grid)``, from
+    the trace's kernel events of ``steps`` identical steps. A kernel's time runs from its start, or
+    from the previous kernel's end where it started before that."""
+    gemms, end = [], 0.0
+    for e in sorted(kernels, key=lambda e: e["ts"]):
+        if is_gemm(e["name"]):
+            gemms.append((e["ts"] + e["dur"] - max(e["ts"], end), e["name"], tuple(e["args"].get("grid", ()))))
+        end = max(end, e["ts"] + e["dur"])
+    per_step = len(gemms) // steps
+    return [(statistics.median(gemms[s * per_step + i][0] for s in range(steps)), *gemms[i][1:])
+            for i in range(per_step)]
+
+
+def print_gemms(ours, stock):
+    """The two sides' :func:`step_gemms` side by side, position by position."""
+    if len(ours) != len(stock):
+        print(f"(ours issues {len(ours)} GEMMs a step, stock {len(stock)}: positions may not match)")
+    print("   #  ours us  stock us  stock/ours  ours' kernel (grid) | stock's kernel (grid)")
+    for i, (o, s) in enumerate(zip(ours, stock)):
+        print(f"{i:4d} {o[0]:8.1f} {s[0]:9.1f} {s[0] / o[0]:10.3f}  {o[1][:40]} {o[2]} | {s[1][:50]} {s[2]}")
+    total_ours, total_stock = sum(o[0] for o in ours), sum(s[0] for s in stock)
+    print(f"GEMMs a step: ours {total_ours / 1e3:.2f} ms, stock {total_stock / 1e3:.2f} ms, "
+          f"stock/ours {total_stock / total_ours:.3f}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3-4b")
@@ -86,6 +134,7 @@ def main():
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print a step's N costliest functions")
     p.add_argument("--kernels", type=int, default=10, metavar="N", help="print the N costliest kernels beside the GEMMs")
     p.add_argument("--gaps", type=int, default=0, metavar="N", help="the GPU's idle time over N back-to-back steps")
+    p.add_argument("--gemms", type=int, default=0, metavar="N", help="each GEMM's time over N back-to-back steps")
     args = p.parse_args()
     models = {"stock": build_model(args.model)}
     models["ours"] = make_ours(models["stock"], args.loss, args.mlp, args.norm)[0]
@@ -117,6 +166,8 @@ def main():
         print(f"== {name}: GPU idle {idle / 1e3:.3f} ms a step between kernels ({len(gaps)} gaps over {GAP_US} us)")
         for us, before, after in gaps[:args.kernels]:
             print(f"   {us:9.1f} us  after {before}  before {after}")
+    if args.gemms:
+        print_gemms(*(step_gemms(steps[name], args.gemms) for name in ("ours", "stock")))
     if args.sustained:
         reps = max(5, int(args.sustained * 1e3 / statistics.median(times["sync", "ours"])))
         sustained_run(steps["stock"], reps)  # (unmeasured: the card warms up)

@@ -1,4 +1,5 @@
-"""The benchmarks' ratio estimator (benchmarks/bench_gemm.py) and options: host arithmetic, no GPU."""
+"""The benchmarks' ratio estimator (benchmarks/bench_gemm.py), options and trace arithmetic: host
+arithmetic, no GPU."""
 
 import pathlib
 import sys
@@ -20,6 +21,22 @@ def test_paired_ratio_cancels_a_clock_swing_shared_by_the_round():
 def test_paired_ratio_is_the_median_of_the_rounds_ratios():
     times = {"ref": [1.0, 1.0, 1.0], "ours": [0.5, 1.0, 4.0]}  # ratios 2, 1, 0.25
     assert paired_ratio(times, "ref", "ours") == 1.0
+
+
+def test_gemm_times_align_each_steps_products_and_clip_an_early_start():
+    """``profile_train.py --gemms``: the GEMMs of each step by position, the median over steps, a
+    kernel that started under the previous one's tail (a dependent launch) timed from its end,
+    other kernels left out."""
+    from profile_train import gemm_times
+
+    def kernel(name, ts, dur):
+        return {"name": name, "ts": ts, "dur": dur, "args": {"grid": [132, 1, 1]}}
+
+    kernels = []
+    for step, t0 in enumerate((0.0, 1000.0, 2000.0)):
+        kernels += [kernel("gemm_a", t0, 100.0 + step), kernel("triton_poi_fused_mul", t0 + 100 + step, 50.0),
+                    kernel("nvjet_sm90_b", t0 + 140 + step, 60.0)]  # started 10 us under the previous tail
+    assert gemm_times(kernels[::-1], 3) == [(101.0, "gemm_a", (132, 1, 1)), (50.0, "nvjet_sm90_b", (132, 1, 1))]
 
 
 def test_attention_configs_parse_per_head_dim():
