@@ -60,15 +60,21 @@ SLEEP_CYCLES = 200_000_000  # ~100 ms at the H200's clock: longer than a step's 
 GAP_US = 5  # idle intervals shorter than this are launch spacing, not waits
 
 
-def idle_gaps(step, steps):
-    """``(idle us per step, [(gap us, kernel before, kernel after)] longest first)`` over
-    ``steps`` steps issued back to back (``torch.profiler``'s GPU timestamps), behind one more
-    step, so that the first ones do not start on an idle GPU."""
+def profile_steps(step, steps):
+    """``torch.profiler``'s record of ``steps`` steps issued back to back, behind one more step,
+    so that the first ones do not start on an idle GPU."""
     step()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
+    return prof
+
+
+def idle_gaps(step, steps):
+    """``(idle us per step, [(gap us, kernel before, kernel after)] longest first)`` over
+    :func:`profile_steps` (its GPU timestamps)."""
+    prof = profile_steps(step, steps)
     spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA)
     gaps, end, last = [], spans[0][1], spans[0][2]
@@ -81,13 +87,8 @@ def idle_gaps(step, steps):
 
 
 def step_gemms(step, steps):
-    """:func:`gemm_times` of ``steps`` steps issued back to back (``torch.profiler``'s trace), behind
-    one more step."""
-    step()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+    """:func:`gemm_times` of :func:`profile_steps` (its trace)."""
+    prof = profile_steps(step, steps)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = json.loads(pathlib.Path(f.name).read_text())["traceEvents"]
