@@ -8,6 +8,8 @@ per call). Each case reports both versions' ratio against the reference and new/
 
     python benchmarks/ab_versions.py --make-base REF          # copy a git ref's package to .ab/
     python benchmarks/ab_versions.py                         # time .ab/'s copy against this tree's
+    python benchmarks/ab_versions.py --train                 # ... on a training step's products
+    python benchmarks/ab_versions.py --shapes 8192x2048x2048:RR   # ... on these, as a step issues them
 
 Writes ``benchmarks/results/ab-<gpu>.json`` (``--out`` to change): records {name, M, N, K,
 base_ratio, new_ratio, new_over_base}.
@@ -114,11 +116,30 @@ def cases(torch):
     ]
 
 
+def train_cases(torch, shapes=None):
+    """Plain bf16 products as a training step issues them (``config="sustained"``), fresh
+    operands each call: ``shapes`` (``MxNxK[:layout]``, as ``bench_gemm.py --shapes`` takes
+    them), else the training steps' products in autograd's layouts (``bench_gemm.py --suite
+    train``)."""
+    from bench_gemm import TRAIN_SUITE, _operand, _parse_shape
+
+    def plain(M, N, K, layout):
+        return (lambda: (_operand(M, K, "bf16", layout[0]), _operand(K, N, "bf16", layout[1])),
+                lambda nh, x: nh.gemm(*x, config="sustained"), lambda x: torch.matmul(*x))
+
+    suite = [_parse_shape(s) for s in shapes] if shapes else TRAIN_SUITE
+    return [(f"{name} {M}x{N}x{K}:{layout}" if not shapes else name, M, N, K, *plain(M, N, K, layout))
+            for name, M, N, K, _, layout in suite]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--make-base", metavar="REF", help="copy REF's package to .ab/ and exit")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--only", nargs="*", help="substrings of the case names to run")
+    p.add_argument("--train", action="store_true", help="the training steps' products in place of the cases")
+    p.add_argument("--shapes", nargs="*", help="plain products MxNxK[:layout] as a training step issues them, "
+                                                "in place of the cases")
     p.add_argument("--out", help="results file (default: benchmarks/results/ab-<gpu>.json)")
     args = p.parse_args(argv)
     if args.make_base:
@@ -135,7 +156,8 @@ def main(argv=None):
     ref_name = (BASE_DIR / "REF").read_text().strip()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     records = []
-    for name, M, N, K, make, call, reference in cases(torch):
+    chosen = train_cases(torch, args.shapes) if args.train or args.shapes else cases(torch)
+    for name, M, N, K, make, call, reference in chosen:
         if args.only and not any(s in name for s in args.only):
             continue
         first = make()
@@ -154,7 +176,7 @@ def main(argv=None):
                    new_ratio=round(paired_ratio(times, "ref", "new"), 4),
                    new_over_base=round(paired_ratio(times, "base", "new"), 4))
         records.append(rec)
-        print(f"{name:34} base {rec['base_ratio']:.3f}  new {rec['new_ratio']:.3f}  new/base {rec['new_over_base']:.3f}",
+        print(f"{name:44} base {rec['base_ratio']:.3f}  new {rec['new_ratio']:.3f}  new/base {rec['new_over_base']:.3f}",
               flush=True)
     gpu = torch.cuda.get_device_name(0).split()[-1].lower()
     path = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"ab-{gpu}.json")

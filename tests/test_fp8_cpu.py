@@ -449,16 +449,26 @@ def test_promoted_store_runs_behind_the_next_first_k_block(block_m, scaling):
 
 
 def test_which_kernels_overlap_the_store():
-    """``overlaps_store``: unscaled promotion on tiles of two or three consumers at most 128
-    wide with a scale-only epilogue, ungrouped, without stream-K."""
-    fp8 = ("e4m3", "bf16", "K", "K")
-    assert GemmConfig(*fp8, block_n=128, promoted=True).overlaps_store
-    assert GemmConfig(*fp8, block_m=192, block_n=128, stages=4, promoted=True,
-                      epilogue=EpilogueConfig(row_scale=True, col_scale=True)).overlaps_store
+    """``overlaps_store``: tiles of two consumers, or three at most 128 wide, ungrouped, without
+    stream-K or ping-pong, whose output is plain 16-bit (fp8 inputs too) or whose promotion is
+    unscaled, at most 128 wide, with a scale-only epilogue."""
+    fp8, bf16 = ("e4m3", "bf16", "K", "K"), ("bf16", "bf16", "K", "N")
+    for kw in (dict(block_n=128, promoted=True),
+               dict(block_m=192, block_n=128, stages=4, promoted=True,
+                    epilogue=EpilogueConfig(row_scale=True, col_scale=True)),
+               dict(block_n=128)):
+        assert GemmConfig(*fp8, **kw).overlaps_store, kw
+    for kw in (dict(), dict(cluster_m=2, dynamic_schedule=True), dict(block_m=192, block_n=128, stages=3)):
+        assert GemmConfig(*bf16, **kw).overlaps_store, kw
     for kw in (dict(block_n=128, block_scaled=True), dict(block_m=64, block_n=128, promoted=True),
                dict(block_n=192, promoted=True), dict(block_n=128, promoted=True, epilogue=EpilogueConfig(bias="col")),
-               dict(block_n=128), dict(block_n=128, promoted=True, stream_k=True)):
+               dict(block_n=128, promoted=True, stream_k=True)):
         assert not GemmConfig(*fp8, **kw).overlaps_store, kw
+    assert not GemmConfig("bf16", "f32", "K", "N").overlaps_store
+    for kw in (dict(epilogue=EpilogueConfig(bias="col")), dict(block_m=64, stages=5),
+               dict(block_m=192, block_n=192, stages=3), dict(block_n=128, stages=4, pingpong=True),
+               dict(block_n=128, stream_k=True)):
+        assert not GemmConfig(*bf16, **kw).overlaps_store, kw
 
 
 @pytest.mark.kernel_matrix

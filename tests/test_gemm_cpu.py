@@ -134,16 +134,41 @@ def test_l2_priorities_hint_only_the_loads_of_their_operand(a_evict, b_evict):
 
 
 def _k_block_loop(sass):
-    """The SASS lines of the innermost loop around the first wgmma (the consumers' k-block loop):
-    from the label that a later branch jumps back to, to that branch."""
+    """The SASS lines of the innermost loop around a wgmma (the consumers' k-block loop; a kernel
+    that issues each tile's first k-block before the previous tile's store has one more wgmma
+    group, in its tile loop): from the label that a later branch jumps back to, to that branch."""
     lines = sass.splitlines()
-    first = next(i for i, line in enumerate(lines) if "GMMA." in line)
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
-    for j in range(first, len(lines)):
-        m = re.search(r"BRA\S* `\((\.L_x_\d+)\)", lines[j])
-        if m and labels.get(m.group(1), first) < first:
-            return [line for line in lines[labels[m.group(1)]:j + 1] if "/*" in line]
-    raise AssertionError("no loop around the first wgmma")
+    loops = [(labels[m.group(1)], j) for j, line in enumerate(lines)
+             if (m := re.search(r"BRA\S* `\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), j) < j]
+    around = [(b - a, a, b) for a, b in loops if any("GMMA." in line for line in lines[a:b])]
+    if not around:
+        raise AssertionError("no loop around a wgmma")
+    _, a, b = min(around)
+    return [line for line in lines[a:b + 1] if "/*" in line]
+
+
+@pytest.mark.kernel_matrix
+@pytest.mark.parametrize("cfg", [GemmConfig("bf16", "bf16", "K", "N"),
+                                 GemmConfig("bf16", "bf16", "M", "N", cluster_m=2, dynamic_schedule=True),
+                                 GemmConfig("f16", "f16", "K", "K", block_m=192, block_n=128, stages=3)],
+                         ids=lambda c: f"{c.a_major}{c.b_major}-c{c.cluster_size}-{c.block_m}x{c.block_n}")
+def test_plain_store_runs_behind_the_next_first_k_block(cfg):
+    """A plain 16-bit tile of two consumers (three at 128 columns) is converted to packed pairs,
+    then the next tile's first k-block is issued and the stmatrix stores follow before any wait
+    for it, its wgmmas unserialized; the packed tile beside the fresh accumulator spills
+    nothing."""
+    assert cfg.overlaps_store
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
+    lines = [line for line in r.sass.splitlines() if "GMMA" in line or "WARPGROUP.DEPBAR" in line or "STSM" in line
+             or "F2FP" in line]
+    first_store = next(i for i, line in enumerate(lines) if "STSM" in line)
+    issued = max(i for i, line in enumerate(lines[:first_store]) if "GMMA" in line)
+    assert "gsb0" in lines[issued] and not [line for line in lines[issued:first_store] if "DEPBAR" in line], \
+        lines[issued:first_store]
+    assert not [line for line in lines[issued:first_store] if "F2FP" in line]  # converted before the issue
+    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
+    assert not [w for w in r.warnings if "C7514" in w or "C7517" in w], r.warnings
 
 
 @pytest.mark.parametrize("cfg,depth", [
@@ -164,6 +189,8 @@ def test_consumers_keep_wgmmas_in_flight_where_the_ring_has_slots_to_spare(cfg, 
     (GemmConfig(block_n=64, epilogue=EpilogueConfig(activation="silu"), grouped="contiguous"), (32, 232)),
     (GemmConfig(block_m=192, block_n=192), (40, 152)), (GemmConfig(block_m=192, block_n=192, cluster_n=2), (56, 152)),
     (GemmConfig(block_m=192, block_n=192, epilogue=EpilogueConfig(activation="silu")), (24, 160)),
+    # a plain tile stored behind the next one's first k-block keeps the plain budgets
+    (GemmConfig(cluster_m=2, dynamic_schedule=True), (56, 224)), (GemmConfig(block_m=192, block_n=128), (40, 152)),
 ], ids=lambda v: f"{v.block_m}x{v.block_n}-c{v.cluster_size}-{v.grouped or ''}{'fused' if v.epilogue else 'plain'}"
    if isinstance(v, GemmConfig) else "")
 def test_setmaxnreg_trades_only_the_registers_of_the_launch(cfg, budget):

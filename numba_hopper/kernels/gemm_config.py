@@ -371,17 +371,26 @@ class GemmConfig:
     @property
     def overlaps_store(self):
         """Whether a consumer issues each tile's first k-block before it stores the previous
-        tile, so the tensor cores run through the store (``mainloop/promoted.py``,
-        ``gemm_sm90.py``): promoted products without block-wise scales (whose first k-block
-        would need its scales) on tiles of two or three consumers at most 128 wide, ungrouped,
-        without stream-K, whose epilogue only scales (no C to load beside the store). The
-        fresh accumulator beside the stored sums takes the registers of a pair's second, or
-        of three consumers' next k-block. A 192-wide tile's split K loop compiles to a rolled
-        loop of k-steps (SASS); a lone consumer's tile is mostly its CTA's only one, and its
-        first run, split off, ran 4-6% slower at 128x7168x16384."""
-        return (self.promoted and not self.block_scaled and self.block_n <= 128 and self.consumers > 1
-                and self.grouped is None and not self.stream_k
-                and (self.epilogue is None or self.epilogue.scale_only))
+        tile, so the tensor cores run through the store (``gemm_sm90.py``), on tiles of two
+        consumers, or three at most 128 wide, ungrouped, without stream-K or ping-pong:
+
+        - plain 16-bit outputs (no epilogue): the sums are converted to 16-bit pairs first, so
+          the fresh accumulator takes the registers they leave (128 + 64 a thread at 256
+          columns); a short K loop's store then no longer idles the tensor cores;
+        - promoted products without block-wise scales (whose first k-block would need its
+          scales) at most 128 wide, whose epilogue only scales (no C to load beside the store):
+          the fresh accumulator takes the registers of a pair's second, or of three consumers'
+          next k-block (``mainloop/promoted.py``). A 192-wide tile's split K loop compiles to a
+          rolled loop of k-steps (SASS).
+
+        A lone consumer's tile is mostly its CTA's only one, and its first run, split off, ran
+        4-6% slower at 128x7168x16384 (promoted)."""
+        plain = (not self.promoted and self.epilogue is None and self.out_dtype in ("bf16", "f16")
+                 and self.out_major == "N" and self.acc_chains == 1 and (self.consumers == 2 or self.block_n <= 128))
+        promoted = (self.promoted and not self.block_scaled and self.block_n <= 128
+                    and (self.epilogue is None or self.epilogue.scale_only))
+        return ((plain or promoted) and self.consumers > 1 and not self.pingpong and self.grouped is None
+                and not self.stream_k)
 
     @property
     def partial_bytes(self):

@@ -21,8 +21,9 @@ Roles:
 - warpgroups 1 to BM / 64, the consumers: take registers (``setmaxnreg.inc``; a single
   consumer has them all from the start); each owns 64 rows of the BM x BN output tile,
   accumulates them in registers (128 f32 per thread for BN = 256), and stores them while
-  the producer already loads the next tile (unscaled promoted products of two or three
-  consumers: while the next tile's first k-block runs, ``cfg.overlaps_store``). With
+  the producer already loads the next tile (plain 16-bit and unscaled promoted products of
+  two consumers, or three on narrower tiles: while the next tile's first k-block runs,
+  ``cfg.overlaps_store``). With
   ``cfg.pingpong`` the two consumers instead take whole tiles in turn (each the upper and lower
   64 rows), one storing its tile while the other computes the next.
 
@@ -68,8 +69,9 @@ PRODUCER_REGS = 40
 PRODUCER_REGS_CLUSTER = 56
 # A fused epilogue keeps more values live in the consumers: give them the registers the
 # producer can spare (measured: bias+gelu_tanh+c spills 96 B at 40/232, none at 24/240). So does
-# a store behind the next tile's first k-block (GemmConfig.overlaps_store): three consumers' plain
-# 192 x 128 kernel spills 512 B at 40/152, none at 24/160.
+# a promoted store behind the next tile's first k-block (GemmConfig.overlaps_store): three
+# consumers' 192 x 128 kernel spills 512 B at 40/152, none at 24/160. (A plain 16-bit one holds
+# its tile packed: 128 x 256 tiles fit at 56/224.)
 PRODUCER_REGS_FUSED = 24
 PRODUCER_REGS_FUSED_CLUSTER = 40
 # A grouped producer also walks the groups' row ends in 64-bit arithmetic: at 24 it spills
@@ -104,7 +106,7 @@ def warp_roles(cfg: GemmConfig) -> WarpSpecialization:
     ``setmaxnreg`` chosen here. The warpgroups only trade the registers the CTA got at launch,
     so a consumer gets its share of what the producer gives back; a larger request never
     completes (``setmaxnreg.inc`` waits for registers that no warp will free)."""
-    if cfg.epilogue is None and not cfg.overlaps_store:
+    if cfg.epilogue is None and not (cfg.overlaps_store and cfg.promoted):
         producer = PRODUCER_REGS_CLUSTER if cfg.cluster_size > 1 else PRODUCER_REGS
     elif cfg.grouped is not None and not cfg.promoted:
         producer = PRODUCER_REGS_FUSED_GROUPED
@@ -332,20 +334,21 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
     @cuda.jit(device=True, forceinline=True)
     def overlapped_consumer(p, ep, smem, tid, cta, work):
         """(``cfg.overlaps_store``) ``consumer``, with each tile's first k-block issued before
-        the previous tile's store, so the tensor cores work through the store (whose sums
-        and the new accumulator are separate registers), then promoted. Nothing stays in
-        flight across the loop's back edge (ptxas would serialize its wgmmas, C7514). The
-        row and column terms (clamped reads) are read for the first item even on a CTA
-        without one."""
+        the previous tile's store, so the tensor cores work through the store: the tile is
+        held (``epilogue.hold``: a plain 16-bit one as packed pairs, whose f32 registers the
+        new accumulator takes; a promoted one's sums beside it). Nothing stays in flight
+        across the loop's back edge (ptxas would serialize its wgmmas, C7514). The row and
+        column terms (clamped reads) are read for the first item even on a CTA without one."""
         c, tmaps, work, st, stored, item = cooperative_start(p, tid, work)
         sums = nh.wgmma_accumulator(BN, "f32")
         tile = scheduler.origin(work, item, cta.rm, cta.rn)
         terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps.c, p, ep)
         first = True
         while item.tile < work.num_tiles:
+            held = epilogue.hold(sums)
             acc = mainloop.start(nh.wgmma_accumulator(BN, "f32"), smem, smem + BARRIERS, st, p, item, c)
             if not first:
-                stored = epilogue.store_tile(nh.tuple_as_array(sums), smem, c, tile, c.cw, stored, tmaps.d, tmaps.c,
+                stored = epilogue.store_tile(nh.tuple_as_array(held), smem, c, tile, c.cw, stored, tmaps.d, tmaps.c,
                                              p, ep, terms)
                 tile = scheduler.origin(work, item, cta.rm, cta.rn)
                 terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps.c, p, ep)
@@ -353,8 +356,8 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
             first = False
             item = scheduler.next(work, item)
         if not first:
-            stored = epilogue.store_tile(nh.tuple_as_array(sums), smem, c, tile, c.cw, stored, tmaps.d, tmaps.c, p, ep,
-                                         terms)
+            stored = epilogue.store_tile(nh.tuple_as_array(epilogue.hold(sums)), smem, c, tile, c.cw, stored, tmaps.d,
+                                         tmaps.c, p, ep, terms)
         epilogue.drain(c, stored, ep)
 
     @cuda.jit(device=True, forceinline=True)

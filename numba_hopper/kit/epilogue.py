@@ -65,8 +65,8 @@ NO_MAX = np.uint32(0)  # what a pair hook returns as its m when it tracks nothin
 _PACK = {"bf16": pack_bf16x2, "f16": pack_f16x2, "e4m3": pack_e4m3x2, "e5m2": pack_e5m2x2}
 
 TileStore = namedtuple("TileStore", ["n", "out_dtype", "buffers", "cols", "span", "box", "swizzle", "buffer_bytes",
-                                     "address", "write", "acquire", "commit", "commit_3d", "tile", "tile_3d", "drain",
-                                     "direct"])
+                                     "address", "write", "convert", "write_converted", "acquire", "commit",
+                                     "commit_3d", "tile", "tile_3d", "drain", "direct"])
 TileStore.__doc__ = """The store of one warpgroup's ``64 x n`` tile (:func:`make_tile_store`).
 
 Host numbers: ``cols`` (columns of a sub-tile), ``span`` (bytes of a sub-tile row), ``box``
@@ -79,7 +79,11 @@ t)``. A sub-tile at a time (what ``tile`` runs, for kernels that do more around 
 ``acquire(leader, barrier_id)`` (the buffer's last TMA store has read it, the warpgroup met),
 ``write(frag, buf, q, row, lane, ctx) -> m`` (sub-tile ``q`` of the fragment ``frag``, a local
 array of the accumulator, into the buffer; ``row``: the thread's first fragment row, ``lane``:
-its lane; ``ctx`` goes to the epilogue hooks; ``m``: the hooks' max), ``commit(buf, leader,
+its lane; ``ctx`` goes to the epilogue hooks; ``m``: the hooks' max), or ``convert(acc) -> held``
+once (a 16-bit output without hooks: the accumulator tuple as a tuple of packed pairs, half its
+registers, so a kernel can hold a tile to store while its next accumulator fills; else ``acc``)
+and ``write_converted(regs, buf, q, t)`` per sub-tile (``regs``: ``tuple_as_array(held)``;
+``t``: the thread's index in the warpgroup), ``commit(buf, leader,
 barrier_id, tmap, col, row)`` and ``commit_3d(..., row, batch)`` (the writes made visible to TMA,
 the warpgroup met, the leader's TMA store of the buffer to (``row``, ``col``)), and
 ``address(buf, row, byte)``, where the swizzle puts byte ``byte`` of row ``row`` of a sub-tile."""
@@ -235,9 +239,8 @@ def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None)
             bulk_commit_group()
 
     @cuda.jit(device=True, forceinline=True)
-    def write_packed(packed, buf, q, t):
-        """Sub-tile ``q`` of a 16-bit accumulator converted up front (``packed``)."""
-        regs = tuple_as_array(packed)
+    def write_packed(regs, buf, q, t):
+        """Sub-tile ``q`` of a 16-bit accumulator converted up front (``regs``: its packed pairs)."""
         lane = t % 32
         r, c = x4_lane_offset(lane)
         row = 16 * (t // 32) + r
@@ -257,11 +260,11 @@ def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None)
         if PACKED:
             write_packed(regs, buf, q, t)
         else:
-            write(tuple_as_array(regs), buf, q, thread_rows(t)[0], t % 32, None)
+            write(regs, buf, q, thread_rows(t)[0], t % 32, None)
 
     @cuda.jit(device=True, forceinline=True)
     def tile(acc, buf0, t, barrier_id, tmap, row0, col0, stores):
-        regs = converted(acc)
+        regs = tuple_as_array(converted(acc))
         for q in range(SUBTILES):
             buf = buf0 + (stores % BUFFERS) * BUF_STRIDE
             acquire(t == 0, barrier_id)
@@ -272,7 +275,7 @@ def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None)
 
     @cuda.jit(device=True, forceinline=True)
     def tile_3d(acc, buf0, t, barrier_id, tmap, row0, col0, batch, stores):
-        regs = converted(acc)
+        regs = tuple_as_array(converted(acc))
         for q in range(SUBTILES):
             buf = buf0 + (stores % BUFFERS) * BUF_STRIDE
             acquire(t == 0, barrier_id)
@@ -288,8 +291,8 @@ def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None)
 
     direct = None if FP8 else _make_direct_store(n, out_dtype)  # (an fp8 element alone has no conversion)
 
-    return TileStore(n, out_dtype, buffers, COLS, SPAN, (ROWS, COLS), SPAN, BUFFERS * BUF_STRIDE, address, write, acquire,
-                     commit, commit_3d, tile, tile_3d, drain, direct)
+    return TileStore(n, out_dtype, buffers, COLS, SPAN, (ROWS, COLS), SPAN, BUFFERS * BUF_STRIDE, address, write,
+                     converted, write_tile, acquire, commit, commit_3d, tile, tile_3d, drain, direct)
 
 
 def _make_direct_store(n, out_dtype):

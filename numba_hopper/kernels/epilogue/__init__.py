@@ -82,7 +82,7 @@ from .store import EpilogueState, GuardedArgs, TileArgs, make_subtile_stores
 __all__ = ["EpilogueConfig", "EpilogueArgs", "ACTIVATIONS", "Epilogue", "EpilogueState", "make_epilogue",
            "epilogue_argument_type", "c_box_cols"]
 
-Epilogue = namedtuple("Epilogue", ["init", "start", "begin_tile", "store_tile", "drain"])
+Epilogue = namedtuple("Epilogue", ["init", "start", "begin_tile", "hold", "store_tile", "drain"])
 
 
 def make_epilogue(cfg) -> Epilogue:
@@ -95,9 +95,13 @@ def make_epilogue(cfg) -> Epilogue:
     - ``begin_tile(smem, c, tile, rows, state, tmap_c, params, ep) -> terms``: as the tile's main
       loop starts, the loads of the row and column terms of its 64-row block ``rows`` (the
       consumer's own, ``c.cw``, or with ping-pong either) and of its first C sub-tiles;
+    - ``hold(acc) -> held``: the accumulator tuple ``acc`` as a consumer holds it to store it
+      (with ``cfg.overlaps_store``, a plain 16-bit output's as packed pairs: half the
+      registers, while the next tile's first k-block runs);
     - ``store_tile(frag, smem, c, tile, rows, state, tmap_d, tmap_c, params, ep, terms) ->
       state``: the tile's 64-row block ``rows`` (the consumer's own, ``c.cw``, or with
-      ping-pong either) from the accumulator fragment ``frag`` to global memory;
+      ping-pong either) from ``frag`` (``tuple_as_array`` of the accumulator, or of ``hold``'s
+      tuple) to global memory;
     - ``drain(c, state, ep)``: wait for the consumer's last stores; with ``amax``, raise
       ``ep.amax`` to the warp's largest ``|value|``.
     """
@@ -116,7 +120,7 @@ def make_epilogue(cfg) -> Epilogue:
     init_c, load_c, c_f32_pair, c_quad = make_residual(cfg) if HAS_C else (None,) * 4
     tile_terms, stage_columns, column_terms, apply = epilogue_math(EPI, BN) if FUSED else (None,) * 4
     fused = make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad)
-    subtiles, guarded_subtiles, store_transposed = make_subtile_stores(cfg, fused, load_c)
+    hold, subtiles, guarded_subtiles, store_transposed = make_subtile_stores(cfg, fused, load_c)
 
     @cuda.jit(device=True, forceinline=True)
     def init(smem):
@@ -171,4 +175,4 @@ def make_epilogue(cfg) -> Epilogue:
             if c.lane == 0:
                 cuda.atomic.max(ep.amax, 0, m)
 
-    return Epilogue(init, start, begin_tile, store_tile, drain)
+    return Epilogue(init, start, begin_tile, hold, store_tile, drain)

@@ -34,7 +34,7 @@ TileArgs = namedtuple("TileArgs", ["frag", "smem", "c", "row0", "n0", "batch", "
 # element of the output matrix, row-major with N columns).
 GuardedArgs = namedtuple("GuardedArgs", TileArgs._fields + ("rows", "d"))
 
-SubtileStores = namedtuple("SubtileStores", ["subtiles", "guarded_subtiles", "transposed"])
+SubtileStores = namedtuple("SubtileStores", ["hold", "subtiles", "guarded_subtiles", "transposed"])
 
 
 def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
@@ -42,6 +42,10 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
     time, through the kit's tile store (:func:`~numba_hopper.kit.epilogue.make_tile_store`, with
     the fused epilogue's hooks ``fused``, a :class:`~.fragment.FusedPairs`):
 
+    - ``hold(acc) -> held``: a tile's accumulator tuple as a consumer holds it to store it
+      (``tuple_as_array(held)`` is the stores' fragment): ``acc``, or (``cfg.overlaps_store``
+      with a plain 16-bit output) its packed 16-bit pairs, in half the registers, while the
+      next tile's first k-block fills a fresh accumulator;
     - ``subtiles(state, ts: TileArgs) -> state``: each sub-tile written to one of the consumer's
       ``epi_buffers`` buffers, then stored by one TMA store (TMA clips what lies outside the
       tensor); with C, each C sub-tile's buffer is refilled (``load_c``) once every thread has
@@ -66,10 +70,18 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
     C_OFF, C_BAR_OFF, C_BUF = layout.c, layout.c_barriers, cfg.c_buf_bytes
     out_scale = fused.out_scale
     to_bits = f32_to_bf16 if OUT_T == "bf16" else f32_to_f16
+    HELD_PACKED = cfg.overlaps_store and not cfg.promoted  # (plain 16-bit: GemmConfig.overlaps_store)
     if cfg.out_major == "N":
         store = make_tile_store(BN, OUT_T, EPI_BUFS, cols=EPI_COLS, epilogue=fused.hooks)
         acquire, write, commit_3d, address = store.acquire, store.write, store.commit_3d, store.address
+        convert, write_converted = store.convert, store.write_converted
         assert store.span == cfg.epi_swizzle, cfg  # (the output tensor map's swizzle)
+
+    @cuda.jit(device=True, forceinline=True)
+    def hold(acc):
+        if HELD_PACKED:
+            return convert(acc)
+        return acc
 
     @cuda.jit(device=True, forceinline=True)
     def store_transposed(frag, smem, c, row0, n0, batch, tmap_d, state):
@@ -105,7 +117,11 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
                 nh.mbarrier_wait_parity(smem + C_BAR_OFF + 8 * slot, (stores // 2) % 2)
             at = _Subtile(smem + C_OFF + slot * C_BUF - buf, ts.row0, ts.n0 + q * EPI_COLS, ts.M, ts.N, ts.ep,
                           ts.terms[0], ts.terms[1], smem + VEC_OFF + c.cw * VEC_BYTES, out_scale(ts.ep))
-        amax = write(ts.frag, buf, q, c.row_in_wg, c.lane, at)
+        if HELD_PACKED:
+            write_converted(ts.frag, buf, q, c.t)
+            amax = state.amax
+        else:
+            amax = write(ts.frag, buf, q, c.row_in_wg, c.lane, at)
         commit_3d(buf, c.leader, OWN_BARRIER + c.cw, ts.tmap_d, ts.n0 + q * EPI_COLS, ts.row0, ts.batch)
         if HAS_C and c.leader and q + 2 < EPI_CHUNKS:  # every thread has read C sub-tile q: refill its buffer
             load_c(smem, c.cw, stores + 2, ts.tmap_c, ts.row0, ts.n0 + (q + 2) * EPI_COLS, ts.batch)
@@ -142,7 +158,7 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
     # plain kernel keeps its loop (LLVM unrolls it).
     subtiles = (_unrolled if FUSED else _looped)(store_subtile, EPI_CHUNKS)
     guarded_subtiles = (_unrolled if FUSED else _looped)(store_subtile_guarded, EPI_CHUNKS) if GROUPED else None
-    return SubtileStores(subtiles, guarded_subtiles, store_transposed)
+    return SubtileStores(hold, subtiles, guarded_subtiles, store_transposed)
 
 
 def _unrolled(step, n):

@@ -42,7 +42,7 @@ from ...kit.pipeline import TmaPipeline
 from ..gemm_config import GemmConfig
 from .issue import make_k_block, make_turns
 from .loads import ClusterCta, make_loads
-from .mma import chained_mma, pingpong_mma, plain_mma
+from .mma import chained_mma, pingpong_mma, plain_mma, plain_split_mma
 from .promoted import promoted_mma, promoted_pairs_mma
 
 __all__ = ["Mainloop", "ClusterCta", "make_mainloop"]
@@ -80,5 +80,7 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             start = finish = None
     else:
         variant = pingpong_mma if cfg.pingpong else chained_mma if cfg.acc_chains > 1 else plain_mma
-        mma, start, finish = variant(cfg, pipe, kb, turns), None, None
+        mma, (start, finish) = variant(cfg, pipe, kb, turns), (None, None)
+        if cfg.overlaps_store:
+            start, finish = plain_split_mma(cfg, pipe, kb, turns)
     return Mainloop(cluster_cta, prefetch, load, turns.begin, mma, start, finish)

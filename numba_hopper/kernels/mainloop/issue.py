@@ -102,23 +102,28 @@ def make_turns(cfg: GemmConfig) -> Turns:
     return Turns(begin, wait, pass_on)
 
 
-def k_loop(pipe, stage, debug, depth, issued):
+def k_loop(pipe, stage, debug, depth, issued, after_first=False):
     """``mma(acc, smem, bars, st, params, item, consumer, peers, tile) -> (acc, st)``: the
     consumer's K loop over the item's k-blocks, ``acc = stage(acc, smem, st, cw, first)`` on
     each (``acc``: whatever ``stage`` accumulates into). ``depth`` k-blocks' wgmmas stay in
     flight behind the one just issued: a slot is released once ``wgmma.wait_group(depth)``
     says the wgmmas that read it are done. ``issued(consumer)`` runs once the last k-block's
-    wgmmas are issued, before they are waited for."""
+    wgmmas are issued, before they are waited for. ``after_first``: the item's first k-block
+    is already issued into ``acc`` from slot ``st`` (a split loop's ``start``) and still in flight."""
     repeated = _repeat(depth)
+    FIRST = 1 if after_first else 0
 
     @cuda.jit(device=True, forceinline=True)
     def mma(acc, smem, bars, st, p, item, c, peers, tile):
         pending = repeated(st)  # the last ``depth`` slots issued, oldest first
+        if FIRST:  # (depth >= 1: the first k-block's slot is not released yet)
+            pending = pending[1:] + (st,)
+            st = pipe.advance(st)
         # A 32-bit count: numba's 64-bit loop index and compares cost each k-block of every
         # consumer warp a few more instructions. (A while loop on one counter saves 6 more, but
         # measured 1-6% slower on a cool GPU.)
         k_blocks = np.int32(item.k_end - item.k_begin)
-        for i in range(k_blocks):
+        for i in range(np.int32(FIRST), k_blocks):
             pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, item.k_begin + i) if debug else None)
             acc = stage(acc, smem, st, c.cw, i == 0)
             nh.wgmma_wait_group(depth)  # k-block i - depth is done reading its slot

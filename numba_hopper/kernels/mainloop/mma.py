@@ -1,5 +1,5 @@
 """The consumers' K loops of products that accumulate in the wgmmas' registers: one accumulator
-(:func:`plain_mma`), one per wgmma of a k-block (:func:`chained_mma`), and a whole 128-row tile
+(:func:`plain_mma`; split after the first k-block's issue, :func:`plain_split_mma`), one per wgmma of a k-block (:func:`chained_mma`), and a whole 128-row tile
 in a consumer's turn (:func:`pingpong_mma`)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from numba import cuda
 
 from ... import intrinsics as nh
 from ..gemm_config import GemmConfig
+from ...kit.pipeline import debug_site
 from .issue import KBlock, Turns, k_loop
 
-__all__ = ["plain_mma", "chained_mma", "pingpong_mma"]
+__all__ = ["plain_mma", "plain_split_mma", "chained_mma", "pingpong_mma"]
 
 
 def plain_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
@@ -23,6 +24,27 @@ def plain_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
         return issue(acc, descriptors(smem, st, cw), first)
 
     return k_loop(pipe, mma_stage, cfg.debug, cfg.mma_depth, turns.pass_on)
+
+
+def plain_split_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
+    """``(start, finish)``: :func:`plain_mma` split after the issue of the item's first k-block
+    (``cfg.overlaps_store``: the consumer stores the previous tile in between).
+    ``start(acc, smem, bars, st, p, item, c) -> acc`` issues it into ``acc``, started afresh;
+    ``finish(acc, smem, bars, st, p, item, c, peers, tile) -> (acc, st)`` runs the rest of the
+    K loop, that k-block's slot in flight."""
+    issue, descriptors = kb.issue, kb.descriptors
+    DEBUG = cfg.debug
+
+    @cuda.jit(device=True, forceinline=True)
+    def start(acc, smem, bars, st, p, item, c):
+        pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, item.k_begin) if DEBUG else None)
+        return issue(acc, descriptors(smem, st, c.cw), True)
+
+    @cuda.jit(device=True, forceinline=True)
+    def mma_stage(acc, smem, st, cw, first):
+        return issue(acc, descriptors(smem, st, cw), first)
+
+    return start, k_loop(pipe, mma_stage, DEBUG, cfg.mma_depth, turns.pass_on, after_first=True)
 
 
 def chained_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
