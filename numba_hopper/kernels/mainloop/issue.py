@@ -15,7 +15,7 @@ from ...kit.layouts import make_descriptors, make_mma
 from ...kit.pipeline import debug_site
 from ..gemm_config import WG_ROWS, GemmConfig
 
-__all__ = ["KBlock", "make_k_block", "Turns", "make_turns", "k_loop"]
+__all__ = ["KBlock", "make_k_block", "Turns", "make_turns", "k_loop", "first_k_block_start"]
 
 KBlock = namedtuple("KBlock", ["steps", "descriptors", "k_step", "issue"])
 Turns = namedtuple("Turns", ["begin", "wait", "pass_on"])
@@ -139,6 +139,22 @@ def k_loop(pipe, stage, debug, depth, issued, after_first=False):
         return acc, st
 
     return mma
+
+
+def first_k_block_start(pipe, kb: KBlock, issue, debug):
+    """``start(acc, smem, bars, st, params, item, consumer) -> acc`` of a K loop split after the
+    item's first k-block (``cfg.overlaps_store``: the consumer stores the previous tile before
+    the rest, :func:`k_loop` with ``after_first``): once that k-block's slot is full, its wgmmas
+    issued into ``acc``, a fresh accumulator, by ``issue(acc, descs, consumer)`` (``descs``: the
+    slot's descriptors for the consumer's rows)."""
+    descriptors = kb.descriptors
+
+    @cuda.jit(device=True, forceinline=True)
+    def start(acc, smem, bars, st, p, item, c):
+        pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, item.k_begin) if debug else None)
+        return issue(acc, descriptors(smem, st, c.cw), c)
+
+    return start
 
 
 def _repeat(n):

@@ -8,22 +8,26 @@ from numba import cuda
 
 from ... import intrinsics as nh
 from ..gemm_config import GemmConfig
-from ...kit.pipeline import debug_site
-from .issue import KBlock, Turns, k_loop
+from .issue import KBlock, Turns, first_k_block_start, k_loop
 
 __all__ = ["plain_mma", "plain_split_mma", "chained_mma", "pingpong_mma"]
 
 
-def plain_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
-    """``mma``: the k-blocks' wgmmas into the consumer's accumulator, ``cfg.mma_depth`` of them
-    in flight behind the one just issued."""
+def _plain_stage(kb: KBlock):
+    """``stage(acc, smem, st, cw, first) -> acc``: a k-block's wgmmas into the consumer's accumulator."""
     issue, descriptors = kb.issue, kb.descriptors
 
     @cuda.jit(device=True, forceinline=True)
     def mma_stage(acc, smem, st, cw, first):
         return issue(acc, descriptors(smem, st, cw), first)
 
-    return k_loop(pipe, mma_stage, cfg.debug, cfg.mma_depth, turns.pass_on)
+    return mma_stage
+
+
+def plain_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
+    """``mma``: the k-blocks' wgmmas into the consumer's accumulator, ``cfg.mma_depth`` of them
+    in flight behind the one just issued."""
+    return k_loop(pipe, _plain_stage(kb), cfg.debug, cfg.mma_depth, turns.pass_on)
 
 
 def plain_split_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
@@ -32,19 +36,14 @@ def plain_split_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
     ``start(acc, smem, bars, st, p, item, c) -> acc`` issues it into ``acc``, started afresh;
     ``finish(acc, smem, bars, st, p, item, c, peers, tile) -> (acc, st)`` runs the rest of the
     K loop, that k-block's slot in flight."""
-    issue, descriptors = kb.issue, kb.descriptors
-    DEBUG = cfg.debug
+    issue = kb.issue
 
     @cuda.jit(device=True, forceinline=True)
-    def start(acc, smem, bars, st, p, item, c):
-        pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, item.k_begin) if DEBUG else None)
-        return issue(acc, descriptors(smem, st, c.cw), True)
+    def issue_afresh(acc, descs, c):
+        return issue(acc, descs, True)
 
-    @cuda.jit(device=True, forceinline=True)
-    def mma_stage(acc, smem, st, cw, first):
-        return issue(acc, descriptors(smem, st, cw), first)
-
-    return start, k_loop(pipe, mma_stage, DEBUG, cfg.mma_depth, turns.pass_on, after_first=True)
+    return (first_k_block_start(pipe, kb, issue_afresh, cfg.debug),
+            k_loop(pipe, _plain_stage(kb), cfg.debug, cfg.mma_depth, turns.pass_on, after_first=True))
 
 
 def chained_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):

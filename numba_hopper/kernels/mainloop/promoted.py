@@ -29,7 +29,7 @@ from ... import intrinsics as nh
 from ...kit.fragments import row_half
 from ...kit.pipeline import debug_site
 from ..gemm_config import KBLOCK_SCALE, WG_ROWS, GemmConfig
-from .issue import KBlock, Turns
+from .issue import KBlock, Turns, first_k_block_start
 
 __all__ = ["PromotedMma", "promoted_mma", "promoted_pairs_mma", "SCALE_AHEAD"]
 
@@ -359,13 +359,7 @@ def _first_k_block(cfg: GemmConfig, pipe, kb: KBlock, take_turn):
       stored, that k-block waited for and copied into the fresh ``sums``, its slot released:
       the ring's next slot.
     """
-    DEBUG, HALF = cfg.debug, cfg.block_n // 2
-    stage_descriptors = kb.descriptors
-
-    @cuda.jit(device=True, forceinline=True)
-    def start(acc, smem, bars, st, p, item, c):
-        pipe.consumer_wait(bars, st, debug_site(p.debug_record, item.tile, item.k_begin) if DEBUG else None)
-        return take_turn(acc, stage_descriptors(smem, st, c.cw), c)
+    HALF = cfg.block_n // 2
 
     @cuda.jit(device=True, forceinline=True)
     def promote_first(sums, acc, bars, st, c, peers):
@@ -378,7 +372,7 @@ def _first_k_block(cfg: GemmConfig, pipe, kb: KBlock, take_turn):
             sums[e] = part[e]
         return acc, pipe.advance(st)
 
-    return start, promote_first
+    return first_k_block_start(pipe, kb, take_turn, cfg.debug), promote_first
 
 
 def _repeated(step, n):
