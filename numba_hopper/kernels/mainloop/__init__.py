@@ -22,7 +22,9 @@ producer that writes into it.
 
 The consumers' variants, one each:
 
-- one accumulator (the default), or one per wgmma of a k-block (``cfg.acc_chains``): :mod:`.mma`;
+- one accumulator (the default; split after an item's first k-block where the previous tile
+  is stored behind it, ``cfg.overlaps_store``), or one per wgmma of a k-block
+  (``cfg.acc_chains``): :mod:`.mma`;
 - ping-pong (``cfg.pingpong``): a consumer issues both 64-row halves of a whole tile, in turns
   with the other consumer, and passes over the other's k-blocks in the ring: :mod:`.mma`;
 - fp8 promotion (``cfg.promoted``): each k-block's product is waited for and added into an f32
@@ -80,7 +82,6 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
             start = finish = None
     else:
         variant = pingpong_mma if cfg.pingpong else chained_mma if cfg.acc_chains > 1 else plain_mma
-        mma, (start, finish) = variant(cfg, pipe, kb, turns), (None, None)
-        if cfg.overlaps_store:
-            start, finish = plain_split_mma(cfg, pipe, kb, turns)
+        mma = variant(cfg, pipe, kb, turns)
+        start, finish = plain_split_mma(cfg, pipe, kb, turns) if cfg.overlaps_store else (None, None)
     return Mainloop(cluster_cta, prefetch, load, turns.begin, mma, start, finish)

@@ -1,6 +1,7 @@
 """The consumers' K loops of products that accumulate in the wgmmas' registers: one accumulator
-(:func:`plain_mma`; split after the first k-block's issue, :func:`plain_split_mma`), one per wgmma of a k-block (:func:`chained_mma`), and a whole 128-row tile
-in a consumer's turn (:func:`pingpong_mma`)."""
+(:func:`plain_mma`; split after the first k-block's issue, :func:`plain_split_mma`), one per
+wgmma of a k-block (:func:`chained_mma`), and a whole 128-row tile in a consumer's turn
+(:func:`pingpong_mma`)."""
 
 from __future__ import annotations
 
