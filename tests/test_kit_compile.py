@@ -217,6 +217,35 @@ def test_tile_store(n, dtype, stsm, sts64, stores):
     assert r.count("UTMASTG") == stores and r.count("BAR.SYNC") == 2 * stores, r.opcodes
 
 
+@pytest.mark.parametrize("n, dtype, stsm, sts64, stores, packs", [(256, "bf16", 16, 0, 4, 64), (64, "f32", 0, 16, 2, 0)])
+def test_tile_store_writes_a_held_tile(n, dtype, stsm, sts64, stores, packs):
+    """``convert`` holds a 16-bit tile as packed pairs (one cvt per pair, F2FP), an f32 one as it
+    is; ``write_converted`` stores what it holds a sub-tile at a time, as ``tile`` does."""
+    store = make_tile_store(n, dtype, buffers=2)
+    stride = store.buffer_bytes // store.buffers
+
+    @cuda.jit(launch_bounds=(128, 1))
+    def kernel(map_out, x):
+        t = np.int32(cuda.threadIdx.x)
+        acc = nh.wgmma_accumulator(n, "f32")
+        frag = nh.tuple_as_array(acc)
+        for r in range(n // 2):
+            frag[r] = x[r]
+        held = store.convert(nh.array_as_tuple(frag, acc))
+        buf0 = nh.dynamic_shared_base()
+        for q in range(n // store.cols):
+            buf = buf0 + (q % 2) * stride
+            store.acquire(t == 0, 1)
+            store.write_converted(nh.tuple_as_array(held), buf, q, t)
+            store.commit(buf, t == 0, 1, nh.tensormap_param_address(map_out), q * store.cols, 64)
+        store.drain(t)
+
+    r = inspect_kernel(kernel, (TENSORMAP_ARG, types.float32[::1]))
+    _clean(r)
+    assert r.count("F2FP") == packs and r.count("STSM") == stsm and r.count("STS.64") == sts64, r.opcodes
+    assert r.count("UTMASTG") == stores and r.count("BAR.SYNC") == 2 * stores, r.opcodes
+
+
 SCHED = make_tile_scheduler(128, 256, raster="grouped", group_m=8)
 LINEAR = make_tile_scheduler(128, 128, raster="linear")
 
