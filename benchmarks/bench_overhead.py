@@ -11,7 +11,10 @@ Cases (bf16, M = N = K = 256, so the host, not the GPU, sets the pace):
   vs ``F.gelu(torch.addmm(bias, a, b), approximate="tanh")``;
 - "out=, same operands":       ``gemm(a, b, out=c)`` vs ``torch.matmul(a, b, out=c)``;
 - "torch op: linear, fresh x":  the PyTorch custom op path, ``numba_hopper.torch.linear(x, w)``
-  (dispatcher, autograd key, ``numba_hopper::gemm``) vs ``F.linear(x, w)``, a new ``x`` each call.
+  (dispatcher, autograd key, ``numba_hopper::gemm``) vs ``F.linear(x, w)``, a new ``x`` each call;
+- "compiled graph's call":      what a ``torch.compile`` graph's wrapper calls for a product,
+  ours lowered (``numba_hopper.torch._lowering.numba_hopper_mm``) vs Inductor's
+  ``extern_kernels.mm`` (``torch.mm(a, b, out=c)``), 64 operand pairs cycled into one ``out``.
 
 Each figure is the host time of ``--calls`` back-to-back calls (no synchronization inside,
 the garbage collector paused, as ``timeit`` does) divided by the count; the two libraries
@@ -44,6 +47,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import numba_hopper  # noqa: E402
 import numba_hopper.torch as nht  # noqa: E402
+from numba_hopper.torch._lowering import numba_hopper_mm  # noqa: E402
 
 N = 256
 PAIRS = 64
@@ -81,6 +85,8 @@ def _cases(calls):
             lambda i: F.gelu(torch.addmm(bias, *pairs[i % PAIRS]), approximate="tanh")),
         "out=, same operands": (lambda i: numba_hopper.gemm(a, b, out=c), lambda i: torch.matmul(a, b, out=c)),
         "torch op: linear, fresh x": (lambda i: nht.linear(xs[i], weight), lambda i: F.linear(xs[i], weight)),
+        "compiled graph's call": (lambda i: numba_hopper_mm(*pairs[i % PAIRS], sustained=False, out=c),
+                                  lambda i: torch.mm(*pairs[i % PAIRS], out=c)),
     }
 
 
