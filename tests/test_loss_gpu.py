@@ -219,6 +219,25 @@ def test_add_embedding_rows_never_waits_for_the_gpu():
     assert rel_error(got.cpu(), ref) < 1e-6
 
 
+@pytest.mark.parametrize("n", [1, 7, 127, 129, 1000, 8192, 8193])
+def test_lookups_sort_stably_by_id(n):
+    """The lookups sorted in one CTA (``kernels.embedding_grad.sort_lookups``; past its capacity,
+    ``torch.sort``) as ``torch.sort(stable=True)`` sorts them, ids outside the table as its
+    row count (which the kernel that adds the rows skips)."""
+    from numba_hopper.torch._embedding_grad import _sorted_lookups
+
+    rows = 5000
+    ids = torch.randint(-2, rows + 3, (n,), device="cuda")
+    ids[: n // 2] = ids[0]  # a repeated id
+    sorted_ids, order = _sorted_lookups(ids, rows)
+    inside = torch.where((ids >= 0) & (ids < rows), ids, rows)
+    want_ids, want_order = torch.sort(inside, stable=True)
+    if n > 8192:  # (torch.sort keeps the ids outside the table as they are)
+        want_ids, want_order = torch.sort(ids.to(torch.int32), stable=True)
+    assert sorted_ids.dtype == torch.int32 and order.dtype == torch.int64
+    assert torch.equal(sorted_ids.long(), want_ids.long()) and torch.equal(order, want_order)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("width", [1, 7, 127, 129, 1000, 2560])
 def test_add_embedding_rows_against_float64(dtype, width):

@@ -345,6 +345,15 @@ def test_add_rows_kernel_compiles_without_spills(dtype):
         r.summary()
 
 
+def test_sort_lookups_compiles_to_shared_memory_without_spills():
+    from numba_hopper.kernels.embedding_grad import sort_lookups
+    from numba_hopper.tools.sass import inspect_kernel
+
+    r = inspect_kernel(sort_lookups, "void(int64[::1], int64, int64, int64, int32[::1], int64[::1])")
+    assert r.spill_bytes == 0 and r.stack_frame == 0 and "CALL" not in r.sass, r.summary()
+    assert r.count("LDS") and r.count("STS") and r.count("BAR.SYNC"), r.summary()  # the keys stay on chip
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("training_config", ["sustained", None])
 def test_eager_training_products_take_the_training_tiles(double, monkeypatch, training_config):

@@ -1,6 +1,15 @@
 """An embedding's weight gradient: the looked-up rows' float32 gradients added into a 16-bit
-table, one CTA per distinct id and column span.
+table, one CTA per distinct id and column span, after a sort of the lookups by id.
 
+- ``sort_lookups``: ``sort_lookups(ids, rows, position_bits, size, sorted_ids, order)``: the
+  lookups' ids sorted stably, in one CTA: each lookup's key ``id << position_bits | position``
+  (an id outside ``[0, rows)`` as ``rows``, which ``add_rows`` skips) is unique, so a bitonic
+  sort of the keys in shared memory (``size``, a power of two of at most ``SORT_CAPACITY``,
+  padded with the largest key) is stable; ``sorted_ids`` (int32) and ``order`` (int64) get
+  their ids and positions. One launch: the host's cost of a step's sort is what it saves over
+  ``torch.sort``, whose launches and allocations cost a compiled step more host time than the
+  rest of the embedding gradient. Keys of more than 32 bits, or more than ``SORT_CAPACITY``
+  lookups, take ``torch.sort`` (``torch._embedding_grad``).
 - ``add_rows_kernel(dtype)``: ``add_rows(out, rows, width, sorted_ids, order, values)``: for each
   distinct id ``i`` of ``sorted_ids`` in ``[0, rows)``,
   ``out[i] = round(out[i] + sum(values[order[j]] for j where sorted_ids[j] == i))``, the sum in
@@ -26,13 +35,53 @@ from numba import cuda
 
 from .. import intrinsics as nh
 
-__all__ = ["THREADS", "COLUMNS", "LOOKUPS", "column_spans", "add_rows_kernel"]
+__all__ = ["THREADS", "COLUMNS", "LOOKUPS", "SORT_THREADS", "SORT_CAPACITY", "column_spans", "sort_lookups",
+           "add_rows_kernel"]
 
 THREADS = 128
 COLUMNS = 4  # columns a thread sums, THREADS apart
 LOOKUPS = 4  # rows of one id a thread loads at once
 _SPAN = THREADS * COLUMNS
 _ZERO = np.float32(0)
+
+
+SORT_THREADS = 1024
+SORT_CAPACITY = 8192  # keys a CTA sorts: 32 KB of shared memory
+_PAD = np.uint32(0xFFFFFFFF)
+
+
+@cuda.jit
+def sort_lookups(ids, rows, position_bits, size, sorted_ids, order):
+    keys = cuda.shared.array(SORT_CAPACITY, np.uint32)
+    t = cuda.threadIdx.x
+    n = ids.shape[0]
+    for i in range(t, size, SORT_THREADS):
+        key = _PAD
+        if i < n:
+            row = ids[i]
+            if row < 0 or row >= rows:
+                row = rows
+            key = np.uint32((row << position_bits) | i)
+        keys[i] = key
+    cuda.syncthreads()
+    k = 2
+    while k <= size:  # bitonic: runs of k sorted, alternately ascending and descending, then merged
+        j = k >> 1
+        while j > 0:
+            for i in range(t, size, SORT_THREADS):
+                partner = i ^ j
+                if partner > i:
+                    a, b = keys[i], keys[partner]
+                    if ((i & k) == 0) == (a > b):
+                        keys[i], keys[partner] = b, a
+            cuda.syncthreads()
+            j >>= 1
+        k <<= 1
+    position_mask = np.uint32((1 << position_bits) - 1)
+    for i in range(t, n, SORT_THREADS):
+        key = keys[i]
+        sorted_ids[i] = np.int32(key >> np.uint32(position_bits))
+        order[i] = np.int64(key & position_mask)
 
 
 def column_spans(width: int) -> int:

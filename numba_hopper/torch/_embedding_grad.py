@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.embedding_grad import THREADS, add_rows_kernel, column_spans
+from ..kernels.embedding_grad import (SORT_CAPACITY, SORT_THREADS, THREADS, add_rows_kernel, column_spans,
+                                      sort_lookups)
 from . import ops
 from ._launch import KERNEL_DTYPES, launch
 
@@ -37,18 +38,19 @@ def add_embedding_rows(out, ids, values, mask=None):
     ``mask`` (one value per id) is False, that lookup adds nothing. The sums are float32 and
     each touched row of ``out`` is rounded once; repeated ids add in a fixed order (by
     position), so the result does not depend on the run. Nothing waits for the GPU. A 16-bit
-    table on the GPU takes one sort and one kernel (``kernels.embedding_grad``); others, PyTorch's
+    table on the GPU takes a sort and one kernel (``kernels.embedding_grad``); others, PyTorch's
     operators."""
     ids = ids.reshape(-1)
     values = values.reshape(ids.numel(), out.shape[1])
     if out.is_cuda and out.dtype in KERNEL_DTYPES and out.is_contiguous():
+        n = ids.numel()
+        if not (n and out.shape[1]):
+            return out
         if mask is not None:  # (a masked lookup's id out of range: the kernel skips it)
             ids = torch.where(mask.reshape(-1), ids, -1)
-        sorted_ids, order = torch.sort(ids.to(torch.int32), stable=True)
-        if ids.numel() and out.shape[1]:
-            launch(add_rows_kernel(KERNEL_DTYPES[out.dtype]), out.device, (ids.numel(), column_spans(out.shape[1])),
-                   THREADS, out.data_ptr(), out.shape[0], out.shape[1], sorted_ids, order,
-                   values.float().contiguous())
+        sorted_ids, order = _sorted_lookups(ids, out.shape[0])
+        launch(add_rows_kernel(KERNEL_DTYPES[out.dtype]), out.device, (n, column_spans(out.shape[1])), THREADS,
+               out.data_ptr(), out.shape[0], out.shape[1], sorted_ids, order, values.float().contiguous())
         return out
     if mask is not None:
         mask = mask.reshape(-1)
@@ -63,6 +65,20 @@ def add_embedding_rows(out, ids, values, mask=None):
     rows = (out.index_select(0, sorted_ids).float() + sums.index_select(0, segment)).to(out.dtype)
     out.index_put_((sorted_ids,), rows)  # a repeated id writes its row's one value again
     return out
+
+
+def _sorted_lookups(ids, rows):
+    """``(sorted ids as int32, their positions)``: the lookups ``ids`` (a CUDA vector) sorted
+    stably by id, in one CTA (``kernels.embedding_grad.sort_lookups``) where their keys fit 32
+    bits and its shared memory, else by ``torch.sort``."""
+    n = ids.numel()
+    position_bits = max(1, (n - 1).bit_length())
+    if n > SORT_CAPACITY or (rows << position_bits | (n - 1)) >= 0xFFFFFFFF:
+        return torch.sort(ids.to(torch.int32), stable=True)
+    sorted_ids, order = ids.new_empty(n, dtype=torch.int32), ids.new_empty(n, dtype=torch.int64)
+    launch(sort_lookups, ids.device, 1, SORT_THREADS, ids, rows, position_bits, 1 << position_bits, sorted_ids,
+           order)
+    return sorted_ids, order
 
 
 def _embedding_grad_impl(ids, values, mask, rows, dtype):

@@ -107,7 +107,7 @@ def _grad_impl(logits, target, ignore_index, lse, d_rows):
     if not logits.numel():
         return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     logits = _streamable(logits)
-    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    grad = torch.empty_like(logits)  # (contiguous, as logits now are)
     launch(grad_kernel(KERNEL_DTYPES[logits.dtype]), logits.device, logits.shape[0], THREADS, logits.data_ptr(),
            grad.data_ptr(), logits.shape[1], target, ignore_index, lse, d_rows.float().contiguous())
     return grad
