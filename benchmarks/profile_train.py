@@ -20,8 +20,10 @@ alternating, medians:
 If ``device`` is the gap, the kernels are slower; if ``sync`` exceeds ``device``, the GPU waited
 for the host. (An eager transformers forward without an attention mask reads a device value
 once, ``find_packed_sequence_indices``: there ``host`` includes the sleep.) ``--cprofile N``
-then prints the N functions of most own host time in one step of each side (``cProfile``; a
-wait for the GPU shows as the synchronizing call), for where ours spends the host's time. ``--sustained S`` runs each side's steps back to back for S seconds
+then prints the N functions of most own host time a step of each side, in microseconds, with
+their cumulative time and calls a step (``cProfile`` over ``PROFILED_STEPS`` steps, each behind a
+GPU sleep; a wait for the GPU shows as the synchronizing call; Python functions read high, by
+the profiler's own cost a call), for where ours spends the host's time. ``--sustained S`` runs each side's steps back to back for S seconds
 (after one unmeasured run that warms the card up; ``SUSTAINED_ROUNDS`` alternating rounds,
 medians) with ``nvidia-smi`` sampling board power and SM clock (``bench_sustained.py``'s
 sampler): at the power limit a step's time is its energy over the limit, and a step that spends
@@ -56,6 +58,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 
 SUSTAINED_ROUNDS = 4
+PROFILED_STEPS = 10  # --cprofile: steps profiled a side
 SLEEP_CYCLES = 200_000_000  # ~100 ms at the H200's clock: longer than a step's host time
 GAP_US = 5  # idle intervals shorter than this are launch spacing, not waits
 
@@ -181,12 +184,19 @@ def main():
             print(f"sustained {name:5s} {ms:8.2f} ms a step  {watts:6.1f} W  {mhz:5.0f} MHz  "
                   f"J a step {watts * ms / 1e3:.2f}  Mcycles a step {ms * mhz / 1e3:.1f}")
     for name, step in steps.items() if args.cprofile else ():
-        print(f"== {name}: one step's host time by function (own time)")
+        print(f"== {name}: host time a step by function, over {PROFILED_STEPS} steps (us; own time first)")
         profile = cProfile.Profile()
+        for _ in range(PROFILED_STEPS):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(SLEEP_CYCLES)  # (nothing waits for the GPU)
+            profile.runcall(step)
         torch.cuda.synchronize()
-        profile.runcall(step)
-        torch.cuda.synchronize()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(args.cprofile)
+        rows = sorted(((own, cumulative, calls, f"{file}:{line}({function})")
+                       for (file, line, function), (_, calls, own, cumulative, _) in pstats.Stats(profile).stats.items()),
+                      reverse=True)
+        for own, cumulative, calls, where in rows[:args.cprofile]:
+            print(f"{own / PROFILED_STEPS * 1e6:9.1f} {cumulative / PROFILED_STEPS * 1e6:9.1f} "
+                  f"{calls / PROFILED_STEPS:6.1f}  {where}")
 
 
 if __name__ == "__main__":
