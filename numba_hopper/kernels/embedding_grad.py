@@ -1,15 +1,8 @@
 """An embedding's weight gradient: the looked-up rows' float32 gradients added into a 16-bit
 table, one CTA per distinct id and column span, after a sort of the lookups by id.
 
-- ``sort_lookups``: ``sort_lookups(ids, rows, position_bits, size, sorted_ids, order)``: the
-  lookups' ids sorted stably, in one CTA: each lookup's key ``id << position_bits | position``
-  (an id outside ``[0, rows)`` as ``rows``, which ``add_rows`` skips) is unique, so a bitonic
-  sort of the keys in shared memory (``size``, a power of two of at most ``SORT_CAPACITY``,
-  padded with the largest key) is stable; ``sorted_ids`` (int32) and ``order`` (int64) get
-  their ids and positions. One launch, where ``torch.sort`` and the ids' conversion took several
-  launches and allocations, 0.2 ms of a compiled step's host time for a few thousand ids. Keys
-  of more than 32 bits, or more than ``SORT_CAPACITY`` lookups, take ``torch.sort``
-  (``torch._embedding_grad``).
+- ``sort_lookups(ids, rows, position_bits, size, sorted_ids, order)``: the lookups' ids sorted
+  stably in one CTA, one launch (its docstring).
 - ``add_rows_kernel(dtype)``: ``add_rows(out, rows, width, sorted_ids, order, values)``: for each
   distinct id ``i`` of ``sorted_ids`` in ``[0, rows)``,
   ``out[i] = round(out[i] + sum(values[order[j]] for j where sorted_ids[j] == i))``, the sum in
@@ -52,6 +45,13 @@ _PAD = np.uint32(0xFFFFFFFF)
 
 @cuda.jit
 def sort_lookups(ids, rows, position_bits, size, sorted_ids, order):
+    """One CTA of ``SORT_THREADS``: each lookup's key ``id << position_bits | position`` (an id
+    outside ``[0, rows)`` as ``rows``, which ``add_rows`` skips) is unique, so a bitonic sort of
+    the keys in shared memory (``size``, a power of two of at most ``SORT_CAPACITY``, padded with
+    the largest key) is stable; ``sorted_ids`` (int32) and ``order`` (int64) get their ids and
+    positions. One launch, where ``torch.sort`` and the ids' conversion took several launches and
+    allocations, 0.2 ms of a compiled step's host time for a few thousand ids. Keys of more than
+    32 bits, or more than ``SORT_CAPACITY`` lookups, take ``torch.sort`` (``torch._embedding_grad``)."""
     keys = cuda.shared.array(SORT_CAPACITY, np.uint32)
     t = cuda.threadIdx.x
     n = ids.shape[0]
