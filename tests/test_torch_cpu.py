@@ -427,6 +427,18 @@ class _SwiGLU(torch.nn.Module):
         return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def test_inductor_cache_keys_graphs_by_the_files_their_code_calls(monkeypatch):
+    """A graph compiled through the post-grad pass is cached under a key of the pass's ``uuid``,
+    which hashes every file whose functions the graph's code calls or whose operators it holds
+    (the lowering's direct calls included): a cached graph of another version is not reused."""
+    from numba_hopper.torch import _embedding_grad, _lowering, _post_grad, ops
+
+    hashed = []
+    monkeypatch.setattr(_post_grad, "get_hash_for_files", lambda files: hashed.extend(files) or "hash")
+    assert _post_grad.PostGradPass().uuid()[0] == "hash"
+    assert set(hashed) == {m.__file__ for m in (_post_grad, ops, _embedding_grad, _lowering)}, hashed
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_inductor_fuses_a_gated_mlp_into_one_gemm(double, dynamic):
     """Under torch.no_grad() Inductor's post-grad pass (``_post_grad``) puts one gated GEMM in place of

@@ -36,6 +36,12 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from ..matmul.heuristics import SUSTAINED
 from . import training
 
+# What a graph compiled through the pass depends on beyond its own operators, so Inductor's cache
+# keys a cached graph by these files: this pass, the autograd formulas whose products it sees
+# (ops.py), the operators it puts in (_embedding_grad.py) and the calls that the lowering writes
+# into the graph's code (_lowering.py). A cached graph made by another version of any of them
+# would call that version's functions.
+CACHE_KEY_FILES = ("_post_grad.py", "ops.py", "_embedding_grad.py", "_lowering.py")
 aten, prims = torch.ops.aten, torch.ops.prims
 _VIEWS = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
 _CONVERT = prims.convert_element_type.default
@@ -59,9 +65,8 @@ class PostGradPass(CustomGraphPass):
 
     def uuid(self):
         other = self.then.uuid() if isinstance(self.then, CustomGraphPass) else None
-        # (the graphs it sees hold what ops' formulas traced: a cached graph is keyed by both files)
-        return get_hash_for_files((__file__, str(pathlib.Path(__file__).with_name("ops.py")))), other, \
-            training.GEMM_CONFIG
+        return get_hash_for_files(tuple(str(pathlib.Path(__file__).with_name(name)) for name in CACHE_KEY_FILES)), \
+            other, training.GEMM_CONFIG
 
 
 def plain_products_to_mm(graph: torch.fx.Graph) -> int:
