@@ -219,7 +219,7 @@ def test_add_embedding_rows_never_waits_for_the_gpu():
     assert rel_error(got.cpu(), ref) < 1e-6
 
 
-@pytest.mark.parametrize("n", [1, 7, 127, 129, 1000, 8192, 8193])
+@pytest.mark.parametrize("n", [1, 7, 127, 129, 1000, 1025, 2048, 5000, 8192, 8193])
 def test_lookups_sort_stably_by_id(n):
     """The lookups sorted in one CTA (``kernels.embedding_grad.sort_lookups``; past its capacity,
     ``torch.sort``) as ``torch.sort(stable=True)`` sorts them, ids outside the table as its

@@ -345,13 +345,17 @@ def test_add_rows_kernel_compiles_without_spills(dtype):
         r.summary()
 
 
-def test_sort_lookups_compiles_to_shared_memory_without_spills():
-    from numba_hopper.kernels.embedding_grad import sort_lookups
+@pytest.mark.parametrize("slots", [1, 8])
+def test_sort_lookups_keeps_its_keys_in_registers_without_spills(slots):
+    """A thread's keys stay in registers: exchanged within a warp by shuffles, across warps
+    through shared memory."""
+    from numba_hopper.kernels.embedding_grad import sort_lookups_kernel
     from numba_hopper.tools.sass import inspect_kernel
 
-    r = inspect_kernel(sort_lookups, "void(int64[::1], int64, int64, int64, int32[::1], int64[::1])")
+    r = inspect_kernel(sort_lookups_kernel(slots), "void(int64[::1], int64, int64, int32[::1], int64[::1])")
     assert r.spill_bytes == 0 and r.stack_frame == 0 and "CALL" not in r.sass, r.summary()
-    assert r.count("LDS") and r.count("STS") and r.count("BAR.SYNC"), r.summary()  # the keys stay on chip
+    assert r.count("SHFL.BFLY") >= slots and r.count("LDS") and r.count("STS") and r.count("BAR.SYNC"), r.summary()
+    assert not r.count("LDL") and not r.count("STL"), r.summary()
 
 
 @pytest.mark.long

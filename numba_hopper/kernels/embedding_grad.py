@@ -1,8 +1,8 @@
 """An embedding's weight gradient: the looked-up rows' float32 gradients added into a 16-bit
 table, one CTA per distinct id and column span, after a sort of the lookups by id.
 
-- ``sort_lookups(ids, rows, position_bits, size, sorted_ids, order)``: the lookups' ids sorted
-  stably in one CTA, one launch (its docstring).
+- ``sort_lookups_kernel(slots)``: ``sort_lookups(ids, rows, position_bits, sorted_ids, order)``,
+  the lookups' ids sorted stably in one CTA, one launch (its docstring).
 - ``add_rows_kernel(dtype)``: ``add_rows(out, rows, width, sorted_ids, order, values)``: for each
   distinct id ``i`` of ``sorted_ids`` in ``[0, rows)``,
   ``out[i] = round(out[i] + sum(values[order[j]] for j where sorted_ids[j] == i))``, the sum in
@@ -28,8 +28,8 @@ from numba import cuda
 
 from .. import intrinsics as nh
 
-__all__ = ["THREADS", "COLUMNS", "LOOKUPS", "SORT_THREADS", "SORT_CAPACITY", "column_spans", "sort_lookups",
-           "add_rows_kernel"]
+__all__ = ["THREADS", "COLUMNS", "LOOKUPS", "SORT_THREADS", "SORT_CAPACITY", "column_spans", "sort_slots",
+           "sort_lookups_kernel", "add_rows_kernel"]
 
 THREADS = 128
 COLUMNS = 4  # columns a thread sums, THREADS apart
@@ -41,47 +41,115 @@ _ZERO = np.float32(0)
 SORT_THREADS = 1024
 SORT_CAPACITY = 8192  # keys a CTA sorts: 32 KB of shared memory
 _PAD = np.uint32(0xFFFFFFFF)
+_ALL_LANES = 0xFFFFFFFF
 
 
-@cuda.jit
-def sort_lookups(ids, rows, position_bits, size, sorted_ids, order):
-    """One CTA of ``SORT_THREADS``: each lookup's key ``id << position_bits | position`` (an id
-    outside ``[0, rows)`` as ``rows``, which ``add_rows`` skips) is unique, so a bitonic sort of
-    the keys in shared memory (``size``, a power of two of at most ``SORT_CAPACITY``, padded with
-    the largest key) is stable; ``sorted_ids`` (int32) and ``order`` (int64) get their ids and
-    positions. One launch, where ``torch.sort`` and the ids' conversion took several launches and
-    allocations, 0.2 ms of a compiled step's host time for a few thousand ids. Keys of more than
-    32 bits, or more than ``SORT_CAPACITY`` lookups, take ``torch.sort`` (``torch._embedding_grad``)."""
-    keys = cuda.shared.array(SORT_CAPACITY, np.uint32)
-    t = cuda.threadIdx.x
-    n = ids.shape[0]
-    for i in range(t, size, SORT_THREADS):
-        key = _PAD
-        if i < n:
-            row = ids[i]
-            if row < 0 or row >= rows:
-                row = rows
-            key = np.uint32((row << position_bits) | i)
-        keys[i] = key
-    cuda.syncthreads()
-    k = 2
-    while k <= size:  # bitonic: runs of k sorted, alternately ascending and descending, then merged
-        j = k >> 1
-        while j > 0:
-            for i in range(t, size, SORT_THREADS):
-                partner = i ^ j
-                if partner > i:
-                    a, b = keys[i], keys[partner]
-                    if ((i & k) == 0) == (a > b):
-                        keys[i], keys[partner] = b, a
-            cuda.syncthreads()
-            j >>= 1
-        k <<= 1
-    position_mask = np.uint32((1 << position_bits) - 1)
-    for i in range(t, n, SORT_THREADS):
-        key = keys[i]
-        sorted_ids[i] = np.int32(key >> np.uint32(position_bits))
-        order[i] = np.int64(key & position_mask)
+def sort_slots(n: int) -> int:
+    """Keys each of ``sort_lookups_kernel``'s threads holds for ``n`` lookups: the smallest power
+    of two that covers them (at most ``SORT_CAPACITY / SORT_THREADS``)."""
+    slots = 1
+    while SORT_THREADS * slots < n:
+        slots *= 2
+    return slots
+
+
+@cuda.jit(device=True, forceinline=True)
+def _bitonic_step(key, other, i, j, k):
+    """Key ``i``'s value after its compare-exchange with key ``i ^ j`` (``other``) in the merge of
+    runs of ``k``: the smaller where it is the lower of the two in an ascending run (or the
+    higher in a descending one), else the larger."""
+    if ((i & j) == 0) == ((i & k) == 0):
+        return min(key, other)
+    return max(key, other)
+
+
+@functools.lru_cache(maxsize=None)
+def sort_lookups_kernel(slots: int):
+    """``sort_lookups(ids, rows, position_bits, sorted_ids, order)``, one CTA of ``SORT_THREADS``
+    that sorts ``SORT_THREADS * slots`` keys (:func:`sort_slots`)."""
+    SIZE = SORT_THREADS * slots
+    SHARED_KEYS = SIZE + SIZE // 32  # (padded: ``padded``)
+    WARP_KEYS = 32 * slots  # a warp's keys
+
+    def in_registers(span):
+        """The compare-exchanges of keys ``span`` apart among a thread's own: a constant, so its
+        keys stay in registers (none where ``span`` >= ``slots``: warps exchange those)."""
+
+        @cuda.jit(device=True, forceinline=True)
+        def exchange(held, first, k):
+            for r in range(slots if span < slots else 0):
+                if (r & span) == 0:
+                    i = first + r
+                    held[r], held[r + span] = (_bitonic_step(held[r], held[r + span], i, span, k),
+                                               _bitonic_step(held[r + span], held[r], i + span, span, k))
+
+        return exchange
+
+    exchange_4, exchange_2, exchange_1 = (in_registers(span) for span in (4, 2, 1))
+
+    @cuda.jit(device=True, forceinline=True)
+    def padded(i):
+        """Shared-memory index of key ``i``: a word of padding every 32 keys, so a warp's
+        accesses to ``slots``-apart keys fall in distinct banks."""
+        return i + (i >> 5)
+
+    @cuda.jit
+    def sort_lookups(ids, rows, position_bits, sorted_ids, order):
+        """Each lookup's key ``id << position_bits | position`` (an id outside ``[0, rows)`` as
+        ``rows``, which ``add_rows`` skips) is unique, so a bitonic sort of the keys (padded with
+        the largest) is stable; ``sorted_ids`` (int32) and ``order`` (int64) get their ids and
+        positions. One launch, where ``torch.sort`` and the ids' conversion took several launches
+        and allocations, 0.2 ms of a compiled step's host time for a few thousand ids. Thread
+        ``t`` holds keys ``slots * t`` to ``slots * t + slots - 1`` in registers: it exchanges
+        keys with itself in registers, with its warp by shuffles, and with other warps through
+        shared memory."""
+        keys = cuda.shared.array(SHARED_KEYS, np.uint32)
+        held = cuda.local.array(slots, np.uint32)
+        t = cuda.threadIdx.x
+        first = t * slots
+        n = ids.shape[0]
+        for r in range(slots):
+            i = first + r
+            key = _PAD
+            if i < n:
+                row = ids[i]
+                if row < 0 or row >= rows:
+                    row = rows
+                key = np.uint32((row << position_bits) | i)
+            held[r] = key
+        k = 2
+        while k <= SIZE:  # runs of k sorted, alternately ascending and descending, then merged
+            j = k >> 1
+            while j > 0:
+                if j >= WARP_KEYS:
+                    for r in range(slots):
+                        keys[padded(first + r)] = held[r]
+                    cuda.syncthreads()
+                    for r in range(slots):
+                        i = first + r
+                        held[r] = _bitonic_step(held[r], keys[padded(i ^ j)], i, j, k)
+                    cuda.syncthreads()  # (read before the next step's writes)
+                elif j >= slots:
+                    lanes = j // slots
+                    for r in range(slots):
+                        other = np.uint32(cuda.shfl_xor_sync(_ALL_LANES, np.int32(held[r]), lanes))  # (32-bit ints)
+                        held[r] = _bitonic_step(held[r], other, first + r, j, k)
+                elif j == 4:
+                    exchange_4(held, first, k)
+                elif j == 2:
+                    exchange_2(held, first, k)
+                else:
+                    exchange_1(held, first, k)
+                j >>= 1
+            k <<= 1
+        position_mask = np.uint32((1 << position_bits) - 1)
+        for r in range(slots):
+            i = first + r
+            if i < n:
+                sorted_ids[i] = np.int32(held[r] >> np.uint32(position_bits))
+                order[i] = np.int64(held[r] & position_mask)
+
+    return sort_lookups
 
 
 def column_spans(width: int) -> int:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.embedding_grad import (SORT_CAPACITY, SORT_THREADS, THREADS, add_rows_kernel, column_spans,
-                                      sort_lookups)
+                                      sort_lookups_kernel, sort_slots)
 from . import ops
 from ._launch import KERNEL_DTYPES, launch
 
@@ -76,8 +76,7 @@ def _sorted_lookups(ids, rows):
     if n > SORT_CAPACITY or (rows << position_bits | (n - 1)) >= 0xFFFFFFFF:
         return torch.sort(ids.to(torch.int32), stable=True)
     sorted_ids, order = ids.new_empty(n, dtype=torch.int32), ids.new_empty(n, dtype=torch.int64)
-    launch(sort_lookups, ids.device, 1, SORT_THREADS, ids, rows, position_bits, 1 << position_bits, sorted_ids,
-           order)
+    launch(sort_lookups_kernel(sort_slots(n)), ids.device, 1, SORT_THREADS, ids, rows, position_bits, sorted_ids, order)
     return sorted_ids, order
 
 
