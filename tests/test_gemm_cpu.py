@@ -57,6 +57,10 @@ ALL_CONFIGS = [
     # runs, the 176-wide with 16-column sub-tiles, and an M-major A (its halves are two boxes) with f32
     GemmConfig("bf16", "bf16", "K", "K", block_n=176, stages=5, pingpong=True),
     GemmConfig("f16", "f32", "M", "N", block_n=128, stages=4, pingpong=True),
+    # 256-row tiles (two consumers of 128 rows, two wgmmas a k-step each): cuBLAS's 1x2 cluster
+    # with an M-major A (its four boxes split over the cluster), 2x1 with a K-major A and f32
+    GemmConfig("bf16", "bf16", "M", "N", block_m=256, block_n=128, cluster_n=2),
+    GemmConfig("f16", "f32", "K", "K", block_m=256, block_n=128, stages=3, cluster_m=2),
     # clusters in GPC order (slots claimed with atomics): the 1x2 tile the heuristic runs, and 2x1
     GemmConfig("bf16", "bf16", "K", "K", block_n=112, stages=6, cluster_n=2, cluster_order="gpc"),
     GemmConfig("bf16", "bf16", "M", "N", cluster_m=2, cluster_order="gpc"),

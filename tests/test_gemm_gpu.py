@@ -156,6 +156,37 @@ def test_192_row_tiles_in_clusters(torch, cluster, block_n, layout, M, N, K):
     _check(torch, M, N, K, layout=layout, config=cfg)
 
 
+@pytest.mark.parametrize("cfg,layout,out_dtype", [
+    (GemmConfig(a_major="M", block_m=256, block_n=128, cluster_n=2), "CR", "bf16"),
+    (GemmConfig(b_major="K", block_m=256, block_n=128, cluster_n=2), "RC", "f32"),
+    (GemmConfig(a_major="M", b_major="K", block_m=256, block_n=128, stages=3, cluster_m=2), "CC", "bf16"),
+    (GemmConfig(block_m=256, block_n=64, stages=4), "RR", "bf16"),
+    (GemmConfig(a_major="M", block_m=256, block_n=128, cluster_n=2, dynamic_schedule=True), "CR", "bf16")],
+    ids=["CR-1x2", "RC-1x2-f32", "CC-2x1", "RR-64", "CR-1x2-dynamic"])
+def test_256_row_tiles(torch, cfg, layout, out_dtype):
+    """Two consumers of 128 rows per 256-row tile: ragged edges in each of their four 64-row
+    blocks, clusters with a CTA left without a tile, several tiles per CTA."""
+    for M, N, K in [(1, 1, 8), (7, 1000, 296), (257, 129, 136), (1000, 520, 264), (4104, 2600, 1000)]:
+        _check(torch, M, N, K, layout=layout, out_dtype=out_dtype, config=cfg)
+
+
+def test_256_row_tiles_fused_epilogue(torch):
+    """Both of a consumer's 64-row blocks run the fused epilogue: alpha, a column bias, silu and
+    the pre-activation ``aux_out``."""
+    import torch.nn.functional as F
+
+    cfg = GemmConfig(b_major="K", block_m=256, block_n=128, stages=4)
+    a = torch.randn(1000, 520, device="cuda").to(torch.bfloat16)
+    w = torch.randn(700, 520, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(700, device="cuda").to(torch.bfloat16)
+    pre = torch.full((1000, 700), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = gemm(a, w.t(), alpha=0.5, bias=bias, activation="silu", aux_out=pre, config=cfg)
+    pre_ref = 0.5 * (a.double() @ w.double().t()) + bias.double()
+    for got, want in ((pre, pre_ref), (out, F.silu(pre_ref))):
+        assert torch.isfinite(got).all()
+        assert ((got.double() - want).norm() / want.norm()).item() < TOL["bf16"]
+
+
 @pytest.mark.parametrize("cfg,layout", [
     (GemmConfig(b_major="K", a_evict="last", b_evict="first"), "RC"),
     (GemmConfig(a_major="M", cluster_m=2, a_evict="first", b_evict="last"), "CR"),

@@ -22,9 +22,9 @@ from .epilogue_config import EpilogueConfig
 
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "BarrierIds", "WG_ROWS", "KBLOCK_BYTES",
            "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES",
-           "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N", "GATED_NS", "TILE_ID_SLOTS", "TILE_ID_RING_BYTES"]
+           "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N", "TALL_MAX_BLOCK_N", "GATED_NS", "TILE_ID_SLOTS", "TILE_ID_RING_BYTES"]
 
-WG_ROWS = 64  # rows of the output tile per consumer warpgroup (wgmma M)
+WG_ROWS = 64  # rows of one wgmma (M): a consumer warpgroup's 64-row block of the output tile
 KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements
 ACC_CHAINS = 4  # wgmmas per k-block (k16 on 64 16-bit elements, k32 on 128 fp8 ones)
 KBLOCK_SCALE = 128  # block-wise fp8 scales: one per 128 K (one fp8 k-block) and per 128 rows of B
@@ -35,7 +35,10 @@ INPUT_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
 FP8_DTYPES = ("e4m3", "e5m2")
 GROUPED_MODES = ("contiguous", "masked")
 CLUSTER_ORDERS = ("launch", "gpc")
-BLOCK_MS = (64, 128, 192)
+BLOCK_MS = (64, 128, 192, 256)
+# 256-row tiles: two consumers of 128 rows, each issuing two 64-row wgmmas per k-step (cuBLAS's
+# 256 x 128 "coopA" tiles); their accumulators, two 64 x block_n, fit up to 128 columns.
+TALL_MAX_BLOCK_N = 128
 BLOCK_NS = (8, 16, 32, 64, 112, 128, 144, 160, 176, 192, 224, 256)
 NARROW_NS = (8, 16)  # tiles of column-major outputs (``out_major="M"``): a decode product's tokens
 STREAM_K_MAX_BLOCK_N = 192
@@ -164,7 +167,7 @@ class GemmConfig:
         if self.a_major not in ("K", "M") or self.b_major not in ("K", "N"):
             raise ValueError(f"bad operand majors {self.a_major!r}, {self.b_major!r}")
         if self.block_m not in BLOCK_MS:
-            raise ValueError(f"block_m must be one of {BLOCK_MS} (consumer warpgroups of 64 rows), got {self.block_m}")
+            raise ValueError(f"block_m must be one of {BLOCK_MS}, got {self.block_m}")
         if self.block_n not in BLOCK_NS:
             raise ValueError(f"block_n must be one of {BLOCK_NS}, got {self.block_n}")
         if self.out_major not in ("N", "M"):
@@ -207,6 +210,13 @@ class GemmConfig:
             # only, and a column-major A tile's three 64-row boxes do not split over 2 CTAs.
             raise ValueError("block_m = 192 runs without stream_k, grouping, promotion over 128 columns "
                              "or, with a column-major A, cluster_n = 2")
+        if self.block_m == 256 and (self.block_n > TALL_MAX_BLOCK_N or self.stream_k or self.grouped is not None
+                                    or self.promoted or self.pingpong or self.has_c or self.gated):
+            # A consumer stores both of its 64-row blocks from one set of C buffers, which hold
+            # one block's C (as ping-pong's); stream-K's partials and the group walk are laid
+            # out for 64-row consumers.
+            raise ValueError(f"block_m = 256 runs unpromoted products at most {TALL_MAX_BLOCK_N} wide, without C, "
+                             "gating, stream_k, grouping or pingpong")
         chained = self.acc_chains == ACC_CHAINS
         if not (self.acc_chains == 1 or chained and self.block_n <= 64 and not self.promoted):
             raise ValueError(f"acc_chains must be 1, or {ACC_CHAINS} with block_n <= 64 and no promotion; "
@@ -300,9 +310,16 @@ class GemmConfig:
         return self.cluster_m * self.cluster_n
 
     @property
+    def consumer_rows(self):
+        """Rows of the tile a consumer warpgroup computes: one wgmma's 64, or on 256-row tiles
+        128 (two 64-row blocks, ``2 * cw`` and ``2 * cw + 1``)."""
+        return 2 * WG_ROWS if self.block_m == 256 else WG_ROWS
+
+    @property
     def consumers(self):
-        """Consumer warpgroups: one per 64 rows of the tile (ping-pong: two, each on whole tiles)."""
-        return self.block_m // WG_ROWS
+        """Consumer warpgroups: one per ``consumer_rows`` rows of the tile (ping-pong: two, each
+        on whole tiles)."""
+        return self.block_m // self.consumer_rows
 
     @property
     def threads(self):
@@ -372,7 +389,7 @@ class GemmConfig:
     def overlaps_store(self):
         """Whether a consumer issues each tile's first k-block before it stores the previous
         tile, so the tensor cores run through the store (``gemm_sm90.py``), on tiles of two
-        consumers, or three at most 128 wide, ungrouped, without stream-K or ping-pong:
+        64-row consumers, or three at most 128 wide, ungrouped, without stream-K or ping-pong:
 
         - plain 16-bit outputs (no epilogue): the sums are converted to 16-bit pairs first, so
           the fresh accumulator takes the registers they leave (128 + 64 a thread at 256
@@ -389,8 +406,8 @@ class GemmConfig:
                  and self.out_major == "N" and self.acc_chains == 1 and (self.consumers == 2 or self.block_n <= 128))
         promoted = (self.promoted and not self.block_scaled and self.block_n <= 128
                     and (self.epilogue is None or self.epilogue.scale_only))
-        return ((plain or promoted) and self.consumers > 1 and not self.pingpong and self.grouped is None
-                and not self.stream_k)
+        return ((plain or promoted) and self.consumers > 1 and self.consumer_rows == WG_ROWS and not self.pingpong
+                and self.grouped is None and not self.stream_k)
 
     @property
     def partial_bytes(self):

@@ -1,7 +1,7 @@
 """Warp-specialized, persistent TMA + wgmma GEMM for sm_90a: ``D = A @ B`` (with a fused epilogue).
 
 One CTA per SM: a producer warpgroup and one consumer warpgroup per 64 rows of the tile (256,
-384 or 512 threads for 64-, 128- or 192-row tiles). The kernel only orchestrates its
+384 or 512 threads for 64-, 128- or 192-row tiles), or two of 128 rows each on 256-row tiles. The kernel only orchestrates its
 components, each in its own module:
 
 - the ring (:mod:`numba_hopper.kit.pipeline`): ``stages`` slots of one A and one B k-block,
@@ -18,8 +18,9 @@ Roles:
 
 - warpgroup 0, the producer: gives registers back (``setmaxnreg.dec``, next to two or three
   consumers); one elected thread walks the CTA's work items and loads their k-blocks;
-- warpgroups 1 to BM / 64, the consumers: take registers (``setmaxnreg.inc``; a single
-  consumer has them all from the start); each owns 64 rows of the BM x BN output tile,
+- warpgroups 1 to BM / 64 (two on 256-row tiles), the consumers: take registers
+  (``setmaxnreg.inc``; a single consumer has them all from the start); each owns 64 rows of
+  the BM x BN output tile (128 rows, two 64-row wgmmas a k-step, of a 256-row tile),
   accumulates them in registers (128 f32 per thread for BN = 256), and stores them while
   the producer already loads the next tile (plain 16-bit and unscaled promoted products of
   two consumers, or three on narrower tiles: while the next tile's first k-block runs,
@@ -48,7 +49,7 @@ from numba.cuda import types
 from .. import intrinsics as nh
 from .epilogue import make_epilogue
 from .epilogue_config import EpilogueArgs, epilogue_argument_type
-from .gemm_config import KBLOCK_SCALE, Consumer, GemmConfig, GemmParams
+from .gemm_config import KBLOCK_SCALE, WG_ROWS, Consumer, GemmConfig, GemmParams
 from .mainloop import make_mainloop
 from ..kit.fragments import thread_rows
 from ..kit.pipeline import make_tma_pipeline, pipeline_start
@@ -125,7 +126,6 @@ def register_budget(cfg: GemmConfig):
 def _build_gemm_kernel(cfg: GemmConfig):
     CLUSTER = cfg.cluster_size
     LAUNCH_BOUNDS = warp_roles(cfg).launch_bounds
-    PINGPONG = cfg.pingpong
     # A decode kernel (the narrow tiles of a swapped product) runs for a few microseconds, about
     # one of them waiting for its first k-blocks from DRAM. A consumer thread, idle until they
     # arrive, prefetches them into L2 before griddepcontrol.wait: the prefetch moves no data
@@ -145,7 +145,7 @@ def _build_gemm_kernel(cfg: GemmConfig):
     tensormaps, prefetch_tensormaps = _tensormap_access(cfg)
     shared_schedule, role_schedule = _schedules(cfg, scheduler)
     producer = _producer(cfg, mainloop, scheduler, tensormaps, role_schedule)
-    consumer, pingpong_consumer = _consumers(cfg, pipe, mainloop, scheduler, epilogue, tensormaps, role_schedule)
+    consumer = _consumers(cfg, pipe, mainloop, scheduler, epilogue, tensormaps, role_schedule)
 
     @cuda.jit(device=True, forceinline=True)
     def prefetch_first_tile(p, cta):
@@ -179,8 +179,6 @@ def _build_gemm_kernel(cfg: GemmConfig):
         work = shared_schedule(p, scheduler.claim(p, rank, smem + SLOT, tid))
         if tid < 128:
             producer(p, smem, tid, cta, work)
-        elif PINGPONG:
-            pingpong_consumer(p, ep, smem, tid, cta, work)
         else:
             consumer(p, ep, smem, tid, cta, work)
         if CLUSTER > 1:
@@ -283,10 +281,10 @@ def _producer(cfg: GemmConfig, mainloop, scheduler, tensormaps, role_schedule):
 
 
 def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps, role_schedule):
-    """``(consumer, pingpong_consumer)``, each ``(p, ep, smem, tid, cta, work)``: the consumer
-    warpgroups' roles, cooperative (each its 64 rows of every tile; ``cfg.overlaps_store``:
-    each tile stored behind the next one's first k-block) or ping-pong."""
-    BN, BARRIERS = cfg.block_n, cfg.layout.barriers
+    """``consumer(p, ep, smem, tid, cta, work)``: the consumer warpgroups' role, cooperative (each
+    its 64 rows of every tile; ``cfg.overlaps_store``: each tile stored behind the next one's
+    first k-block), or of two 64-row blocks (a 256-row tile's consumers, or ping-pong)."""
+    BN, BARRIERS, PINGPONG = cfg.block_n, cfg.layout.barriers, cfg.pingpong
     roles = warp_roles(cfg)
     TRADES, CONSUMER_REGS = roles.trades, roles.consumer_regs
 
@@ -369,10 +367,11 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
         return st, item
 
     @cuda.jit(device=True, forceinline=True)
-    def pingpong_consumer(p, ep, smem, tid, cta, work):
-        """(``cfg.pingpong``) consumer ``c.cw`` takes every other work item of the CTA's, first
-        its ``c.cw``-th, computes the whole tile in its turn and stores it while the other
-        consumer computes the next."""
+    def two_block_consumer(p, ep, smem, tid, cta, work):
+        """A consumer of two 64-row blocks: with ``cfg.pingpong``, consumer ``c.cw`` takes every
+        other work item of the CTA's, first its ``c.cw``-th, computes the whole tile in its turn
+        and stores it while the other consumer computes the next; on 256-row tiles, blocks
+        ``2 * c.cw`` and ``2 * c.cw + 1`` of every tile."""
         c = consumer_of(tid)
         tmaps = tensormaps(p)
         acc = (nh.wgmma_accumulator(BN, "f32"), nh.wgmma_accumulator(BN, "f32"))
@@ -380,18 +379,23 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
         stored = epilogue.start()
         mainloop.begin(c)
         item = scheduler.first(work)
-        if c.cw == 1:
+        if PINGPONG and c.cw == 1:
             st, item = passed_over(st, item, work)
+        rows = 0 if PINGPONG else 2 * c.cw
         while item.tile < work.num_tiles:
             tile = scheduler.origin(work, item, cta.rm, cta.rn)
-            upper = epilogue.begin_tile(smem, c, tile, 0, stored, tmaps.c, p, ep)
-            lower = epilogue.begin_tile(smem, c, tile, 1, stored, tmaps.c, p, ep)
+            upper = epilogue.begin_tile(smem, c, tile, rows, stored, tmaps.c, p, ep)
+            lower = epilogue.begin_tile(smem, c, tile, rows + 1, stored, tmaps.c, p, ep)
             acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile)
-            stored = epilogue.store_tile(nh.tuple_as_array(acc[0]), smem, c, tile, 0, stored, tmaps.d, tmaps.c, p, ep,
-                                         upper)
-            stored = epilogue.store_tile(nh.tuple_as_array(acc[1]), smem, c, tile, 1, stored, tmaps.d, tmaps.c, p, ep,
-                                         lower)
-            st, item = passed_over(st, scheduler.next(work, item), work)
+            stored = epilogue.store_tile(nh.tuple_as_array(acc[0]), smem, c, tile, rows, stored, tmaps.d, tmaps.c,
+                                         p, ep, upper)
+            stored = epilogue.store_tile(nh.tuple_as_array(acc[1]), smem, c, tile, rows + 1, stored, tmaps.d,
+                                         tmaps.c, p, ep, lower)
+            item = scheduler.next(work, item)
+            if PINGPONG:
+                st, item = passed_over(st, item, work)
         epilogue.drain(c, stored, ep)
 
-    return overlapped_consumer if cfg.overlaps_store else consumer, pingpong_consumer
+    if cfg.consumer_rows > WG_ROWS or PINGPONG:
+        return two_block_consumer
+    return overlapped_consumer if cfg.overlaps_store else consumer

@@ -25,8 +25,9 @@ The consumers' variants, one each:
 - one accumulator (the default; split after an item's first k-block where the previous tile
   is stored behind it, ``cfg.overlaps_store``), or one per wgmma of a k-block
   (``cfg.acc_chains``): :mod:`.mma`;
-- ping-pong (``cfg.pingpong``): a consumer issues both 64-row halves of a whole tile, in turns
-  with the other consumer, and passes over the other's k-blocks in the ring: :mod:`.mma`;
+- two 64-row blocks per consumer: the consumer's 128 rows of a 256-row tile, or with
+  ping-pong (``cfg.pingpong``) both halves of a whole tile, in turns with the other consumer,
+  passing over the other's k-blocks in the ring: :mod:`.mma`;
 - fp8 promotion (``cfg.promoted``): each k-block's product is waited for and added into an f32
   register sum, times its block-wise scales with ``cfg.block_scaled`` (a slot then also holds
   A's scales of the tile's rows for its k-block, one more TMA box); tiles of at most 128 x 128
@@ -41,10 +42,10 @@ from __future__ import annotations
 from collections import namedtuple
 
 from ...kit.pipeline import TmaPipeline
-from ..gemm_config import GemmConfig
+from ..gemm_config import WG_ROWS, GemmConfig
 from .issue import make_k_block, make_turns
 from .loads import ClusterCta, make_loads
-from .mma import chained_mma, pingpong_mma, plain_mma, plain_split_mma
+from .mma import chained_mma, pingpong_mma, plain_mma, plain_split_mma, tall_mma
 from .promoted import promoted_mma, promoted_pairs_mma
 
 __all__ = ["Mainloop", "ClusterCta", "make_mainloop"]
@@ -62,8 +63,9 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
       wgmmas to consumer 0;
     - ``mma(acc, smem, bars, st, params, item, consumer, peers, tile) -> (acc, st)``: (a
       consumer warpgroup) its 64 rows of the tile's product over the item's k-blocks, in the
-      accumulator tuple ``acc`` (ping-pong: the whole tile in the consumer's turn, ``acc`` the
-      upper and lower rows' accumulators); promoted (``cfg.promoted``) each k-block's product
+      accumulator tuple ``acc`` (a 256-row tile: its two 64-row blocks, ``acc`` their two
+      accumulators; ping-pong: the whole tile in the consumer's turn, ``acc`` the upper and
+      lower rows' accumulators); promoted (``cfg.promoted``) each k-block's product
       is added (times its block-wise scales with ``cfg.block_scaled``, B's read from
       ``params.b_scales``) into an f32 sum, returned in ``acc``'s place; with
       ``cfg.acc_chains`` > 1 the k-block's wgmmas go to separate accumulators, whose sum is
@@ -81,7 +83,8 @@ def make_mainloop(cfg: GemmConfig, pipe: TmaPipeline) -> Mainloop:
         if not cfg.overlaps_store:
             start = finish = None
     else:
-        variant = pingpong_mma if cfg.pingpong else chained_mma if cfg.acc_chains > 1 else plain_mma
+        variant = (pingpong_mma if cfg.pingpong else tall_mma if cfg.consumer_rows > WG_ROWS
+                   else chained_mma if cfg.acc_chains > 1 else plain_mma)
         mma = variant(cfg, pipe, kb, turns)
         start, finish = plain_split_mma(cfg, pipe, kb, turns) if cfg.overlaps_store else (None, None)
     return Mainloop(cluster_cta, prefetch, load, turns.begin, mma, start, finish)

@@ -1,7 +1,7 @@
 """The consumers' K loops of products that accumulate in the wgmmas' registers: one accumulator
 (:func:`plain_mma`; split after the first k-block's issue, :func:`plain_split_mma`), one per
-wgmma of a k-block (:func:`chained_mma`), and a whole 128-row tile in a consumer's turn
-(:func:`pingpong_mma`)."""
+wgmma of a k-block (:func:`chained_mma`), and two 64-row blocks per consumer: a 256-row tile's 128 rows
+(:func:`tall_mma`) or a whole 128-row tile in a consumer's turn (:func:`pingpong_mma`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ... import intrinsics as nh
 from ..gemm_config import GemmConfig
 from .issue import KBlock, Turns, first_k_block_start, k_loop
 
-__all__ = ["plain_mma", "plain_split_mma", "chained_mma", "pingpong_mma"]
+__all__ = ["plain_mma", "plain_split_mma", "chained_mma", "tall_mma", "pingpong_mma"]
 
 
 def _plain_stage(kb: KBlock):
@@ -83,20 +83,17 @@ def chained_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
     return mma_chained
 
 
-def pingpong_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
-    """``mma`` over the whole tile (``acc``: the upper and lower 64 rows' accumulators) in this
-    consumer's turn, which it hands to the other consumer once its last k-block's wgmmas are
-    issued. Turns also keep the consumers' ring waits in order: a consumer waits for a slot's
-    fill only after every earlier fill has been waited for, so a parity wait never mistakes a
-    fill two laps back for the one it needs."""
-    k_step, descriptors, wait_turn = kb.k_step, kb.descriptors, turns.wait
+def _two_blocks_stage(kb: KBlock, blocks_per_consumer):
+    """``stage(accs, smem, st, cw, first) -> accs``: one k-block's wgmmas on the consumer's two
+    64-row blocks of the tile (``accs``: their accumulators), rows ``blocks_per_consumer * cw``
+    and the next, as one group (spelled out: LLVM leaves a loop over two accumulators rolled,
+    and ptxas then pads each group with an empty wgmma)."""
+    k_step, descriptors = kb.k_step, kb.descriptors
 
     @cuda.jit(device=True, forceinline=True)
-    def mma_stage_tile(accs, smem, st, cw, first):
-        """One k-block's wgmmas on both 64-row halves of the tile, one group (spelled out: LLVM
-        leaves a loop over two accumulators rolled, and ptxas then pads each group with an
-        empty wgmma)."""
-        upper, lower = descriptors(smem, st, 0), descriptors(smem, st, 1)
+    def mma_stage_blocks(accs, smem, st, cw, first):
+        upper = descriptors(smem, st, blocks_per_consumer * cw)
+        lower = descriptors(smem, st, blocks_per_consumer * cw + 1)
         scale_d = 0 if first else 1
         top, bottom = accs
         nh.wgmma_fence()
@@ -107,12 +104,28 @@ def pingpong_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
         nh.wgmma_commit_group()
         return top, bottom
 
-    tile_k_loop = k_loop(pipe, mma_stage_tile, cfg.debug, cfg.mma_depth, turns.pass_on)
+    assert kb.steps == 4, kb  # (the stage spells out a 16-bit k-block's four k-steps)
+    return mma_stage_blocks
+
+
+def tall_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
+    """``mma`` of a 256-row tile's consumer (``cfg.consumer_rows`` = 128): its two 64-row blocks,
+    ``2 * cw`` and ``2 * cw + 1`` (``acc``: their accumulators), over the item's k-blocks."""
+    return k_loop(pipe, _two_blocks_stage(kb, 2), cfg.debug, cfg.mma_depth, turns.pass_on)
+
+
+def pingpong_mma(cfg: GemmConfig, pipe, kb: KBlock, turns: Turns):
+    """``mma`` over the whole tile (``acc``: the upper and lower 64 rows' accumulators) in this
+    consumer's turn, which it hands to the other consumer once its last k-block's wgmmas are
+    issued. Turns also keep the consumers' ring waits in order: a consumer waits for a slot's
+    fill only after every earlier fill has been waited for, so a parity wait never mistakes a
+    fill two laps back for the one it needs."""
+    wait_turn = turns.wait
+    tile_k_loop = k_loop(pipe, _two_blocks_stage(kb, 0), cfg.debug, cfg.mma_depth, turns.pass_on)
 
     @cuda.jit(device=True, forceinline=True)
     def mma_pingpong(acc, smem, bars, st, p, item, c, peers, tile):
         wait_turn(c)
         return tile_k_loop(acc, smem, bars, st, p, item, c, peers, tile)
 
-    assert kb.steps == 4, cfg  # (mma_stage_tile spells out a 16-bit k-block's four k-steps)
     return mma_pingpong
