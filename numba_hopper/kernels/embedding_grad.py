@@ -54,13 +54,9 @@ def sort_slots(n: int) -> int:
 
 
 @cuda.jit(device=True, forceinline=True)
-def _bitonic_step(key, other, i, j, k):
-    """Key ``i``'s value after its compare-exchange with key ``i ^ j`` (``other``) in the merge of
-    runs of ``k``: the smaller where it is the lower of the two in an ascending run (or the
-    higher in a descending one), else the larger."""
-    if ((i & j) == 0) == ((i & k) == 0):
-        return min(key, other)
-    return max(key, other)
+def _kept(key, other, smaller):
+    """What a compare-exchange leaves at a key: the smaller of it and its partner, or the larger."""
+    return min(key, other) if smaller else max(key, other)
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,9 +75,9 @@ def sort_lookups_kernel(slots: int):
         def exchange(held, first, k):
             for r in range(slots if span < slots else 0):
                 if (r & span) == 0:
-                    i = first + r
-                    held[r], held[r + span] = (_bitonic_step(held[r], held[r + span], i, span, k),
-                                               _bitonic_step(held[r + span], held[r], i + span, span, k))
+                    ascending = ((first | r) & k) == 0
+                    low, high = min(held[r], held[r + span]), max(held[r], held[r + span])
+                    held[r], held[r + span] = (low, high) if ascending else (high, low)
 
         return exchange
 
@@ -121,19 +117,22 @@ def sort_lookups_kernel(slots: int):
         while k <= SIZE:  # runs of k sorted, alternately ascending and descending, then merged
             j = k >> 1
             while j > 0:
+                # Past a thread's own keys, whether each of them keeps the smaller (it is the lower
+                # of its pair in an ascending run, or the higher in a descending one) is the
+                # thread's: key i's bits of j and k are those of ``first``.
+                smaller = ((first & j) == 0) == ((first & k) == 0)
                 if j >= WARP_KEYS:
                     for r in range(slots):
                         keys[padded(first + r)] = held[r]
                     cuda.syncthreads()
                     for r in range(slots):
-                        i = first + r
-                        held[r] = _bitonic_step(held[r], keys[padded(i ^ j)], i, j, k)
+                        held[r] = _kept(held[r], keys[padded((first + r) ^ j)], smaller)
                     cuda.syncthreads()  # (read before the next step's writes)
                 elif j >= slots:
                     lanes = j // slots
                     for r in range(slots):
                         other = np.uint32(cuda.shfl_xor_sync(_ALL_LANES, np.int32(held[r]), lanes))  # (32-bit ints)
-                        held[r] = _bitonic_step(held[r], other, first + r, j, k)
+                        held[r] = _kept(held[r], other, smaller)
                 elif j == 4:
                     exchange_4(held, first, k)
                 elif j == 2:
