@@ -221,7 +221,7 @@ def test_add_embedding_rows_never_waits_for_the_gpu():
 
 @pytest.mark.parametrize("n", [1, 7, 127, 129, 1000, 1025, 2048, 5000, 8192, 8193])
 def test_lookups_sort_stably_by_id(n):
-    """The lookups sorted in one CTA (``kernels.embedding_grad.sort_lookups``; past its capacity,
+    """The lookups sorted in one CTA (``kernels.embedding_grad.sort_lookups_kernel``; past its capacity,
     ``torch.sort``) as ``torch.sort(stable=True)`` sorts them, ids outside the table as its
     row count (which the kernel that adds the rows skips)."""
     from numba_hopper.torch._embedding_grad import _sorted_lookups

@@ -22,7 +22,8 @@ from .epilogue_config import EpilogueConfig
 
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "BarrierIds", "WG_ROWS", "KBLOCK_BYTES",
            "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES",
-           "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N", "TALL_MAX_BLOCK_N", "GATED_NS", "TILE_ID_SLOTS", "TILE_ID_RING_BYTES"]
+           "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N", "TALL_MAX_BLOCK_N", "GATED_NS", "TILE_ID_SLOTS",
+           "TILE_ID_RING_BYTES"]
 
 WG_ROWS = 64  # rows of one wgmma (M): a consumer warpgroup's 64-row block of the output tile
 KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements

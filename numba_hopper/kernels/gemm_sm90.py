@@ -1,8 +1,8 @@
 """Warp-specialized, persistent TMA + wgmma GEMM for sm_90a: ``D = A @ B`` (with a fused epilogue).
 
 One CTA per SM: a producer warpgroup and one consumer warpgroup per 64 rows of the tile (256,
-384 or 512 threads for 64-, 128- or 192-row tiles), or two of 128 rows each on 256-row tiles. The kernel only orchestrates its
-components, each in its own module:
+384 or 512 threads for 64-, 128- or 192-row tiles), or two of 128 rows each on 256-row
+tiles. The kernel only orchestrates its components, each in its own module:
 
 - the ring (:mod:`numba_hopper.kit.pipeline`): ``stages`` slots of one A and one B k-block,
   handed from the producer to the consumers by mbarriers;

@@ -69,7 +69,7 @@ def add_embedding_rows(out, ids, values, mask=None):
 
 def _sorted_lookups(ids, rows):
     """``(sorted ids as int32, their positions)``: the lookups ``ids`` (a CUDA vector) sorted
-    stably by id, in one CTA (``kernels.embedding_grad.sort_lookups``) where their keys fit 32
+    stably by id, in one CTA (``kernels.embedding_grad.sort_lookups_kernel``) where their keys fit 32
     bits and its shared memory, else by ``torch.sort``."""
     n = ids.numel()
     position_bits = max(1, (n - 1).bit_length())
