@@ -1,7 +1,7 @@
 """The consumers' K loops of products that accumulate in the wgmmas' registers: one accumulator
 (:func:`plain_mma`; split after the first k-block's issue, :func:`plain_split_mma`), one per
-wgmma of a k-block (:func:`chained_mma`), and two 64-row blocks per consumer: a 256-row tile's 128 rows
-(:func:`tall_mma`) or a whole 128-row tile in a consumer's turn (:func:`pingpong_mma`)."""
+wgmma of a k-block (:func:`chained_mma`), and two 64-row blocks per consumer: its 128 rows of a
+256-row tile (:func:`tall_mma`) or a whole 128-row tile in its turn (:func:`pingpong_mma`)."""
 
 from __future__ import annotations
 
