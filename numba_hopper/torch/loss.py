@@ -4,20 +4,14 @@
 moves the (tokens, vocabulary) logits several times in float32: the upcast, the log-softmax,
 its backward and the gradient's cast back (at a 151,936-word vocabulary and 2,048 tokens, 1.2 GB
 a pass). :func:`linear_cross_entropy` computes the logits with :func:`numba_hopper.gemm` and the
-loss with kernels that read the 16-bit logits (:mod:`numba_hopper.kernels.cross_entropy`):
-float32 only in registers, the same arithmetic. :func:`fuse_linear_cross_entropy` makes a
-transformers causal LM's training forward use it.
+loss and its gradient with two kernels that read the 16-bit logits once each
+(:mod:`numba_hopper.kernels.cross_entropy`): float32 only in registers, the same arithmetic.
+:func:`fuse_linear_cross_entropy` makes a transformers causal LM's training forward use it.
 
-A summed or mean loss whose gradient is wanted is the operator
-``numba_hopper::linear_cross_entropy``: the head's product and one kernel that reads the logits
-once and writes, in their place, the gradient of the loss (the mean's ``1 / count`` included)
-with respect to them. Its backward is two products of that gradient, scaled by the loss's own
-gradient (1 in a plain ``loss.backward()``). Otherwise (no gradient, ``reduction="none"``, a
-row wider than a cluster holds) the loss is ``numba_hopper::cross_entropy_rows`` over the
-logits (per-row losses and log-sum-exps, with an autograd formula) and its backward
-``numba_hopper::cross_entropy_grad``, which reads the logits again. The operators are defined
-like :mod:`.ops`' (fake implementations for ``torch.compile``; eagerly, a
-``torch.autograd.Function`` without the dispatcher).
+The two kernels are the custom operators ``numba_hopper::cross_entropy_rows`` (per-row losses
+and log-sum-exps, with an autograd formula) and ``numba_hopper::cross_entropy_grad`` (the
+logits' gradient), defined like :mod:`.ops`' (fake implementations for ``torch.compile``;
+eagerly, a ``torch.autograd.Function`` without the dispatcher).
 """
 
 from __future__ import annotations
@@ -25,9 +19,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import DeviceMismatchError, DtypeError, ShapeError
-from ..kernels.cross_entropy import THREADS, grad_kernel, loss_grad_cluster, loss_grad_kernel, loss_kernel
-from ..matmul import api as _matmul
-from . import ops, training
+from ..kernels.cross_entropy import THREADS, grad_kernel, loss_kernel
+from . import ops
 from ._launch import KERNEL_DTYPES, launch
 
 __all__ = ["linear_cross_entropy", "fuse_linear_cross_entropy"]
@@ -52,12 +45,8 @@ def linear_cross_entropy(x, weight, target, *, ignore_index: int = -100, reducti
     and an unknown ``reduction``.
     """
     _check(x, weight, target, reduction)
-    x2d, target1d = x.reshape(-1, x.shape[-1]), target.reshape(-1)
-    if reduction != "none" and ops.needs_grad((x, weight)) and x2d.shape[0] and loss_grad_cluster(weight.shape[0]):
-        inputs = (x2d, weight, target1d, int(ignore_index), reduction == "mean")
-        return ops.call_op(_loss_op, None, _LossFunction, _loss_impl, inputs, (x2d, weight))[0]
-    logits = ops.gemm(x2d, weight.t())
-    inputs = (logits, target1d, int(ignore_index))
+    logits = ops.gemm(x.reshape(-1, x.shape[-1]), weight.t())
+    inputs = (logits, target.reshape(-1), int(ignore_index))
     rows, _ = ops.call_op(_rows_op, None, _RowsFunction, _rows_impl, inputs, (logits,))
     if reduction == "none":
         return rows.view(target.shape)
@@ -144,51 +133,6 @@ def _rows_grads(ctx, d_rows, d_lse):
                            "would need the derivative of its gradient kernel")
     return _grad_impl(*inputs), None, None
 
-
-# --- the operator of a summed or mean loss with its gradient ---------------------------------
-
-
-def _loss_impl(x, weight, target, ignore_index, mean):
-    """``(loss, grad)``: the loss and its gradient with respect to the logits, which it overwrites."""
-    logits = _matmul.gemm(x, weight.t(), config=training.GEMM_CONFIG)
-    n, width = logits.shape
-    rows = logits.new_empty(n, dtype=torch.float32)
-    lse = logits.new_empty(n, dtype=torch.float32)
-    counted = (target != ignore_index).sum(dtype=torch.float32)
-    scale = torch.reciprocal(counted).reshape(1) if mean else torch.ones(1, device=x.device)
-    ctas = loss_grad_cluster(width)
-    launch(loss_grad_kernel(KERNEL_DTYPES[logits.dtype]), logits.device, n * ctas, THREADS, logits.data_ptr(), width,
-           target, ignore_index, scale, lse, rows, cluster=ctas)
-    total = rows.sum()
-    return (total / counted if mean else total), logits
-
-
-def _loss_fake(x, weight, target, ignore_index, mean):
-    return x.new_empty((), dtype=torch.float32), x.new_empty((x.shape[0], weight.shape[0]))
-
-
-def _loss_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1], output[1])
-    ctx.mark_non_differentiable(output[1])
-    ctx.set_materialize_grads(False)  # (no zeros the logits' size for that output's gradient)
-
-
-def _loss_grads(ctx, d_loss, d_grad):
-    """``x``'s and ``weight``'s gradients: the products of the logits' gradient, scaled by the
-    loss's (a 0-dim float32 tensor: each 16-bit product is multiplied in float32 and rounded once)."""
-    x, weight, grad = ctx.saved_tensors
-    if not ops.tracing((x, d_loss)) and torch.is_grad_enabled():
-        raise RuntimeError("linear_cross_entropy is differentiable once: a backward with create_graph=True "
-                           "would need the derivative of its gradient kernel")
-    dx = ops.gradient_gemm(grad, weight) * d_loss if ctx.needs_input_grad[0] else None
-    dw = ops.gradient_gemm(grad.t(), x * d_loss) if ctx.needs_input_grad[1] else None
-    return dx, dw, None, None, None
-
-
-_loss_op = ops.define_op("linear_cross_entropy",
-                         "(Tensor x, Tensor weight, Tensor target, int ignore_index, bool mean) -> (Tensor, Tensor)",
-                         _loss_impl, _loss_fake, _loss_grads, _loss_setup)
-_LossFunction = ops.eager_function("_LossFunction", _loss_impl, _loss_grads, _loss_setup)
 
 _rows_op = ops.define_op("cross_entropy_rows", "(Tensor logits, Tensor target, int ignore_index) -> (Tensor, Tensor)",
                          _rows_impl, _rows_fake, _rows_grads, _rows_setup)

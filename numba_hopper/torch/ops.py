@@ -50,8 +50,8 @@ from ..matmul.heuristics import SUSTAINED
 from ..errors import DtypeError, ShapeError
 from . import _lowering, training
 
-__all__ = ["gemm", "gradient_gemm", "gemm_aux", "gated_mm", "bmm", "tracing", "needs_grad", "differentiable_backward",
-           "DTYPE_NAMES", "ACTIVATION_BACKWARD"]
+__all__ = ["gemm", "gemm_aux", "gated_mm", "bmm", "tracing", "needs_grad", "differentiable_backward", "DTYPE_NAMES",
+           "ACTIVATION_BACKWARD"]
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 
@@ -157,12 +157,12 @@ def _gemm_grads(ctx, d_pre):
     da = db = dc = dbias = None
     if _needs_grad(ctx, 0):
         g = d_pre.to(a.dtype)
-        da = _in_layout_of(a, lambda t: gradient_gemm(b, g.t(), ctx.alpha) if t
-                           else gradient_gemm(g, b.t(), ctx.alpha))
+        da = _in_layout_of(a, lambda t: _gradient_gemm(b, g.t(), ctx.alpha) if t
+                           else _gradient_gemm(g, b.t(), ctx.alpha))
     if _needs_grad(ctx, 1):
         g = d_pre.to(b.dtype)
-        db = _in_layout_of(b, lambda t: gradient_gemm(g.t(), a, ctx.alpha) if t
-                           else gradient_gemm(a.t(), g, ctx.alpha))
+        db = _in_layout_of(b, lambda t: _gradient_gemm(g.t(), a, ctx.alpha) if t
+                           else _gradient_gemm(a.t(), g, ctx.alpha))
     if _needs_grad(ctx, 2):
         dc = (ctx.beta * d_pre).to(ctx.c_dtype)
     if _needs_grad(ctx, 3):
@@ -340,7 +340,7 @@ def gemm(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation
                    (a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype), (a, b, c, bias))
 
 
-def gradient_gemm(a, b, alpha=1.0):
+def _gradient_gemm(a, b, alpha):
     """``gemm(a, b, alpha=alpha)`` for a gradient, in ``training.GEMM_CONFIG``'s tiles."""
     return call_op(_gemm_op, _training_gemm_no_grad, _GemmFunction, _training_gemm_impl,
                    (a, b, None, None, alpha, 0.0, None, None, None), (a, b))
