@@ -47,24 +47,24 @@ def torch_16bit(x, w, t, reduction):  # transformers' way: 16-bit logits, upcast
     return F.cross_entropy(F.linear(x, w).float(), t, reduction=reduction)
 
 
-def float64(x, w, t, reduction):
-    return F.cross_entropy(F.linear(x.double(), w.double()), t, reduction=reduction)
+def float64(x, w, t, reduction):  # (given float64 leaves: their gradients stay float64)
+    return F.cross_entropy(F.linear(x, w), t, reduction=reduction)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("rows, vocab", [(1, 1000), (7, 32000), (127, 4097), (129, 1), (1000, 151936)])
+@pytest.mark.parametrize("rows, vocab", [(1, 1000), (7, 32000), (127, 4097), (129, 1), (1000, 151936), (3, 262152)])
 def test_loss_and_gradients_match_float64_as_closely_as_pytorch(rows, vocab, dtype, reduction):
     hidden = 256
     x, w, target = inputs(rows, vocab, hidden, dtype)
     seed = torch.randn(rows, device="cuda")
     got = losses_and_grads(ours, x, w, target, reduction, seed)
-    ref = losses_and_grads(float64, x, w, target, reduction, seed.double())
+    ref = losses_and_grads(float64, x.double(), w.double(), target, reduction, seed.double())
     base = losses_and_grads(torch_16bit, x, w, target, reduction, seed)
     for name, g, r, b in zip(("loss", "dx", "dw"), got, ref, base):
         assert not torch.isnan(g).any(), name
         assert g.dtype == b.dtype and g.shape == b.shape, name
-        # the logits' 16-bit rounding dominates both errors
+        # 16-bit rounding (the logits', the gradients') dominates both errors
         assert rel_error(g, r) <= 1.5 * rel_error(b, r) + 1e-4, (name, rel_error(g, r), rel_error(b, r))
 
 
