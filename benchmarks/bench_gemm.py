@@ -177,7 +177,8 @@ def _call_options(name, layout="RR"):
     ``default`` (the library's choice), ``sustained`` (its choice for products run back to back at the power
     limit: ``config="sustained"``) or a kernel spelled as dash-separated parts:
     a cluster shape ``MxN`` (``2x1``), ``m<block_m>`` (``m64``), ``n<block_n>`` (``n192``), ``s<K slices>`` (``s4``),
-    ``p<pipeline stages>`` (``p3``), ``g<tile-rows per raster group>`` (``g16``), ``sk`` (stream-K),
+    ``p<pipeline stages>`` (``p3``), ``g<tile-rows per raster group>`` (``g16``), ``w<tile-columns per
+    row-walked raster group>`` (``2x1-gpc-w8``), ``sk`` (stream-K),
     ``swap`` (the product computed swapped, a column-major output tile: ``m64-n8-swap``), ``gpc`` (clusters in
     GPC order: ``n112-1x2-gpc``), ``pp`` (ping-pong consumers: ``n176-pp``), ``a<accumulators>``
     (``a4``), ``e<output buffers per consumer>`` (``e1``), ``af``/``al`` and ``bf``/``bl`` (A's or B's loads at L2
@@ -189,7 +190,7 @@ def _call_options(name, layout="RR"):
         return {"config": None if name == "default" else SUSTAINED}
     kw = {"a_major": "K" if layout[0] == "R" else "M", "b_major": "N" if layout[1] == "R" else "K"}
     parts = {"m": "block_m", "n": "block_n", "s": "split_k", "p": "stages", "g": "group_m", "a": "acc_chains",
-             "e": "epi_buffers"}
+             "e": "epi_buffers", "w": "group_n"}
     for part in name.split("-"):
         if "x" in part:
             kw["cluster_m"], kw["cluster_n"] = (int(x) for x in part.split("x"))

@@ -61,9 +61,10 @@ ALL_CONFIGS = [
     # with an M-major A (its four boxes split over the cluster), 2x1 with a K-major A and f32
     GemmConfig("bf16", "bf16", "M", "N", block_m=256, block_n=128, cluster_n=2),
     GemmConfig("f16", "f32", "K", "K", block_m=256, block_n=128, stages=3, cluster_m=2),
-    # clusters in GPC order (slots claimed with atomics): the 1x2 tile the heuristic runs, and 2x1
+    # clusters in GPC order (slots claimed with atomics): the 1x2 tile the heuristic runs, and the
+    # training tiles' 2x1 over the raster walked row by row
     GemmConfig("bf16", "bf16", "K", "K", block_n=112, stages=6, cluster_n=2, cluster_order="gpc"),
-    GemmConfig("bf16", "bf16", "M", "N", cluster_m=2, cluster_order="gpc"),
+    GemmConfig("bf16", "bf16", "M", "N", cluster_m=2, cluster_order="gpc", group_n=8),
     # the dynamic schedule (tiles taken off a counter, handed through a ring of ids): the
     # training tiles' 2x1 cluster, and unclustered
     GemmConfig("bf16", "bf16", "M", "N", cluster_m=2, dynamic_schedule=True),
@@ -290,6 +291,8 @@ def test_stage_count_fills_shared_memory():
     (dict(block_m=192, block_n=128, a_major="M", cluster_n=2), "block_m = 192"),
     (dict(cluster_order="smid"), "cluster_order"), (dict(cluster_order="gpc"), "2-CTA clusters"),
     (dict(a_evict="evict_last"), "a_evict"), (dict(b_evict="never"), "b_evict"),
+    (dict(group_m=0), "group_m"), (dict(group_n=-1), "group_n"),
+    (dict(block_n=128, grouped="contiguous", group_n=8), "group_n runs ungrouped"),
     *((dict(dict(dynamic_schedule=True), **kw), "dynamic_schedule") for kw in (
         dict(block_n=128, stream_k=True), dict(block_n=128, pingpong=True), dict(grouped="contiguous", block_n=128),
         dict(cluster_n=2, cluster_order="gpc"), dict(in_dtype="e4m3", b_major="K", block_n=128, promoted=True))),
@@ -461,8 +464,11 @@ def test_sustained_config_takes_2x1_clusters_where_they_fill_their_waves(M, N, K
         assert default.cluster_m == 1
         assert (sustained.block_m, sustained.block_n, sustained.cluster_m, sustained.cluster_n) == (128, 256, 2, 1)
         assert not sustained.pingpong
-        # the output layer's products (48 waves of clusters or more) take their tiles dynamically
-        assert sustained.dynamic_schedule == (M * N >= 151936 * 2560)
+        # the output layer's products (48 waves of clusters or more) take their tiles dynamically,
+        # the others in GPC order over the raster walked row by row
+        dynamic = M * N >= 151936 * 2560
+        assert sustained.dynamic_schedule == dynamic
+        assert (sustained.cluster_order, sustained.group_n) == (("launch", 0) if dynamic else ("gpc", 8))
     else:
         assert sustained == default
     fused = EpilogueConfig(activation="relu")  # plain products only: what was measured

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.gpu
 
 GPC_1X2 = GemmConfig(block_n=112, cluster_n=2, cluster_order="gpc", stages=6)
 GPC_2X1 = GemmConfig(cluster_m=2, cluster_order="gpc")
+GPC_2X1_ROWS = GemmConfig(cluster_m=2, cluster_order="gpc", group_n=8)  # the training tiles' walk
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def test_the_probe_ranks_every_tpc_once():
     assert sorted(ranks[:tpcs]) == list(range(tpcs))
 
 
-@pytest.mark.parametrize("cfg", [GPC_1X2, GPC_2X1], ids=["1x2", "2x1"])
+@pytest.mark.parametrize("cfg", [GPC_1X2, GPC_2X1, GPC_2X1_ROWS], ids=["1x2", "2x1", "2x1-rows"])
 @pytest.mark.parametrize("layout", ["RR", "RC", "CR", "CC"])
 @pytest.mark.parametrize("M,N,K", [(1, 1, 1), (7, 129, 64), (129, 300, 77), (1000, 1000, 1000),
                                    (512, 3584, 2048), (4096 + 64, 4096 + 200, 13 * 64 - 5)])

@@ -73,9 +73,9 @@ def test_linear_gradients_match_float64(activation, m):
                                           ("RR", 8000, 2000, 2000), ("CR", 5600, 2000, 1000)])
 def test_sustained_config_matches_float64(layout, M, N, K):
     """``gemm(config="sustained")``'s tiles in the forward (RC), dX (RR) and dW (CR) layouts, ragged
-    edges, into an output poisoned with NaN: 2x1 clusters in place of 128 x 192 tiles (the third
-    and fourth) and of ping-pong tiles (the last two: 3.9 and 2.7 waves), taken dynamically over
-    48 waves or more (the fifth and sixth)."""
+    edges, into an output poisoned with NaN: 2x1 clusters in GPC order over the raster walked row
+    by row in place of 128 x 192 tiles (the third and fourth) and of ping-pong tiles (the last two:
+    3.9 and 2.7 waves), taken dynamically over 48 waves or more (the fifth and sixth)."""
     import numba_hopper
 
     torch.manual_seed(0)

@@ -94,6 +94,11 @@ class GemmConfig:
     ``cluster_order``: which cluster takes which tile slot of the raster: "launch" (the
     cluster's index in the grid) or "gpc" (2-CTA clusters: slots in GPC-major order of the
     TPCs the clusters run on, claimed at the kernel's start; ``kernels/scheduler.py``).
+    ``group_m``: the raster's groups of cluster-tile rows, each walked column by column
+    (``kit.scheduler``'s grouped order); ``group_n``: 0, or the raster transposed: groups of
+    ``group_n`` cluster-tile columns, each walked row by row, so that consecutive slots share
+    A's row panel (in GPC order, the 2x1 clusters of a GPC then read the same A tiles together;
+    ``kernels/scheduler.py``).
     ``pingpong``: the two consumers take whole 128-row tiles in turn, each issuing both 64-row
     halves' wgmmas, so that one's epilogue runs under the other's mainloop (CUTLASS's
     ``KernelTmaWarpSpecializedPingpong``); 16-bit or unpromoted fp8 products, with no C, gating or
@@ -132,6 +137,7 @@ class GemmConfig:
     block_n: int = 256
     stages: int = 4
     group_m: int = 8
+    group_n: int = 0
     cluster_m: int = 1
     cluster_n: int = 1
     debug: bool = False
@@ -239,6 +245,10 @@ class GemmConfig:
             raise ValueError(f"cluster_order must be one of {CLUSTER_ORDERS}, got {self.cluster_order!r}")
         if self.cluster_order == "gpc" and self.cluster_size != 2:  # (a cluster's TPC names its GPC-major slot)
             raise ValueError(f"cluster_order = 'gpc' runs 2-CTA clusters, got {self.cluster_m}x{self.cluster_n}")
+        if self.group_m < 1 or self.group_n < 0:
+            raise ValueError(f"group_m must be >= 1 and group_n >= 0, got {self.group_m}, {self.group_n}")
+        if self.group_n and self.grouped is not None:  # (the group walk has its own raster)
+            raise ValueError("group_n runs ungrouped kernels")
         if self.stream_k and (self.cluster_size > 1 or self.epilogue is not None):
             raise ValueError("stream_k runs without a cluster or a fused epilogue")
         if self.promoted and (self.in_dtype not in FP8_DTYPES or self.block_n not in BLOCK_SCALED_NS):

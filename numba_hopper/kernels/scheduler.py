@@ -4,7 +4,7 @@ A persistent CTA walks work items: whole tiles ``cta, cta + ctas, ...`` (data-pa
 then, with stream-K, pieces of the K loops of the last tiles. The walk gives a CTA's items
 (a tile and a k-block range each) one after another, and maps a linear tile id to
 output-tile coordinates (the kit's grouped raster, :func:`numba_hopper.kit.scheduler.grouped_tile`,
-over cluster tiles). Producer and consumers call the same functions on the same ids,
+over cluster tiles, or with ``cfg.group_n`` the same raster transposed). Producer and consumers call the same functions on the same ids,
 so they agree on every item without communicating. A stream-K tile's pieces meet in the
 fix-up: partial sums passed from CTA to CTA through a global workspace.
 
@@ -150,7 +150,7 @@ def make_tile_scheduler(cfg) -> TileScheduler:
     """
     if cfg.grouped is not None:
         return _grouped_scheduler(cfg)
-    BM, BN, CM, CN, GROUP_M = cfg.block_m, cfg.block_n, cfg.cluster_m, cfg.cluster_n, cfg.group_m
+    BM, BN, CM, CN, GROUP_M, GROUP_N = cfg.block_m, cfg.block_n, cfg.cluster_m, cfg.cluster_n, cfg.group_m, cfg.group_n
     CLUSTER = cfg.cluster_size
     ONE_PRODUCT = cfg.epilogue is not None  # gemm() neither batches nor splits K with an epilogue
     STREAM_K = cfg.stream_k
@@ -190,7 +190,10 @@ def make_tile_scheduler(cfg) -> TileScheduler:
         """CTA (rm, rn) of a cluster computes output tile (CM*cm + rm, CN*cn + rn) of cluster tile (cm, cn)."""
         tile = item.tile
         b = 0 if ONE_PRODUCT else nh.div_u32(tile, w.per_batch)
-        cm, cn = grouped_tile(tile - b * w.per_batch, w.ctiles_m, w.ctiles_n, GROUP_M)
+        if GROUP_N:  # the grouped raster transposed: groups of GROUP_N columns, walked row by row
+            cn, cm = grouped_tile(tile - b * w.per_batch, w.ctiles_n, w.ctiles_m, GROUP_N)
+        else:
+            cm, cn = grouped_tile(tile - b * w.per_batch, w.ctiles_m, w.ctiles_n, GROUP_M)
         return OutputTile(b, (CM * cm + rm) * BM, (CN * cn + rn) * BN)
 
     @cuda.jit(device=True, forceinline=True)
@@ -347,11 +350,16 @@ def _cluster_slots(cfg):
 
     "launch": a cluster's slot is its index in the grid. "gpc": the GPC-major rank of the TPC
     its CTAs run on (``params.tpc_order``, probed by ``numba_hopper.matmul.placement``), so
-    that the clusters of a GPC take consecutive slots, hence neighbouring tiles of the grouped
-    raster, and read the same operand rows at about the same time. The L2 request coalescer merges such reads from
-    SMs of one GPC; a launch deals consecutive clusters to different GPCs, so in launch order
-    our clusters' reads of the operand they do not multicast merged 1%, against 69% in GPC order
-    (measured at 512x3584x18944).
+    that the clusters of a GPC take consecutive slots, hence neighbouring tiles of the raster,
+    and read the same operand tiles at about the same time. The L2 request coalescer merges such
+    reads from SMs of one GPC; a launch deals consecutive clusters to different GPCs, so in
+    launch order 1x2 clusters' reads of B, the operand they do not multicast, merged 1%, against
+    69% in GPC order (measured at 512x3584x18944). Neighbouring slots must share that operand:
+    the grouped raster's consecutive tiles share B's column panel, which suits 1x2 clusters;
+    2x1 clusters multicast B and take the raster walked row by row (``cfg.group_n``), whose
+    consecutive tiles share A's row panel. At 2560x9728x8192 (A M-major) the 2x1 clusters'
+    reads from the L2 fell 12% so, to about cuBLAS's (same tile and cluster), where GPC order
+    alone had raised them 6% (``benchmarks/results/gemm-traffic-h200.json``, run "rows").
 
     Clusters land wherever SMs are free: with another kernel holding some, two clusters can
     run on one TPC one after the other. So each cluster claims a slot: the first free one from
