@@ -4,8 +4,8 @@ A persistent CTA walks work items: whole tiles ``cta, cta + ctas, ...`` (data-pa
 then, with stream-K, pieces of the K loops of the last tiles. The walk gives a CTA's items
 (a tile and a k-block range each) one after another, and maps a linear tile id to
 output-tile coordinates (the kit's grouped raster, :func:`numba_hopper.kit.scheduler.grouped_tile`,
-over cluster tiles, or with ``cfg.group_n`` the same raster transposed). Producer and consumers call the same functions on the same ids,
-so they agree on every item without communicating. A stream-K tile's pieces meet in the
+over cluster tiles, or with ``cfg.group_n`` the same raster transposed). Producer and consumers
+call the same functions on the same ids, so they agree on every item without communicating. A stream-K tile's pieces meet in the
 fix-up: partial sums passed from CTA to CTA through a global workspace.
 
 Which cluster takes which slot of the walk (``cta`` above counts clusters) is the launch's
@@ -358,8 +358,9 @@ def _cluster_slots(cfg):
     the grouped raster's consecutive tiles share B's column panel, which suits 1x2 clusters;
     2x1 clusters multicast B and take the raster walked row by row (``cfg.group_n``), whose
     consecutive tiles share A's row panel. At 2560x9728x8192 (A M-major) the 2x1 clusters'
-    reads from the L2 fell 12% so, to about cuBLAS's (same tile and cluster), where GPC order
-    alone had raised them 6% (``benchmarks/results/gemm-traffic-h200.json``, run "rows").
+    reads from the L2 fell 11% so, near cuBLAS's (same tile and cluster), where GPC order over
+    the grouped raster had raised them 4% (``benchmarks/results/gemm-traffic-h200.json``, run
+    "rows").
 
     Clusters land wherever SMs are free: with another kernel holding some, two clusters can
     run on one TPC one after the other. So each cluster claims a slot: the first free one from

@@ -451,8 +451,8 @@ SUSTAINED_MIN_FILL = 0.85
 # The training tiles' static walk: 2x1 clusters in GPC order over the raster walked row by row in
 # groups of this many cluster-tile columns, about a GPC's clusters (8-9 on an H100 or H200), so that
 # the clusters of a GPC share A's row panel and the L2 request coalescer merges their reads of it
-# (kernels/scheduler.py). At the power limit forward, dX and dW products of the training steps ran
-# 0.6% faster by mean than in launch order, 10 of 12 faster (sustained-rows-h200.json).
+# (kernels/scheduler.py). At the power limit the training steps' products in these tiles ran 1.2%
+# faster by mean than in launch order, 11 of 13 faster (benchmarks/results/sustained-rows-h200.json).
 SUSTAINED_GPC_COLUMNS = 8
 
 
