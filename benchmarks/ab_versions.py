@@ -10,9 +10,14 @@ per call). Each case reports both versions' ratio against the reference and new/
     python benchmarks/ab_versions.py                         # time .ab/'s copy against this tree's
     python benchmarks/ab_versions.py --train                 # ... on a training step's products
     python benchmarks/ab_versions.py --shapes 8192x2048x2048:RR   # ... on these, as a step issues them
+    python benchmarks/ab_versions.py --train --sustained 0.8 --rounds 4   # ... at the power limit
+
+``--sustained SECONDS`` times each version and the reference for that long at a stretch
+(``bench_sustained.py``'s method: at the power limit, where a product's rate is set by its energy
+per FLOP), in rounds of alternating order, and adds each side's mean power and SM clock.
 
 Writes ``benchmarks/results/ab-<gpu>.json`` (``--out`` to change): records {name, M, N, K,
-base_ratio, new_ratio, new_over_base}.
+base_ratio, new_ratio, new_over_base} (with ``--sustained``, also {ref,base,new}_{watts,mhz}).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import math
 import pathlib
 import re
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -132,6 +138,29 @@ def train_cases(torch, shapes=None):
             for name, M, N, K, _, layout in suite]
 
 
+def sustained_rounds(fns, inputs, seconds, rounds):
+    """``--sustained``: each side run for ``seconds`` at a stretch, ``rounds`` times, base and new
+    in alternating order, the reference after them; the ratios are medians of the rounds'."""
+    from bench_sustained import sustained_run
+
+    calls = {k: (lambda f=f: f(*inputs)) for k, f in fns.items()}
+    reps = max(10, int(seconds * 1000 / sustained_run(calls["ref"], 20)[0]))
+    sustained_run(calls["new"], reps)  # the card at its power limit before the first round
+    runs = {k: [] for k in calls}
+    for r in range(rounds):
+        for k in (("base", "new") if r % 2 == 0 else ("new", "base")) + ("ref",):
+            runs[k].append(sustained_run(calls[k], reps))
+
+    def ratio(num, den):
+        return round(statistics.median(n[0] / d[0] for n, d in zip(runs[num], runs[den])), 4)
+
+    rec = dict(base_ratio=ratio("ref", "base"), new_ratio=ratio("ref", "new"), new_over_base=ratio("base", "new"))
+    for k, v in runs.items():
+        rec[f"{k}_watts"] = round(statistics.median(x[1] for x in v), 1)
+        rec[f"{k}_mhz"] = round(statistics.median(x[2] for x in v))
+    return rec
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--make-base", metavar="REF", help="copy REF's package to .ab/ and exit")
@@ -140,6 +169,8 @@ def main(argv=None):
     p.add_argument("--train", action="store_true", help="the training steps' products in place of the cases")
     p.add_argument("--shapes", nargs="*", help="plain products MxNxK[:layout] as a training step issues them, "
                                                 "in place of the cases")
+    p.add_argument("--sustained", type=float, metavar="SECONDS",
+                   help="time each side for SECONDS at a stretch, at the power limit (see the module doc)")
     p.add_argument("--out", help="results file (default: benchmarks/results/ab-<gpu>.json)")
     args = p.parse_args(argv)
     if args.make_base:
@@ -170,18 +201,22 @@ def main(argv=None):
             if not err < 3e-2:
                 raise AssertionError(f"{name}: {label} relative error {err:.2e}")
         fns = {"ref": lambda *x: reference(x), "base": lambda *x: call(base, x), "new": lambda *x: call(new, x)}
-        times = interleaved_rounds(fns, sets, args.rounds, "ref")
-        rec = dict(name=name, M=M, N=N, K=K, base=ref_name,
-                   base_ratio=round(paired_ratio(times, "ref", "base"), 4),
-                   new_ratio=round(paired_ratio(times, "ref", "new"), 4),
-                   new_over_base=round(paired_ratio(times, "base", "new"), 4))
+        rec = dict(name=name, M=M, N=N, K=K, base=ref_name)
+        if args.sustained:
+            rec.update(sustained_rounds(fns, first, args.sustained, args.rounds))
+        else:
+            times = interleaved_rounds(fns, sets, args.rounds, "ref")
+            rec.update(base_ratio=round(paired_ratio(times, "ref", "base"), 4),
+                       new_ratio=round(paired_ratio(times, "ref", "new"), 4),
+                       new_over_base=round(paired_ratio(times, "base", "new"), 4))
         records.append(rec)
         print(f"{name:44} base {rec['base_ratio']:.3f}  new {rec['new_ratio']:.3f}  new/base {rec['new_over_base']:.3f}",
               flush=True)
     gpu = torch.cuda.get_device_name(0).split()[-1].lower()
     path = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"ab-{gpu}.json")
-    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rounds": args.rounds, "records": records},
-                               indent=1) + "\n")
+    command = " ".join(["python", "benchmarks/ab_versions.py", *(sys.argv[1:] if argv is None else argv)])
+    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rounds": args.rounds, "command": command,
+                                "sustained_seconds": args.sustained, "records": records}, indent=1) + "\n")
     print(f"results: {path}")
 
 

@@ -97,6 +97,8 @@ def test_gemm_sass_has_hopper_instructions_and_no_spills(cfg):
         order = [r.sass.index(op) for op in ("SR_VIRTUALSMID", "CCTL.E.PF2", "ACQBULK", "ATOMG.E.CAS", "UTMALDG")]
         assert order == sorted(order)
     assert r.count("SYNCS") > 0  # mbarrier
+    # a barrier wait that does not pass at once sleeps until the barrier changes, not spinning
+    assert r.count("NANOSLEEP.SYNCS") >= 2, r.summary()
     # programmatic dependent launch: one wait before the first global access, one release
     assert r.count("ACQBULK") == 1 and r.count("PREEXIT") == 1
     assert r.sass.index("ACQBULK") < r.sass.index("UTMALDG")

@@ -76,8 +76,14 @@ def mbarrier_test_wait_parity(bar: u32, phase: u32) -> bool:
     """
 
 
+# try_wait's suspendTimeHint: a waiting warp sleeps (SASS NANOSLEEP.SYNCS) until the barrier
+# changes or this many ns pass, in place of spinning; cuBLAS's sm90 kernels wait the same way.
+SUSPEND_HINT_NS = 50_000
+
+
 @ptx_asm(
-    "{ .reg .pred p; NH_WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [{bar}], {phase}; "
+    "{ .reg .pred p; NH_WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [{bar}], {phase}, "
+    f"{SUSPEND_HINT_NS}; "
     "@!p bra NH_WAIT; }"
 )
 def mbarrier_wait_parity(bar: u32, phase: u32):
@@ -87,7 +93,8 @@ def mbarrier_wait_parity(bar: u32, phase: u32):
 
 
 @ptx_asm(
-    "{ .reg .pred p; NH_CWAIT: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [{bar}], {phase}; "
+    "{ .reg .pred p; NH_CWAIT: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [{bar}], {phase}, "
+    f"{SUSPEND_HINT_NS}; "
     "@!p bra NH_CWAIT; }"
 )
 def mbarrier_wait_parity_cluster(bar: u32, phase: u32):
