@@ -16,8 +16,9 @@ per call). Each case reports both versions' ratio against the reference and new/
 (``bench_sustained.py``'s method: at the power limit, where a product's rate is set by its energy
 per FLOP), in rounds of alternating order, and adds each side's mean power and SM clock.
 
-Writes ``benchmarks/results/ab-<gpu>.json`` (``--out`` to change): records {name, M, N, K,
-base_ratio, new_ratio, new_over_base} (with ``--sustained``, also {ref,base,new}_{watts,mhz}).
+Writes ``benchmarks/results/ab-<gpu>.json`` (``--sustained``: ``ab-sustained-<gpu>.json``;
+``--out`` to change): records {name, M, N, K, base, base_ratio, new_ratio, new_over_base}, with
+``--sustained`` also {ref,base,new}_{watts,mhz}.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
-import json
 import math
 import pathlib
 import re
@@ -59,7 +59,8 @@ def make_base(ref: str, out: pathlib.Path = BASE_DIR):
                 path = out / (BASE_NAME + member.name[len("numba_hopper"):])
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)
-    (out / "REF").write_text(ref + "\n")
+    commit = subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, check=True, capture_output=True, text=True)
+    (out / "REF").write_text(commit.stdout)
 
 
 def cases(torch):
@@ -179,7 +180,7 @@ def main(argv=None):
         return
     import torch
 
-    from bench_gemm import interleaved_rounds, paired_ratio
+    from bench_gemm import interleaved_rounds, paired_ratio, save_results
 
     sys.path.insert(0, str(BASE_DIR))
     base = importlib.import_module(BASE_NAME)
@@ -212,11 +213,9 @@ def main(argv=None):
         records.append(rec)
         print(f"{name:44} base {rec['base_ratio']:.3f}  new {rec['new_ratio']:.3f}  new/base {rec['new_over_base']:.3f}",
               flush=True)
-    gpu = torch.cuda.get_device_name(0).split()[-1].lower()
-    path = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"ab-{gpu}.json")
     command = " ".join(["python", "benchmarks/ab_versions.py", *(sys.argv[1:] if argv is None else argv)])
-    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rounds": args.rounds, "command": command,
-                                "sustained_seconds": args.sustained, "records": records}, indent=1) + "\n")
+    path = save_results("ab-sustained" if args.sustained else "ab", {"rounds": args.rounds, "sustained_seconds": args.sustained, "command": command,
+                               "records": records}, args.out)
     print(f"results: {path}")
 
 

@@ -76,8 +76,9 @@ def mbarrier_test_wait_parity(bar: u32, phase: u32) -> bool:
     """
 
 
-# try_wait's suspendTimeHint: a waiting warp sleeps (SASS NANOSLEEP.SYNCS) until the barrier
-# changes or this many ns pass, in place of spinning; cuBLAS's sm90 kernels wait the same way.
+# try_wait's suspendTimeHint in the waits below: a try_wait that does not pass compiles to
+# NANOSLEEP.SYNCS, which sleeps until the barrier changes (or this many ns pass) instead of
+# re-issuing the try_wait; at the power limit the spin's instructions cost energy.
 SUSPEND_HINT_NS = 50_000
 
 
@@ -87,8 +88,9 @@ SUSPEND_HINT_NS = 50_000
     "@!p bra NH_WAIT; }"
 )
 def mbarrier_wait_parity(bar: u32, phase: u32):
-    """PTX ISA 9.7.13.15.16 mbarrier.try_wait.parity in a spin loop (one asm block, CUTLASS
-    ClusterBarrier::wait): returns once the phase of parity ``phase`` has completed.
+    """PTX ISA 9.7.13.15.16 mbarrier.try_wait.parity in a loop (one asm block, CUTLASS
+    ClusterBarrier::wait): returns once the phase of parity ``phase`` has completed. Each try
+    carries a suspend-time hint (``SUSPEND_HINT_NS``): a waiting warp sleeps, not spins.
     """
 
 
@@ -98,10 +100,11 @@ def mbarrier_wait_parity(bar: u32, phase: u32):
     "@!p bra NH_CWAIT; }"
 )
 def mbarrier_wait_parity_cluster(bar: u32, phase: u32):
-    """PTX ISA 9.7.13.15.16 mbarrier.try_wait.parity.acquire.cluster in a spin loop: returns once
-    the phase of parity ``phase`` has completed, with acquire semantics at cluster scope, so that
-    what another CTA of the cluster stored into this CTA's shared memory before its
-    ``.release.cluster`` arrive (``mbarrier_arrive_cluster``) is visible.
+    """PTX ISA 9.7.13.15.16 mbarrier.try_wait.parity.acquire.cluster in a loop that sleeps as
+    ``mbarrier_wait_parity``'s does: returns once the phase of parity ``phase`` has completed,
+    with acquire semantics at cluster scope, so that what another CTA of the cluster stored
+    into this CTA's shared memory before its ``.release.cluster`` arrive
+    (``mbarrier_arrive_cluster``) is visible.
     """
 
 

@@ -41,7 +41,7 @@ parts, taking the stage count as an argument; :func:`make_tma_pipeline` bundles 
 Debug builds: ``acquire``, ``wait`` (and ``producer_acquire``, ``consumer_wait``) take an
 optional ``site``, a :class:`DebugSite` built by ``debug_site(record, tile, k_block)`` (the
 address of a debug record, the tile and the k-block being waited for). With ``site=None``
-(the default) a wait spins without bound and compiles to a plain wait: numba prunes the
+(the default) a wait has no bound and compiles to a plain wait: numba prunes the
 ``site is None`` branch at compile time. With a site the wait gives up after
 ``DEBUG_TIMEOUT_NS``; the first thread in the grid to give up fills the record (fields
 ``numba_hopper.runtime.debug.RECORD_FIELDS``, one ``uint32`` each) and every thread that
