@@ -443,6 +443,82 @@ def test_inductor_cache_keys_graphs_by_the_files_their_code_calls(monkeypatch):
     assert set(hashed) == {m.__file__ for m in (_post_grad, ops, _embedding_grad, _lowering)}, hashed
 
 
+class _Rotary(torch.nn.Module):
+    """A query and a key projection with rotary position embeddings, as a transformers attention
+    layer applies them: one table of cosines and one of sines, each read once per head."""
+
+    def __init__(self, hidden=64, heads=4):
+        super().__init__()
+        self.heads, self.dim = heads, hidden // heads
+        self.q_proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.k_proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, self.dim, 2).float() / self.dim))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        freqs = torch.arange(s, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+        def rotate(t):
+            t = t.view(b, s, self.heads, self.dim).transpose(1, 2)
+            half = self.dim // 2
+            return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
+
+        return rotate(self.q_proj(x)) * rotate(self.k_proj(x))
+
+
+def test_pass_holds_broadcast_sines_and_cosines_in_memory(double, monkeypatch):
+    """A compiled training graph's rotary tables, which each head reads, are held in memory, once
+    in the forward and once in the backward (``_post_grad.materialize_broadcast_trig``); outputs and
+    gradients against float64."""
+    from torch._inductor.utils import run_and_get_code
+
+    from numba_hopper.torch import _post_grad
+
+    held = []
+    count = _post_grad.materialize_broadcast_trig
+    monkeypatch.setattr(_post_grad, "materialize_broadcast_trig", lambda graph: held.append(count(graph)) or held[-1])
+    torch.manual_seed(0)
+    ref_model = _Rotary().double()
+    model = copy.deepcopy(ref_model).to(torch.bfloat16)
+    nht.replace_linear(model)
+    x = torch.randn(2, 9, 64)
+    ref = ref_model(x.double())
+    ref.square().mean().backward()
+    def step():
+        got = torch.compile(model, fullgraph=True)(x.to(torch.bfloat16))
+        got.float().square().mean().backward()
+        return got
+
+    with torch._inductor.config.patch(force_disable_caches=True):  # (a cached graph runs no pass)
+        got, codes = run_and_get_code(step)
+    assert held == [2, 2]  # the forward's cosine and sine, then the backward's
+    # each computed once a graph (inlined, the backward computed the sine in each of its readers)
+    assert [(code.count("cos("), code.count("sin(")) for code in codes] == [(1, 1), (1, 1)], codes
+    assert cases.rel_error(got, ref) < 2e-2
+    for p, ref_p in zip(model.parameters(), ref_model.parameters()):
+        assert cases.rel_error(p.grad, ref_p.grad) < 3e-2
+
+
+def test_broadcast_trig_pass_keeps_the_scaling_and_leaves_elementwise_uses():
+    """The table held is the value after its scaling and conversion; a sine read element by element
+    stays inlined (holding it would add a pass over memory)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from numba_hopper.torch import _post_grad
+
+    def f(freqs, q, x):  # (the cast as post-grad graphs have it)
+        return q * torch.ops.prims.convert_element_type(freqs.cos() * 2.0, torch.bfloat16), x.sin() * x
+
+    graph = make_fx(f, tracing_mode="fake")(torch.randn(8, 4), torch.randn(3, 8, 4, dtype=torch.bfloat16),
+                                            torch.randn(8, 4)).graph
+    assert _post_grad.materialize_broadcast_trig(graph) == 1
+    (kept,) = (n for n in graph.nodes if n.target is torch.ops.numba_hopper.materialized.default)
+    assert kept.args[0].target is torch.ops.prims.convert_element_type.default
+    assert [u.target for u in kept.users] == [torch.ops.aten.mul.Tensor]
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_inductor_fuses_a_gated_mlp_into_one_gemm(double, dynamic):
     """Under torch.no_grad() Inductor's post-grad pass (``_post_grad``) puts one gated GEMM in place of

@@ -4,7 +4,8 @@ wrapper calls ``numba_hopper.gemm(a, b, out=buf)`` itself, as it calls
 dispatcher. With them comes Inductor's ``post_grad_custom_pre_pass`` (``_post_grad.PostGradPass``,
 after any pass the user had set there): it puts ``mm`` in place of each plain product that a
 training graph holds as ``numba_hopper::gemm`` (the forward's linears and the backward's ``dX``
-and ``dW``, which the autograd formula issues as ``gemm``), then fuses gated MLPs.
+and ``dW``, which the autograd formula issues as ``gemm``), then fuses gated MLPs. The pass's
+``numba_hopper::materialized`` is lowered to its input realized: a buffer, which its readers load.
 
 Why: a compiled forward issues each GEMM from Inductor's Python wrapper, and through the
 dispatcher a Python-implemented operator costs more than the GEMM call itself (an H100 host, a
@@ -72,6 +73,11 @@ def register():
             return call_gated_operator(a, b, up, activation)
         *_, layout, a, b = mm_args(a, b)
         return gated_kernel.bind((a, b, up), layout, activation=activation).output_node()
+
+    @register_lowering(torch.ops.numba_hopper.materialized.default, type_promotion_kind=None)
+    def lower_materialized(x):
+        x.realize()  # a buffer its readers load, where Inductor would inline its computation
+        return x
 
     if not isinstance(config.post_grad_custom_pre_pass, PostGradPass):
         config.post_grad_custom_pre_pass = PostGradPass(then=config.post_grad_custom_pre_pass)

@@ -9,6 +9,13 @@ Then, in such a graph, an embedding's weight gradient made through a float32 (V,
 becomes one operator that adds the looked-up rows into a table of the weight's dtype, or, for a
 weight tied to the output layer, into that layer's product (``_embedding_grad``).
 
+In such a graph, too, a sine or cosine that a kernel reads broadcast (the rotary position
+embeddings' tables, which every layer's query and key read once per head) is held in memory
+(``numba_hopper::materialized``). Inductor inlines a pointwise value into each of its readers, so
+each recomputes the sine or cosine (libdevice's, tens of instructions) for every element it reads:
+in a compiled Llama step at 8192 tokens and hidden 2048 the rotary kernels were bound by that
+arithmetic. Held, the table is computed once a graph and read from memory; its values are the same.
+
 Last, gated MLPs become one GEMM each: the pass finds ``silu(x @ W_gate.T) * (x @ W_up.T)``
 (SwiGLU, as Llama, Mistral and Qwen MLPs compute it) over two ``numba_hopper::mm`` and puts one
 ``numba_hopper::gated_mm`` in their place.
@@ -32,6 +39,7 @@ import pathlib
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..matmul.heuristics import SUSTAINED
 from . import training
@@ -44,14 +52,17 @@ from . import training
 CACHE_KEY_FILES = ("_post_grad.py", "ops.py", "_embedding_grad.py", "_lowering.py")
 aten, prims = torch.ops.aten, torch.ops.prims
 _VIEWS = (aten.reshape.default, aten.view.default, aten._unsafe_view.default)
+# The views a table takes on its way to the kernels that broadcast it (a rotary table: unsqueeze).
+_TABLE_VIEWS = (*_VIEWS, aten.unsqueeze.default, aten.expand.default, aten.slice.Tensor, aten.squeeze.dim,
+                aten.permute.default, aten.transpose.int)
 _CONVERT = prims.convert_element_type.default
 _HALF = (torch.bfloat16, torch.float16)
 
 
 class PostGradPass(CustomGraphPass):
     """The pass (Inductor's ``post_grad_custom_pre_pass``): plain products to ``mm``, then, in
-    graphs that hold them, embedding gradients, then gated MLPs; ``then``: a pass the user had
-    set there, run first."""
+    graphs that hold them, embedding gradients and broadcast sines and cosines, then gated MLPs;
+    ``then``: a pass the user had set there, run first."""
 
     def __init__(self, then=None):
         self.then = then
@@ -61,6 +72,7 @@ class PostGradPass(CustomGraphPass):
             self.then(graph)
         if plain_products_to_mm(graph) or _holds(graph, torch.ops.numba_hopper.mm.default):
             fuse_embedding_grads(graph)
+            materialize_broadcast_trig(graph)
         fuse_gated_mlps(graph)
 
     def uuid(self):
@@ -154,6 +166,52 @@ def fuse_embedding_grads(graph: torch.fx.Graph) -> int:
     return fused
 
 
+def materialize_broadcast_trig(graph: torch.fx.Graph) -> int:
+    """Put ``numba_hopper::materialized`` after each sine or cosine of ``graph`` (with the scaling
+    and conversion that follow it) that some kernel reads broadcast, at least twice per element.
+    Return how many."""
+    held_op = torch.ops.numba_hopper.materialized.default
+    held = 0
+    for node in list(graph.nodes):
+        if not _is_any(node, (aten.cos.default, aten.sin.default)):
+            continue
+        table = node
+        while len(table.users) == 1 and _scales_or_converts(next(iter(table.users))):
+            table = next(iter(table.users))
+        if not _read_broadcast(table):
+            continue
+        with graph.inserting_after(table):
+            kept = graph.call_function(held_op, (table,))
+        kept.meta["val"] = _value(table)
+        table.replace_all_uses_with(kept, delete_user_cb=lambda user: user is not kept)
+        held += 1
+    return held
+
+
+def _read_broadcast(table):
+    """Whether a kernel reads ``table`` broadcast: a reader (through views) with at least twice
+    its elements."""
+    size = _value(table).numel() if isinstance(_value(table), torch.Tensor) else None
+    return size is not None and any(isinstance(_value(r), torch.Tensor)
+                                    and statically_known_true(_value(r).numel() >= 2 * size) for r in _readers(table))
+
+
+def _scales_or_converts(node):
+    """Whether ``node`` multiplies by a number or converts the dtype (a table's scaling and cast)."""
+    return _is(node, _CONVERT) or (_is(node, aten.mul.Tensor) and isinstance(node.args[1], (int, float)))
+
+
+def _readers(node):
+    """The nodes that read ``node``'s value, through views of it."""
+    readers = []
+    for user in node.users:
+        if _is_any(user, _TABLE_VIEWS) and user.args[0] is node:
+            readers.extend(_readers(user))
+        else:
+            readers.append(user)
+    return readers
+
+
 _MASKED_PUT = getattr(aten, "_unsafe_masked_index_put_accumulate", None)  # (the newer decomposition's)
 
 
@@ -193,8 +251,12 @@ def _is(node, target):
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target == target
 
 
+def _is_any(node, targets):
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
+
+
 def _is_view(node):
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _VIEWS
+    return _is_any(node, _VIEWS)
 
 
 def _under_views(node):
