@@ -486,6 +486,7 @@ def test_pass_holds_broadcast_sines_and_cosines_in_memory(double, monkeypatch):
     x = torch.randn(2, 9, 64)
     ref = ref_model(x.double())
     ref.square().mean().backward()
+
     def step():
         got = torch.compile(model, fullgraph=True)(x.to(torch.bfloat16))
         got.float().square().mean().backward()
@@ -517,6 +518,7 @@ def test_broadcast_trig_pass_keeps_the_scaling_and_leaves_elementwise_uses():
     (kept,) = (n for n in graph.nodes if n.target is torch.ops.numba_hopper.materialized.default)
     assert kept.args[0].target is torch.ops.prims.convert_element_type.default
     assert [u.target for u in kept.users] == [torch.ops.aten.mul.Tensor]
+    torch.library.opcheck(torch.ops.numba_hopper.materialized.default, (torch.randn(8, 4),))
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

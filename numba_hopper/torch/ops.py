@@ -268,8 +268,7 @@ _mm_op = define_op("mm", "(Tensor a, Tensor b, bool sustained) -> Tensor", _mm_i
 # A value that a compiled graph keeps in memory for its readers rather than letting Inductor
 # recompute it inside each (``_post_grad.materialize_broadcast_trig``): lowered to the value itself,
 # realized (``_lowering``). Only the post-grad pass puts it in a graph; its implementation copies.
-_materialized_op = define_op("materialized", "(Tensor x) -> Tensor", lambda x: x.clone(),
-                             lambda x: torch.empty_like(x))
+define_op("materialized", "(Tensor x) -> Tensor", lambda x: x.clone(), lambda x: torch.empty_like(x))
 
 
 # A gated product, ``activation(a @ b) * (a @ up)`` (``numba_hopper.gemm(a, b, up=up)``): put in
