@@ -155,14 +155,16 @@ def _gemm_grads(ctx, d_pre):
     a, b = ctx.saved_tensors[:2]
     d_pre = d_pre.contiguous()
     da = db = dc = dbias = None
-    if _needs_grad(ctx, 0):
-        g = d_pre.to(a.dtype)
-        da = _in_layout_of(a, lambda t: _gradient_gemm(b, g.t(), ctx.alpha) if t
-                           else _gradient_gemm(g, b.t(), ctx.alpha))
+    # b's gradient (a linear's weight) before a's (its input), the order of PyTorch's compiled
+    # backward, so that a step's products line up with stock's (profile_train.py --gemms).
     if _needs_grad(ctx, 1):
         g = d_pre.to(b.dtype)
         db = _in_layout_of(b, lambda t: _gradient_gemm(g.t(), a, ctx.alpha) if t
                            else _gradient_gemm(a.t(), g, ctx.alpha))
+    if _needs_grad(ctx, 0):
+        g = d_pre.to(a.dtype)
+        da = _in_layout_of(a, lambda t: _gradient_gemm(b, g.t(), ctx.alpha) if t
+                           else _gradient_gemm(g, b.t(), ctx.alpha))
     if _needs_grad(ctx, 2):
         dc = (ctx.beta * d_pre).to(ctx.c_dtype)
     if _needs_grad(ctx, 3):
