@@ -1,4 +1,4 @@
-"""A CPU stand-in for ``numba_hopper.gemm`` / ``numba_hopper.bmm`` on PyTorch tensors, for
+"""A CPU stand-in for ``numba_hopper.gemm`` / ``gemm_sum`` / ``bmm`` on PyTorch tensors, for
 testing the PyTorch layer (``numba_hopper.torch``) and the raw API's contract without a GPU.
 
 A call runs the real ``numba_hopper.gemm`` / ``bmm`` on its CPU tensors, seen as device 0:
@@ -41,7 +41,7 @@ def _silu_glu_backward(dtype, dh, gate, up, d_up):
 # the user epilogues the PyTorch layer passes, as float64 math
 _USER = {glu_backward("silu", name): functools.partial(_silu_glu_backward, dtype)
          for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16))}
-_REAL_GEMM, _REAL_BMM, _REAL_FROM_TORCH = api.gemm, api.bmm, arrays._from_torch
+_REAL_GEMM, _REAL_GEMM_SUM, _REAL_BMM, _REAL_FROM_TORCH = api.gemm, api.gemm_sum, api.bmm, arrays._from_torch
 PLANS = []  # the plan of each call, in order (the latest last)
 
 
@@ -88,6 +88,12 @@ def gemm(a, b, out=None, **kw):
     return result.copy_(value.reshape(result.shape))
 
 
+def gemm_sum(pairs, out=None, **kw):
+    """``numba_hopper.gemm_sum``'s checks and plan (recorded), then the sum in float64."""
+    result = _REAL_GEMM_SUM(pairs, out, stream=0, **kw)
+    return result.copy_(sum(a.detach().double() @ b.detach().double() for a, b in pairs))
+
+
 def bmm(a, b, out=None, **kw):
     """``numba_hopper.bmm``'s checks and plan (recorded), then the product in float64."""
     result = _REAL_BMM(a, b, out, stream=0, **kw)
@@ -95,7 +101,7 @@ def bmm(a, b, out=None, **kw):
 
 
 def install(monkeypatch):
-    """Route ``numba_hopper.matmul.api.gemm`` / ``bmm`` (what ``numba_hopper.torch`` calls, and what
+    """Route ``numba_hopper.matmul.api.gemm`` / ``gemm_sum`` / ``bmm`` (what ``numba_hopper.torch`` calls, and what
     tests of the raw API call through ``api``) to this stand-in for the test."""
     monkeypatch.setattr(arrays, "_from_torch", _from_torch)
     monkeypatch.setattr(plan_cache, "hopper_device_reason", lambda: None)
@@ -108,6 +114,7 @@ def install(monkeypatch):
     monkeypatch.setattr(api, "plans", plans)
     PLANS.clear()
     monkeypatch.setattr(api, "gemm", _no_grad(gemm))
+    monkeypatch.setattr(api, "gemm_sum", _no_grad(gemm_sum))
     monkeypatch.setattr(api, "bmm", _no_grad(bmm))
 
 

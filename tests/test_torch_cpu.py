@@ -431,6 +431,80 @@ class _SwiGLU(torch.nn.Module):
         return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class _Attention(torch.nn.Module):
+    """An attention block's projections and a gated MLP on one normalized input each: the
+    backward sums three products (query, key, value) and two (gate, up)."""
+
+    def __init__(self, hidden=64, kv=32, inner=96):
+        super().__init__()
+        self.q_proj, self.o_proj = torch.nn.Linear(hidden, hidden, bias=False), torch.nn.Linear(hidden, hidden, bias=False)
+        self.k_proj, self.v_proj = (torch.nn.Linear(hidden, kv, bias=False) for _ in range(2))
+        self.mlp = _SwiGLU(hidden, inner)
+
+    def forward(self, x):
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        h = x + self.o_proj(q * torch.cat((k, v), dim=-1).sigmoid())
+        return h + self.mlp(torch.nn.functional.rms_norm(h, (h.shape[-1],)))
+
+
+def test_pass_sums_the_products_of_an_input_gradient(double):
+    """A compiled training graph's input gradient through several linears is one ``gemm_sum`` each
+    (``_post_grad.sum_products``): three products for q, k and v, two for gate and up; outputs
+    and gradients against float64."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    ref_model = _Attention().double()
+    model = copy.deepcopy(ref_model).to(torch.bfloat16)
+    nht.replace_linear(model)
+    x = torch.randn(2, 9, 64)
+    x_ref, x_in = x.double().requires_grad_(), x.to(torch.bfloat16).requires_grad_()
+    ref = ref_model(x_ref)
+    ref.square().mean().backward()
+
+    def step():
+        got = torch.compile(model, fullgraph=True)(x_in)
+        got.float().square().mean().backward()
+        return got
+
+    with torch._inductor.config.patch(force_disable_caches=True):  # (a cached graph runs no pass)
+        got, (_, backward) = run_and_get_code(step)
+    assert backward.count("extern_kernels.numba_hopper_mm_sum(") == 2, backward
+    assert sorted(len(p.specs[-1].segments) + 1 for p in _torch_double.PLANS if _segmented(p)) == [2, 3]
+    assert cases.rel_error(got, ref) < 2e-2 and cases.rel_error(x_in.grad, x_ref.grad) < 3e-2
+    for p, ref_p in zip(model.parameters(), ref_model.parameters()):
+        assert cases.rel_error(p.grad, ref_p.grad) < 3e-2
+
+
+def _segmented(plan):
+    return plan.specs and getattr(plan.specs[-1], "segments", ())
+
+
+def test_sum_pass_leaves_sums_it_cannot_run_as_one():
+    """A product used elsewhere, or products in different tilings, stay products and adds."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from numba_hopper.torch import _post_grad
+
+    mm = torch.ops.numba_hopper.mm.default
+
+    def f(a, b, c, w):
+        kept = mm(a, w, True)
+        return kept + mm(b, w, True), kept, mm(c, w, True) + mm(b, w, False)
+
+    args = (torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(4, 16, dtype=torch.bfloat16),
+            torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(16, 16, dtype=torch.bfloat16))
+    with torch._subclasses.FakeTensorMode():
+        graph = make_fx(f, tracing_mode="fake")(*args).graph
+    assert _post_grad.sum_products(graph) == 0
+
+
+def test_mm_sum_passes_opcheck(double):
+    a = [torch.randn(7, k, dtype=torch.bfloat16) for k in (24, 8)]
+    b = [torch.randn(k, 9, dtype=torch.bfloat16) for k in (24, 8)]
+    torch.library.opcheck(torch.ops.numba_hopper.mm_sum.default, (a, b, True))
+
+
 def test_inductor_cache_keys_graphs_by_the_files_their_code_calls(monkeypatch):
     """A graph compiled through the post-grad pass is cached under a key of the pass's ``uuid``,
     which hashes every file whose functions the graph's code calls or whose operators it holds

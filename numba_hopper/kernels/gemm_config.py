@@ -23,7 +23,7 @@ from .epilogue_config import EpilogueConfig
 __all__ = ["GemmConfig", "SharedLayout", "GemmParams", "Consumer", "BarrierIds", "WG_ROWS", "KBLOCK_BYTES",
            "KBLOCK_SCALE", "ACC_CHAINS", "EPI_ROWS", "EPI_BUF_BYTES", "ELEMENT_BYTES", "INPUT_BYTES", "FP8_DTYPES", "GROUPED_MODES",
            "CLUSTER_ORDERS", "PINGPONG_MAX_BLOCK_N", "TALL_MAX_BLOCK_N", "GATED_NS", "TILE_ID_SLOTS",
-           "TILE_ID_RING_BYTES"]
+           "TILE_ID_RING_BYTES", "MAX_K_SEGMENTS"]
 
 WG_ROWS = 64  # rows of one wgmma (M): a consumer warpgroup's 64-row block of the output tile
 KBLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row along K: 64 16-bit or 128 fp8 elements
@@ -60,6 +60,9 @@ SWIZZLE_ALIGN = 1024  # a 128B-swizzled tile starts on a 1024-byte boundary (the
 # A dynamic schedule's ring of tile ids: TILE_ID_SLOTS slots of a full and an empty mbarrier and a u32 id.
 TILE_ID_SLOTS = 2
 TILE_ID_RING_BYTES = TILE_ID_SLOTS * (8 + 8 + 4)
+# Products a K-segmented kernel sums (GemmConfig.k_segments): the query, key and value
+# projections' input gradient, the most a transformer layer sums.
+MAX_K_SEGMENTS = 3
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,12 @@ class GemmConfig:
     flight then stay consecutive in the raster however far the CTAs' speeds drift apart over
     a long walk; plain cooperative kernels (no stream-K, grouping, ping-pong, promotion or GPC
     order).
+    ``k_segments``: the product is a sum of that many (1 to ``MAX_K_SEGMENTS``) products
+    ``A_i @ B_i`` of one output, whose K loops run as one: the producer loads k-block ``kb``
+    from the pair whose segment holds it (``GemmParams.k_begins``), so the sum costs one
+    epilogue and no pass over partial outputs (the gradient of an activation read by several
+    linears, ``numba_hopper.gemm_sum``). Every pair has the majors ``a_major`` and ``b_major``;
+    16-bit inputs, no stream-K, grouping, gating or block-wise scales, and a row-major output.
     """
 
     in_dtype: str = "bf16"
@@ -156,6 +165,7 @@ class GemmConfig:
     a_evict: str = "normal"
     b_evict: str = "normal"
     dynamic_schedule: bool = False
+    k_segments: int = 1
 
     def __post_init__(self):
         if self.block_scaled:
@@ -284,6 +294,12 @@ class GemmConfig:
             # half's C; promoted sums beside both halves' accumulators would not fit its registers.
             raise ValueError(f"pingpong runs unpromoted products on 128-row tiles at most {PINGPONG_MAX_BLOCK_N} "
                              "wide, without C, gating, a cluster, stream_k or grouping")
+        if not 1 <= self.k_segments <= MAX_K_SEGMENTS:
+            raise ValueError(f"k_segments must be 1 to {MAX_K_SEGMENTS}, got {self.k_segments}")
+        if self.k_segments > 1 and (self.in_dtype in FP8_DTYPES or self.stream_k or self.grouped is not None
+                                    or self.gated or self.block_scaled or self.out_major != "N"):
+            raise ValueError("k_segments > 1 runs 16-bit products with a row-major output, without stream_k, "
+                             "grouping, gating or block-wise scales")
         if self.gated:
             self._check_gated()
         if self.grouped is not None:
@@ -363,8 +379,8 @@ class GemmConfig:
     @property
     def tensormaps(self):
         """Tensor maps the kernel takes: A, B, the output D, then C with a residual, A's
-        block-wise scales with those and B_up gated."""
-        return 3 + self.has_c + self.block_scaled + self.gated
+        block-wise scales with those and B_up gated, then the other K segments' A and B."""
+        return 3 + self.has_c + self.block_scaled + self.gated + 2 * (self.k_segments - 1)
 
     @property
     def has_c(self):
@@ -622,6 +638,10 @@ class GemmParams(NamedTuple):
     Block-scaled kernels (``cfg.block_scaled``): ``b_scales`` is B's block-wise scales, a float32
     device array of (ceil(K / 128), ceil(N / 128)), or (G, ceil(K / 128), ceil(N / 128)) grouped
     (0, unread, in other kernels); A's come through their tensor map.
+
+    K-segmented kernels (``cfg.k_segments`` > 1): ``maps`` ends with the other segments' A and B,
+    ``K`` is the segments' k-blocks times ``block_k``, and ``k_begins`` holds the first k-block
+    of segments 1 and 2 (a segment's own k-blocks from 0; past the last segment: its end).
     """
 
     maps: tuple
@@ -640,6 +660,7 @@ class GemmParams(NamedTuple):
     tpc_order: int = 0
     cluster_claims: int = 0
     b_scales: object = 0
+    k_begins: tuple = (0, 0)
 
 
 class BarrierIds(NamedTuple):

@@ -57,9 +57,10 @@ from ..kit.warpspec import WarpSpecialization, warp_specialization, warpgroup_in
 from ..runtime.tensormap import TENSORMAP_ARG
 from .scheduler import make_tile_scheduler
 
-# The kernel's tensor maps (kernel parameters, by value); A's block-wise scales last: (1, K blocks, M)
-# f32, box (1, 1, BM); a gated kernel's B_up last.
-TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales", "b_up"])
+# The kernel's tensor maps (kernel parameters, by value); A's block-wise scales: (1, K blocks, M)
+# f32, box (1, 1, BM); a gated kernel's B_up; ``segments``: a K-segmented kernel's other A and B
+# maps, (A_1, B_1, A_2, B_2) as far as it has them.
+TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales", "b_up", "segments"])
 
 __all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel", "gemm_argument_types"]
 
@@ -92,7 +93,7 @@ def gemm_argument_types(cfg: GemmConfig, epilogue_types=None, b_scales=None) -> 
     ``cfg.epilogue.arg_names`` order (None: a plain kernel, whose second argument is ``()``).
     ``b_scales``: the type of a block-scaled kernel's ``params.b_scales``, a float32 array (2-D,
     or 3-D grouped) typed by its layout as a launch passes it (default: any layout, "A")."""
-    not_int64 = {"maps": types.UniTuple(TENSORMAP_ARG, cfg.tensormaps)}
+    not_int64 = {"maps": types.UniTuple(TENSORMAP_ARG, cfg.tensormaps), "k_begins": types.UniTuple(types.int64, 2)}
     if cfg.block_scaled:
         not_int64["b_scales"] = b_scales or types.Array(types.float32, 3 if cfg.grouped else 2, "A")
     params = types.NamedTuple(tuple(not_int64.get(f, types.int64) for f in GemmParams._fields), GemmParams)
@@ -193,22 +194,38 @@ def _build_gemm_kernel(cfg: GemmConfig):
 def _tensormap_access(cfg: GemmConfig):
     """``(tensormaps(p) -> TensorMaps, prefetch_tensormaps(p))``: the kernel's tensor maps among
     its parameters, and their prefetch into the descriptor cache."""
-    MAPS, HAS_C, SCALED, GATED = cfg.tensormaps, cfg.has_c, cfg.block_scaled, cfg.gated
+    HAS_C, SCALED, GATED, SEGMENT_MAPS = cfg.has_c, cfg.block_scaled, cfg.gated, 2 * (cfg.k_segments - 1)
     C_MAP = 3 if HAS_C else 0
+    LAST_MAP = 3 + HAS_C + SCALED + GATED - 1  # A's scales or B_up where the kernel has them
+    FIRST_SEGMENT_MAP = LAST_MAP + 1
     # The 192-wide promoted grouped kernels' consumers spill (120 + 204 B) when the tensor maps
     # are prefetched: ptxas then keeps the maps' addresses live from the kernel's start. They load
     # without the prefetch.
     AT_REGISTER_LIMIT = cfg.grouped is not None and cfg.promoted and cfg.block_n > KBLOCK_SCALE
 
     @cuda.jit(device=True, forceinline=True)
+    def segment_maps(p):
+        """The other K segments' A and B maps: (A_1, B_1[, A_2, B_2]), or ()."""
+        if SEGMENT_MAPS == 2:
+            return (nh.tensormap_param_address(p.maps[FIRST_SEGMENT_MAP]),
+                    nh.tensormap_param_address(p.maps[FIRST_SEGMENT_MAP + 1]))
+        if SEGMENT_MAPS == 4:
+            return (nh.tensormap_param_address(p.maps[FIRST_SEGMENT_MAP]),
+                    nh.tensormap_param_address(p.maps[FIRST_SEGMENT_MAP + 1]),
+                    nh.tensormap_param_address(p.maps[FIRST_SEGMENT_MAP + 2]),
+                    nh.tensormap_param_address(p.maps[FIRST_SEGMENT_MAP + 3]))
+        return ()
+
+    @cuda.jit(device=True, forceinline=True)
     def tensormaps(p):
-        """Where the launch put the tensor maps of A, B, D, C, A's scales and B_up (the last three
-        only if the kernel has them; else another map stands in, unused). Each role takes
-        them after ``setmaxnreg``: values live across it must fit the producer's few
-        registers (fused kernels with a cluster spilled 40 B otherwise)."""
-        last = nh.tensormap_param_address(p.maps[MAPS - 1])  # A's scales or B_up (never both)
+        """Where the launch put the tensor maps of A, B, D, C, A's scales, B_up and the other K
+        segments' (C, A's scales and B_up only if the kernel has them; else another map stands in,
+        unused). Each role takes them after ``setmaxnreg``: values live across it must fit the
+        producer's few registers (fused kernels with a cluster spilled 40 B otherwise)."""
+        last = nh.tensormap_param_address(p.maps[LAST_MAP])  # A's scales or B_up (never both)
         return TensorMaps(nh.tensormap_param_address(p.maps[0]), nh.tensormap_param_address(p.maps[1]),
-                          nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]), last, last)
+                          nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]), last, last,
+                          segment_maps(p))
 
     @cuda.jit(device=True, forceinline=True)
     def prefetch_tensormaps(p):
@@ -227,6 +244,9 @@ def _tensormap_access(cfg: GemmConfig):
             nh.prefetch_tensormap(maps.a_scales)
         if GATED:
             nh.prefetch_tensormap(maps.b_up)
+        if SEGMENT_MAPS > 0:
+            for i in range(SEGMENT_MAPS):
+                nh.prefetch_tensormap(maps.segments[i])
 
     return tensormaps, prefetch_tensormaps
 

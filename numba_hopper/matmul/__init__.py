@@ -1,6 +1,7 @@
-"""The array user's GEMMs: :func:`gemm`, :func:`bmm` and :func:`grouped_gemm`, and their host call path.
+"""The array user's GEMMs: :func:`gemm`, :func:`gemm_sum`, :func:`bmm` and :func:`grouped_gemm`, and their
+host call path.
 
-- :mod:`.api`: ``gemm`` and ``bmm``, what a call checks and how its output is made;
+- :mod:`.api`: ``gemm``, ``gemm_sum`` and ``bmm``, what a call checks and how its output is made;
 - :mod:`.grouped`: ``grouped_gemm`` (mixture-of-experts layers);
 - :mod:`.plan_cache`: the cache of plans by call layout, shared by every entry point;
 - :mod:`.plan`: a call layout's plan (tensor-map templates, prepared launches, scratch);
@@ -11,8 +12,8 @@
 """
 
 from ..kernels.gemm_config import GemmConfig
-from .api import bmm, gemm
+from .api import bmm, gemm, gemm_sum
 from .grouped import grouped_gemm
 from .plan_cache import clear_plans
 
-__all__ = ["gemm", "bmm", "grouped_gemm", "GemmConfig", "clear_plans"]
+__all__ = ["gemm", "gemm_sum", "bmm", "grouped_gemm", "GemmConfig", "clear_plans"]

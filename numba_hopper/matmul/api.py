@@ -43,13 +43,14 @@ from .checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, ch
 from .fusion import VALUE_OPERANDS, check_fusion, fusion_args, fusion_key_and_values
 from .heuristics import SUSTAINED
 from ..runtime.operands import describe
-from .plan import A, B, OUT, VALUE_INDEX, Plan, bmm_plan, gemm_plan, zero_fill_plan
+from .plan import A, B, OUT, USER, VALUE_INDEX, VALUE_OPERANDS as _FUSED, Plan, bmm_plan, gemm_plan, gemm_sum_plan, \
+    zero_fill_plan
 from .plan_cache import PLAN_CACHE_SIZE, clear_plans, first_run, plans, remember, run
 from .scales import NUMBER, fold_scales, scale_binder, scale_signature
-from ..errors import DtypeError, LayoutError, ShapeError
-from ..kernels.gemm_config import GemmConfig
+from ..errors import DeviceMismatchError, DtypeError, LayoutError, ShapeError
+from ..kernels.gemm_config import MAX_K_SEGMENTS, GemmConfig
 
-__all__ = ["gemm", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
+__all__ = ["gemm", "gemm_sum", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
 
 # The arrays a fused call reads or writes beside a, b and out, for the overlap checks:
 # (name, its operand's name, VALUE_INDEX).
@@ -262,6 +263,81 @@ def bmm(a, b, out=None, *, out_dtype=None, dtype=None, stream=None, config=None)
     if entry is None:
         return _first_bmm(key, a, b, out, out_dtype, dtype, stream, config)
     return run(entry, out, pa, pb, po, (), stream)
+
+
+def gemm_sum(pairs, out=None, *, out_dtype=None, dtype=None, stream=None, config=None, debug=None):
+    """Return ``a_0 @ b_0 + a_1 @ b_1 + ...`` for ``pairs``, a sequence of one to three ``(a_i, b_i)``
+    with ``a_i`` of shape (M, K_i) and ``b_i`` of shape (K_i, N): one kernel, whose K loop runs
+    over each pair's k-blocks in turn into one accumulator, so the sum costs one epilogue and
+    no pass over partial outputs. It is the product ``[a_0 a_1 ...] @ [b_0; b_1; ...]`` without
+    the concatenations: the gradient of an activation that several linears read (a transformer's
+    query, key and value projections, or a gated MLP's gate and up projections) is
+    ``sum(dy_i @ W_i)``.
+
+    16-bit inputs of one dtype (fp32 accumulation); each ``a_i`` and ``b_i`` row- or
+    column-major, as :func:`gemm` takes them; one major serves all pairs' A and all B, so an
+    operand in the other major, like one TMA cannot address, is read through an aligned copy
+    (one more kernel each). The other arguments are :func:`gemm`'s; no fused epilogue,
+    split-K or fp8. ``config``: a :class:`GemmConfig` (its ``k_segments`` is the pairs'
+    count) or "sustained". Pairs with K_i == 0 add nothing; with no K at all ``out`` is
+    zero-filled.
+
+    Raises before launch, as :func:`gemm`: ``ShapeError`` (a pair's K, the pairs' M or N
+    differing, or a pair count outside 1 to 3), ``DtypeError``, ``LayoutError``,
+    ``OverlapError`` (``out`` sharing memory with an operand), ``DeviceMismatchError``.
+    """
+    pairs = tuple(pairs)
+    if not 1 <= len(pairs) <= MAX_K_SEGMENTS:
+        raise ShapeError(f"gemm_sum takes 1 to {MAX_K_SEGMENTS} (a, b) pairs; got {len(pairs)}")
+    if any(not isinstance(p, (tuple, list)) or len(p) != 2 for p in pairs):
+        raise TypeError("gemm_sum takes a sequence of (a, b) pairs: tuples or lists of two arrays")
+    sigs, addresses = zip(*(describe(x) for pair in pairs for x in pair))
+    sig_o, po = describe(out) if out is not None else (None, 0)
+    if debug is None:
+        debug = _debug.DEFAULT
+    key = ("gemm_sum", sigs, sig_o, out_dtype, dtype, config)
+    fvalues = (0,) * len(_FUSED) + addresses[2:]
+    entry = None if debug else plans.get(key)
+    if entry is not None:
+        return run(entry, out, addresses[0], addresses[1], po, fvalues, stream)
+    return _first_gemm_sum(key, pairs, addresses, out, fvalues, out_dtype, dtype, stream, config, debug)
+
+
+def _first_gemm_sum(key, pairs, addresses, out, fvalues, out_dtype, dtype, stream, config, debug):
+    if not (config is None or config == SUSTAINED or isinstance(config, GemmConfig)):
+        raise TypeError(f"config must be None, a GemmConfig or {SUSTAINED!r}; got {config!r}")
+    views = [(device_view(a, dtype=dtype), device_view(b, dtype=dtype)) for a, b in pairs]
+    va0, vb0 = views[0]
+    for i, (va, vb) in enumerate(views):
+        check_inputs(va, vb)
+        if va.dtype in FP8_DTYPES or va.dtype != va0.dtype:
+            raise DtypeError(f"gemm_sum takes 16-bit pairs of one dtype; pair {i} is {va.dtype} x {vb.dtype}, "
+                             f"pair 0 {va0.dtype}")
+        if (va.shape[0], vb.shape[1]) != (va0.shape[0], vb0.shape[1]):
+            raise ShapeError(f"gemm_sum's products must share one (M, N): pair {i} is ({va.shape[0]}, {vb.shape[1]}), "
+                             f"pair 0 ({va0.shape[0]}, {vb0.shape[1]})")
+        if va.device != va0.device:
+            raise DeviceMismatchError(f"pair {i} is on device {va.device}, pair 0 on device {va0.device}")
+    M, N = va0.shape[0], vb0.shape[1]
+    vo = _checked_out(out, (M, N), va0, out_dtype)
+    summed = [i for i, (va, _) in enumerate(views) if va.shape[1]]
+
+    def plan_for(vo):
+        if 0 in vo.shape:
+            return Plan(vo.device, [])
+        if not summed:
+            return zero_fill_plan(vo)
+        return gemm_sum_plan([views[i] for i in summed], vo, config, debug)
+
+    if summed and len(summed) < len(views):  # (pairs of K == 0 add nothing: the call without them)
+        return gemm_sum([pairs[i] for i in summed], out, out_dtype=out_dtype, dtype=dtype, stream=stream,
+                        config=config, debug=debug)
+    read = [(name, index, v) for i, pair in enumerate(views) for name, index, v in
+            ((f"pairs[{i}][0]", A if i == 0 else USER + 2 * i - 2, pair[0]),
+             (f"pairs[{i}][1]", B if i == 0 else USER + 2 * i - 1, pair[1]))]
+    written = [("out", OUT, vo)] if vo else []
+    return first_run(key, plan_for, pairs[0][0], out, vo, (M, N), out_dtype, va0, addresses[:2], fvalues, stream,
+                     overlap_pairs(_spans(written), _spans(read)), cache=not debug)
 
 
 def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, split_k, fast_accum, debug):

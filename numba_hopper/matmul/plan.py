@@ -44,8 +44,9 @@ from ..kernels.scheduler import GROUP_WALK_END
 from ..runtime.launch import device_limits, max_active_clusters, prepare_launch
 from ..runtime.tensormap import TensorMapArg, encode_template
 
-__all__ = ["Plan", "gemm_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config", "gemm_cache_key",
-           "SCRATCH", "A", "B", "OUT", "VALUE_OPERANDS", "VALUE_INDEX", "USER", "GROUP_ROWS", "values_packer"]
+__all__ = ["Plan", "gemm_plan", "gemm_sum_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config",
+           "gemm_cache_key", "SCRATCH", "A", "B", "OUT", "VALUE_OPERANDS", "VALUE_INDEX", "USER", "GROUP_ROWS",
+           "values_packer"]
 
 # Indices into a call's values (the module doc).
 SCRATCH, A, B, OUT = range(4)
@@ -203,11 +204,14 @@ class _Gemm:
     None. The kernel reads C, A's scales and B_up through tensor maps, B's scales as
     ``GemmParams.b_scales``. ``grid``/``dp_tiles``: a stream-K launch's schedule, or a
     grouped one's grid. ``group_rows``: where a grouped launch's group sizes are (a :class:`Src`).
+    ``segments``: a K-segmented launch's (``cfg.k_segments``) other ``(a, b)`` pairs of
+    :class:`Operand` like ``a`` and ``b``; the kernel runs their K loops after ``a @ b``'s.
     """
 
     def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, a_scales=None, b_scales=None, up=None,
-                 arrays=None, user_srcs=(), grid=None, dp_tiles=0, record=None, group_rows=None):
+                 arrays=None, user_srcs=(), grid=None, dp_tiles=0, record=None, group_rows=None, segments=()):
         self.cfg, self.a, self.b, self.d, self.c, self.batch = cfg, a, b, d, c, batch
+        self.segments = segments
         self.a_scales, self.b_scales, self.up = a_scales, b_scales, up
         self.fusion, self.arrays, self.user_srcs = fusion, arrays or {}, user_srcs
         self.dp_tiles, self.record, self.group_rows = dp_tiles, record, group_rows
@@ -246,6 +250,12 @@ class _Gemm:
         if self.up is not None:  # like B
             maps.append(encode_template(_batched(transpose(self.up.at(values)), batch.count, batch.b), cfg.b_box,
                                         swizzle=cfg.b_swizzle))
+        for a, b in self.segments:  # like A and B
+            a, b = a.at(values), b.at(values)
+            maps.append(encode_template(_batched(a if cfg.a_major == "K" else transpose(a), 1, 0), cfg.a_box,
+                                        swizzle=128))
+            maps.append(encode_template(_batched(transpose(b) if cfg.b_major == "K" else b, 1, 0), cfg.b_box,
+                                        swizzle=cfg.b_swizzle))
         return maps
 
     def _epilogue_args(self, values):
@@ -265,8 +275,12 @@ class _Gemm:
     def prepare(self, values):
         cfg, batch = self.cfg, self.batch
         M, N = self._kernel_shape()
-        K = self.a.view.shape[1]
+        K, k_begins = self.a.view.shape[1], (0, 0)
         operands = (self.a, self.b, self.d) + tuple(op for op in (self.c, self.a_scales, self.up) if op is not None)
+        if self.segments:  # each segment's k-blocks after the previous segment's
+            ends = np.cumsum([-(-a.view.shape[1] // cfg.block_k) for a in (self.a, *(a for a, _ in self.segments))])
+            K, k_begins = int(ends[-1]) * cfg.block_k, (int(ends[0]), int(ends[1]))
+            operands += tuple(op for pair in self.segments for op in pair)
         params = GemmParams(
             maps=tuple(TensorMapArg(m, op.src.resolve(values)) for m, op in zip(self._templates(values), operands)),
             M=M, N=N, K=K, batches=batch.count, a_batched=int(batch.a != 0), b_batched=int(batch.b != 0),
@@ -277,7 +291,7 @@ class _Gemm:
             out_address=self.d.src.resolve(values) if self.group_rows else 0,
             tpc_order=tpc_order(self.d.view.device) if cfg.cluster_order == "gpc" else 0,
             cluster_claims=self.claims.resolve(values) if self.claims else 0,
-            b_scales=numba_array(self.b_scales.at(values)) if self.b_scales else 0)
+            b_scales=numba_array(self.b_scales.at(values)) if self.b_scales else 0, k_begins=k_begins)
         # Where each call's value of a field comes from (None: fixed at preparation).
         params_srcs = [None] * len(GemmParams._fields)
         params_srcs[GemmParams._fields.index("maps")] = [op.src for op in operands]
@@ -508,6 +522,53 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None, fa
         zero_amax = [_Memset(arrays["amax"].src, 4)] if "amax" in arrays else []
         steps = [*zero_amax, *zeros, *copies, gemm, *finish]
     return Plan(vo.device, steps, scratch, record)
+
+
+def gemm_sum_plan(pairs, vo, config, debug):
+    """The plan of ``out = a_0 @ b_0 + a_1 @ b_1 + ...`` for checked 16-bit views ``pairs`` (each
+    K_i > 0) and ``vo``: one launch of the K-segmented kernel (``GemmConfig.k_segments``), its
+    tile chosen as for one product of the summed K. Pair 0's addresses are the call's A and B
+    values, pair i's the values ``USER + 2 (i - 1)`` and the next. A column-major ``out`` is
+    computed as ``out.T = b_0.T @ a_0.T + ...``. One major serves every pair's A and every B:
+    operands TMA cannot read in it go through aligned row-major copies (as do those TMA cannot
+    address), as does an ``out`` it cannot write. ``config``: as :func:`gemm_plan`'s.
+    """
+    sustained = config == SUSTAINED
+    ops = [(Operand(a, Src(A if i == 0 else USER + 2 * i - 2)), Operand(b, Src(B if i == 0 else USER + 2 * i - 1)))
+           for i, (a, b) in enumerate(pairs)]
+    d = Operand(vo, Src(OUT))
+    if is_col_major(vo):
+        ops, d = [(b.t(), a.t()) for a, b in ops], d.t()
+    scratch, copies = _Scratch(), []
+    a_ops, b_ops = _one_major([a for a, _ in ops], scratch, copies), _one_major([b for _, b in ops], scratch, copies)
+    target, finish = d, []
+    if not tma_addressable(d.view, row_major=True):
+        layout, nbytes = aligned_layout(d.view)
+        d = Operand(layout, scratch.take(nbytes))
+        finish.append(_Copy(d, target))
+    (M, N), K = d.view.shape, sum(a.view.shape[1] for a in a_ops)
+    a0, b0 = a_ops[0].view, b_ops[0].view
+    # the summed product as the heuristic sees it: (M, K) and (K, N), aligned, in the pairs' majors
+    pad = 16 // a0.itemsize
+    va = dataclasses.replace(a0, shape=(M, K), strides=(-(-K // pad) * pad, 1) if tma_addressable(a0, True)
+                             else (1, -(-M // pad) * pad))
+    vb = dataclasses.replace(b0, shape=(K, N), strides=(-(-N // pad) * pad, 1) if tma_addressable(b0, True)
+                             else (1, -(-K // pad) * pad))
+    cfg = choose_config(va, vb, d.view, None if sustained else config, debug, sustained=sustained)
+    cfg = dataclasses.replace(cfg, k_segments=len(ops))
+    record = DebugRecord() if debug else None
+    gemm = _Gemm(cfg, a_ops[0], b_ops[0], d, _Batch(), scratch, record=record,
+                 segments=tuple(zip(a_ops[1:], b_ops[1:])))
+    return Plan(vo.device, [*copies, gemm, *finish], scratch, record)
+
+
+def _one_major(ops, scratch, copies):
+    """``ops`` as TMA reads them in one major: themselves where they share one, else each not
+    row-major through an aligned row-major copy (added to ``copies``)."""
+    ops = [_aligned(op, scratch, copies) for op in ops]
+    if len({tma_addressable(op.view, True) for op in ops}) == 1:
+        return ops
+    return [_aligned(op, scratch, copies, row_major_only=True) for op in ops]
 
 
 def _zero_k_block(va, vb, scratch):

@@ -1,11 +1,12 @@
-"""Inductor's lowering of ``numba_hopper::mm`` and ``numba_hopper::gated_mm``: the compiled graph's
-wrapper calls ``numba_hopper.gemm(a, b, out=buf)`` itself, as it calls
+"""Inductor's lowering of ``numba_hopper::mm``, ``mm_sum`` and ``gated_mm``: the compiled graph's
+wrapper calls ``numba_hopper.gemm(a, b, out=buf)`` (or ``gemm_sum``) itself, as it calls
 ``extern_kernels.mm(a, b, out=buf)`` for ``aten.mm``, instead of calling the operator through the
 dispatcher. With them comes Inductor's ``post_grad_custom_pre_pass`` (``_post_grad.PostGradPass``,
 after any pass the user had set there): it puts ``mm`` in place of each plain product that a
 training graph holds as ``numba_hopper::gemm`` (the forward's linears and the backward's ``dX``
-and ``dW``, which the autograd formula issues as ``gemm``), then fuses gated MLPs. The pass's
-``numba_hopper::materialized`` is lowered to its input realized: a buffer, which its readers load.
+and ``dW``, which the autograd formula issues as ``gemm``), puts ``mm_sum`` in place of sums of
+them, then fuses gated MLPs. The pass's ``numba_hopper::materialized`` is lowered to its input
+realized: a buffer, which its readers load.
 
 Why: a compiled forward issues each GEMM from Inductor's Python wrapper, and through the
 dispatcher a Python-implemented operator costs more than the GEMM call itself (an H100 host, a
@@ -36,6 +37,13 @@ def numba_hopper_mm(a, b, *, sustained, out):
     _matmul.gemm(a, b, out=out, config=SUSTAINED if sustained else None)
 
 
+def numba_hopper_mm_sum(*operands, sustained, out):
+    """The extern kernel: ``out = a_0 @ b_0 + a_1 @ b_1 + ...`` into Inductor's buffer, for
+    ``operands = (a_0, a_1, ..., b_0, b_1, ...)``."""
+    n = len(operands) // 2
+    _matmul.gemm_sum(tuple(zip(operands[:n], operands[n:])), out=out, config=SUSTAINED if sustained else None)
+
+
 def numba_hopper_gated_mm(a, b, up, *, activation, out):
     """The extern kernel: ``out = activation(a @ b) * (a @ up)`` into Inductor's buffer."""
     _matmul.gemm(a, b, up=up, activation=activation, out=out)
@@ -55,10 +63,13 @@ def register():
     from ._post_grad import PostGradPass
 
     op, gated_op = torch.ops.numba_hopper.mm.default, torch.ops.numba_hopper.gated_mm.default
+    sum_op = torch.ops.numba_hopper.mm_sum.default
     kernel = ExternKernelChoice(numba_hopper_mm)  # generated code calls extern_kernels.numba_hopper_mm
     gated_kernel = ExternKernelChoice(numba_hopper_gated_mm)
+    sum_kernel = ExternKernelChoice(numba_hopper_mm_sum)
     call_operator = fallback_handler(op, add_to_fallback_set=False)
     call_gated_operator = fallback_handler(gated_op, add_to_fallback_set=False)
+    call_sum_operator = fallback_handler(sum_op, add_to_fallback_set=False)
 
     @register_lowering(op, type_promotion_kind=None)
     def lower(a, b, sustained):
@@ -73,6 +84,15 @@ def register():
             return call_gated_operator(a, b, up, activation)
         *_, layout, a, b = mm_args(a, b)
         return gated_kernel.bind((a, b, up), layout, activation=activation).output_node()
+
+    @register_lowering(sum_op, type_promotion_kind=None)
+    def lower_sum(a, b, sustained):
+        if V.graph.cpp_wrapper:
+            return call_sum_operator(a, b, sustained)
+        pairs = [mm_args(x, y) for x, y in zip(a, b)]
+        layout = pairs[0][3]
+        return sum_kernel.bind((*(p[4] for p in pairs), *(p[5] for p in pairs)), layout,
+                               sustained=sustained).output_node()
 
     @register_lowering(torch.ops.numba_hopper.materialized.default, type_promotion_kind=None)
     def lower_materialized(x):

@@ -9,6 +9,12 @@ Then, in such a graph, an embedding's weight gradient made through a float32 (V,
 becomes one operator that adds the looked-up rows into a table of the weight's dtype, or, for a
 weight tied to the output layer, into that layer's product (``_embedding_grad``).
 
+In such a graph, too, a sum of two or three products of one shape, each used only there (the
+gradient of an activation that several linears read: a layer's query, key and value projections,
+or its MLP's gate and up projections), becomes one ``numba_hopper::mm_sum``: one GEMM whose K loop
+runs over each product's in turn (``numba_hopper.gemm_sum``), in place of the products, their
+outputs and the passes that add them (``sum_products``). Its other terms, if any, are added to it.
+
 In such a graph, too, a sine or cosine that a kernel reads broadcast (the rotary position
 embeddings' tables, which every layer's query and key read once per head) is held in memory
 (``numba_hopper::materialized``). Inductor inlines a pointwise value into each of its readers, so
@@ -41,6 +47,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from ..kernels.gemm_config import MAX_K_SEGMENTS
 from ..matmul.heuristics import SUSTAINED
 from . import training
 
@@ -61,7 +68,8 @@ _HALF = (torch.bfloat16, torch.float16)
 
 class PostGradPass(CustomGraphPass):
     """The pass (Inductor's ``post_grad_custom_pre_pass``): plain products to ``mm``, then, in
-    graphs that hold them, embedding gradients and broadcast sines and cosines, then gated MLPs;
+    graphs that hold them, embedding gradients, sums of products and broadcast sines and cosines,
+    then gated MLPs;
     ``then``: a pass the user had set there, run first."""
 
     def __init__(self, then=None):
@@ -72,6 +80,7 @@ class PostGradPass(CustomGraphPass):
             self.then(graph)
         if plain_products_to_mm(graph) or _holds(graph, torch.ops.numba_hopper.mm.default):
             fuse_embedding_grads(graph)
+            sum_products(graph)
             materialize_broadcast_trig(graph)
         fuse_gated_mlps(graph)
 
@@ -164,6 +173,72 @@ def fuse_embedding_grads(graph: torch.fx.Graph) -> int:
     if fused:
         graph.eliminate_dead_code()
     return fused
+
+
+def sum_products(graph: torch.fx.Graph) -> int:
+    """Put ``numba_hopper::mm_sum`` in place of each sum (a tree of ``add``) of 2 to
+    ``MAX_K_SEGMENTS`` ``numba_hopper::mm`` of one tiling, 16-bit dtype and output shape, each
+    product under the same view (or none), every step used only there; the sum's other terms
+    (a residual's gradient) are added to it. Return how many."""
+    mm, mm_sum = torch.ops.numba_hopper.mm.default, torch.ops.numba_hopper.mm_sum.default
+    summed, inside = 0, set()
+    for node in reversed(list(graph.nodes)):  # (outermost sums first)
+        if node in inside or not _is(node, aten.add.Tensor):
+            continue
+        terms = _sum_terms(node, mm, root=True)
+        products = [t for t in terms or () if t[1] is not None]
+        others = [t[0] for t in terms or () if t[1] is None]
+        if not 2 <= len(products) <= MAX_K_SEGMENTS:
+            continue
+        (view, first), values = products[0], [_value(p) for _, p in products]
+        if not (all(_same_view(v, view) and p.args[2] == first.args[2] for v, p in products)
+                and all(v.dtype in _HALF and v.dtype == values[0].dtype and v.shape == values[0].shape for v in values)
+                and all(_value(x) is not None and _value(x).shape == _value(node).shape for x in others)
+                and _value(node).dtype == values[0].dtype):
+            continue
+        with graph.inserting_before(node):
+            out = graph.call_function(mm_sum, ([p.args[0] for _, p in products], [p.args[1] for _, p in products],
+                                               first.args[2]))
+            out.meta["val"] = values[0]
+            if view is not None:
+                out = graph.call_function(view.target, (out, *view.args[1:]))
+                out.meta["val"] = _value(view)
+            for other in others:
+                out = graph.call_function(aten.add.Tensor, (out, other))
+                out.meta["val"] = _value(node)
+        node.replace_all_uses_with(out)
+        inside.update(_sum_nodes(node))
+        summed += 1
+    if summed:
+        graph.eliminate_dead_code()
+    return summed
+
+
+def _sum_terms(node, mm, root=False):
+    """The terms that a tree of ``add`` sums (its inner nodes used only in it): ``(view or None,
+    product)`` for an ``mm`` used only there (under at most one view, itself used only there),
+    ``(node, None)`` for anything else; None if ``node`` is no such tree."""
+    if not (_is(node, aten.add.Tensor) and len(node.args) == 2 and not node.kwargs and (root or len(node.users) == 1)):
+        if root:
+            return None
+        view, product = _under_views(node)
+        if _is(product, mm) and len(product.users) == 1 and (view is None or view.args[0] is product):
+            return [(view, product)]
+        return [(node, None)]
+    left, right = (_sum_terms(x, mm) for x in node.args)
+    return left + right
+
+
+def _sum_nodes(node, root=True):
+    """The inner ``add`` nodes of the tree rooted at ``node`` (:func:`_sum_terms`)."""
+    if not (_is(node, aten.add.Tensor) and (root or len(node.users) == 1)):
+        return []
+    return [node, *_sum_nodes(node.args[0], False), *_sum_nodes(node.args[1], False)]
+
+
+def _same_view(view, other):
+    return (view is None and other is None) or (view is not None and other is not None and view.target == other.target
+                                                and view.args[1:] == other.args[1:])
 
 
 def materialize_broadcast_trig(graph: torch.fx.Graph) -> int:

@@ -79,6 +79,10 @@ def _mm_impl(a, b, sustained):
     return _matmul.gemm(a, b, config=SUSTAINED if sustained else None)
 
 
+def _mm_sum_impl(a, b, sustained):
+    return _matmul.gemm_sum(tuple(zip(a, b)), config=SUSTAINED if sustained else None)
+
+
 def _gemm_aux_impl(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, activation=None, out_dtype=None):
     pre = _out_like(a, b, out_dtype)
     return _gemm_impl(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype, aux_out=pre), pre
@@ -116,6 +120,11 @@ def _gemm_aux_fake(a, b, c=None, bias=None, alpha=1.0, beta=0.0, bias_dim=None, 
 def _mm_fake(a, b, sustained):
     _register_lowering()
     return _out_like(a, b, None)
+
+
+def _mm_sum_fake(a, b, sustained):
+    _register_lowering()
+    return _out_like(a[0], b[0], None)
 
 
 def _register_lowering():
@@ -265,6 +274,12 @@ _bmm_no_grad_op = define_op("bmm_no_grad", f"({_no_defaults(_BMM)}) -> Tensor", 
 # the lowered operator has a name of its own: a numba_hopper without the lowering never gets a
 # cached graph that needs it.
 _mm_op = define_op("mm", "(Tensor a, Tensor b, bool sustained) -> Tensor", _mm_impl, _mm_fake)
+
+
+# A sum of plain products, ``a[0] @ b[0] + a[1] @ b[1] + ...`` (``numba_hopper.gemm_sum``): put in
+# place of a training graph's sum of ``mm`` (an input's gradient through several linears) by the
+# post-grad pass, lowered like ``mm``.
+_mm_sum_op = define_op("mm_sum", "(Tensor[] a, Tensor[] b, bool sustained) -> Tensor", _mm_sum_impl, _mm_sum_fake)
 
 
 # A value that a compiled graph keeps in memory for its readers rather than letting Inductor

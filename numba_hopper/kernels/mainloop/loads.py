@@ -33,7 +33,8 @@ def make_loads(cfg: GemmConfig, pipe: TmaPipeline) -> Loads:
       loads for the first ``PREFETCH_KBLOCKS`` k-blocks of work ``item``;
     - ``load(smem, bars, st, tmaps, params, item, tile, cta) -> st``: (the producer's elected
       thread) the loads of work ``item``'s k-blocks of output ``tile`` (``tmaps``: the CTA's
-      tensor maps, ``.a``, ``.b`` and, with block-wise scales, ``.a_scales``, gated ``.b_up``).
+      tensor maps, ``.a``, ``.b`` and, with block-wise scales, ``.a_scales``, gated ``.b_up``;
+      K-segmented, each k-block from its segment's pair of ``.segments``).
     """
     BK = cfg.block_k
     CM, CN, CLUSTER = cfg.cluster_m, cfg.cluster_n, cfg.cluster_size
@@ -48,6 +49,7 @@ def make_loads(cfg: GemmConfig, pipe: TmaPipeline) -> Loads:
     DEBUG = cfg.debug
     BLOCK_SCALED = cfg.block_scaled
     A_SCALES, A_SCALES_BYTES = cfg.layout.a_scales, cfg.a_scales_bytes
+    SEGMENTS = cfg.k_segments
 
     @cuda.jit(device=True, forceinline=True)
     def cluster_cta():
@@ -72,21 +74,35 @@ def make_loads(cfg: GemmConfig, pipe: TmaPipeline) -> Loads:
             b_prefetch(tmaps.b, tile.n0, k0, b * p.b_batched)
 
     @cuda.jit(device=True, forceinline=True)
+    def segment_of(tmaps, p, kb):
+        """``(A's map, B's map, k-block in them)`` of k-block ``kb`` of a K-segmented kernel."""
+        if SEGMENTS > 2:
+            if kb >= p.k_begins[1]:
+                return tmaps.segments[2], tmaps.segments[3], kb - p.k_begins[1]
+        if kb >= p.k_begins[0]:
+            return tmaps.segments[0], tmaps.segments[1], kb - p.k_begins[0]
+        return tmaps.a, tmaps.b, kb
+
+    @cuda.jit(device=True, forceinline=True)
     def load(smem, bars, st, tmaps, p, item, tile, cta):
         b = tile.batch
         k_first = b * p.k_split  # a K slice's first k-block (0 unless the units are K slices)
+        a_map, b_map = tmaps.a, tmaps.b
         for kb in range(item.k_begin, item.k_end):
             # Debug builds bound the wait; release builds pass None (compiled out).
             full = pipe.producer_acquire(bars, st, debug_site(p.debug_record, item.tile, kb) if DEBUG else None)
             k0 = (k_first + kb) * BK
-            a_loads.load_part_3d(smem + st.stage * A_TILE, tmaps.a, tile.m0, k0, b * p.a_batched, full, cta.rn,
+            if SEGMENTS > 1:
+                a_map, b_map, k_in = segment_of(tmaps, p, kb)
+                k0 = k_in * BK
+            a_loads.load_part_3d(smem + st.stage * A_TILE, a_map, tile.m0, k0, b * p.a_batched, full, cta.rn,
                                  cta.a_mask)
             if GATED:
                 b_slot = smem + B_OFF + st.stage * B_TILE
                 b_loads.load_3d(b_slot, tmaps.b, tile.n0 // 2, k0, b * p.b_batched, full)
                 b_loads.load_3d(b_slot + B_TILE // 2, tmaps.b_up, tile.n0 // 2, k0, b * p.b_batched, full)
             else:
-                b_loads.load_part_3d(smem + B_OFF + st.stage * B_TILE, tmaps.b, tile.n0, k0, b * p.b_batched, full,
+                b_loads.load_part_3d(smem + B_OFF + st.stage * B_TILE, b_map, tile.n0, k0, b * p.b_batched, full,
                                      cta.rm, cta.b_mask)
             if BLOCK_SCALED:  # the tile rows' scales of this k-block, from a 16-byte boundary
                 nh.tma_load_3d(smem + A_SCALES + st.stage * A_SCALES_BYTES, tmaps.a_scales, tile.m0 - tile.m0 % 4,
