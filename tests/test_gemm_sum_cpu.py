@@ -1,6 +1,7 @@
 """Sums of products (``gemm_sum``: ``a_0 @ b_0 + a_1 @ b_1 + ...`` in one K-segmented kernel) on a
 CPU: what the kernel compiles to, the plan's tensor maps and segment bounds, and the checks."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -22,11 +23,10 @@ from numba_hopper.tools.sass import inspect_kernel
 @pytest.mark.parametrize("kw", [dict(k_segments=3), dict(k_segments=2, cluster_m=2),
                                 dict(k_segments=3, block_n=128, pingpong=True)])
 def test_segmented_sass_loads_each_k_block_once_without_spills(kw):
-    cfg = GemmConfig("bf16", "bf16", "K", "N", block_m=128, block_n=kw.pop("block_n", 256), stages=4, **kw)
-    plain = dict(kw, k_segments=1)
+    cfg = GemmConfig("bf16", "bf16", "K", "N", **{"block_m": 128, "block_n": 256, "stages": 4, **kw})
+    plain = dataclasses.replace(cfg, k_segments=1)
     r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg))
-    base = inspect_kernel(make_gemm_kernel(cfg.__class__(**{**cfg.__dict__, **plain})),
-                          gemm_argument_types(cfg.__class__(**{**cfg.__dict__, **plain})))
+    base = inspect_kernel(make_gemm_kernel(plain), gemm_argument_types(plain))
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
     # the segment picks a map address, not a load: as many TMA loads and wgmmas as one product
     assert r.count("UTMALDG") == base.count("UTMALDG") and r.count("HGMMA") == base.count("HGMMA")

@@ -476,6 +476,26 @@ def test_pass_sums_the_products_of_an_input_gradient(double):
         assert cases.rel_error(p.grad, ref_p.grad) < 3e-2
 
 
+def test_pass_sums_the_products_of_an_inference_graph(double):
+    """Under torch.no_grad() a sum of two linears' outputs is one ``gemm_sum`` too."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    ref_model = _Attention().double()
+    model = copy.deepcopy(ref_model).to(torch.bfloat16)
+    nht.replace_linear(model)
+    x = torch.randn(2, 9, 64)
+
+    def both(x):
+        return model.k_proj(x) + model.v_proj(x.flip(-1))
+
+    with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+        got, (code,) = run_and_get_code(torch.compile(both, fullgraph=True), x.to(torch.bfloat16))
+        ref = ref_model.k_proj(x.double()) + ref_model.v_proj(x.double().flip(-1))
+    assert code.count("extern_kernels.numba_hopper_mm_sum(") == 1, code
+    assert cases.rel_error(got, ref) < 1e-2
+
+
 def _segmented(plan):
     return plan.specs and getattr(plan.specs[-1], "segments", ())
 

@@ -283,8 +283,9 @@ def gemm_sum(pairs, out=None, *, out_dtype=None, dtype=None, stream=None, config
     zero-filled.
 
     Raises before launch, as :func:`gemm`: ``ShapeError`` (a pair's K, the pairs' M or N
-    differing, or a pair count outside 1 to 3), ``DtypeError``, ``LayoutError``,
-    ``OverlapError`` (``out`` sharing memory with an operand), ``DeviceMismatchError``.
+    differing, or a pair count outside 1 to 3), ``TypeError`` (an item that is not a pair),
+    ``DtypeError``, ``LayoutError``, ``OverlapError`` (``out`` sharing memory with an operand),
+    ``DeviceMismatchError``.
     """
     pairs = tuple(pairs)
     if not 1 <= len(pairs) <= MAX_K_SEGMENTS:
@@ -304,6 +305,7 @@ def gemm_sum(pairs, out=None, *, out_dtype=None, dtype=None, stream=None, config
 
 
 def _first_gemm_sum(key, pairs, addresses, out, fvalues, out_dtype, dtype, stream, config, debug):
+    """A sum with a new layout: check everything, build its plan, run it, keep it."""
     if not (config is None or config == SUSTAINED or isinstance(config, GemmConfig)):
         raise TypeError(f"config must be None, a GemmConfig or {SUSTAINED!r}; got {config!r}")
     views = [(device_view(a, dtype=dtype), device_view(b, dtype=dtype)) for a, b in pairs]
@@ -325,9 +327,7 @@ def _first_gemm_sum(key, pairs, addresses, out, fvalues, out_dtype, dtype, strea
     def plan_for(vo):
         if 0 in vo.shape:
             return Plan(vo.device, [])
-        if not summed:
-            return zero_fill_plan(vo)
-        return gemm_sum_plan([views[i] for i in summed], vo, config, debug)
+        return gemm_sum_plan(views, vo, config, debug) if summed else zero_fill_plan(vo)
 
     if summed and len(summed) < len(views):  # (pairs of K == 0 add nothing: the call without them)
         return gemm_sum([pairs[i] for i in summed], out, out_dtype=out_dtype, dtype=dtype, stream=stream,
