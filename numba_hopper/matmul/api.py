@@ -43,8 +43,8 @@ from .checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, ch
 from .fusion import VALUE_OPERANDS, check_fusion, fusion_args, fusion_key_and_values
 from .heuristics import SUSTAINED
 from ..runtime.operands import describe
-from .plan import A, B, OUT, USER, VALUE_INDEX, VALUE_OPERANDS as _FUSED, Plan, bmm_plan, gemm_plan, gemm_sum_plan, \
-    zero_fill_plan
+from .plan import A, B, OUT, VALUE_INDEX, VALUE_OPERANDS as _FUSED, Plan, bmm_plan, gemm_plan, gemm_sum_plan, \
+    pair_values, zero_fill_plan
 from .plan_cache import PLAN_CACHE_SIZE, clear_plans, first_run, plans, remember, run
 from .scales import NUMBER, fold_scales, scale_binder, scale_signature
 from ..errors import DeviceMismatchError, DtypeError, LayoutError, ShapeError
@@ -332,9 +332,7 @@ def _first_gemm_sum(key, pairs, addresses, out, fvalues, out_dtype, dtype, strea
     if summed and len(summed) < len(views):  # (pairs of K == 0 add nothing: the call without them)
         return gemm_sum([pairs[i] for i in summed], out, out_dtype=out_dtype, dtype=dtype, stream=stream,
                         config=config, debug=debug)
-    read = [(name, index, v) for i, pair in enumerate(views) for name, index, v in
-            ((f"pairs[{i}][0]", A if i == 0 else USER + 2 * i - 2, pair[0]),
-             (f"pairs[{i}][1]", B if i == 0 else USER + 2 * i - 1, pair[1]))]
+    read = [(f"pairs[{i}][{j}]", pair_values(i)[j], v) for i, pair in enumerate(views) for j, v in enumerate(pair)]
     written = [("out", OUT, vo)] if vo else []
     return first_run(key, plan_for, pairs[0][0], out, vo, (M, N), out_dtype, va0, addresses[:2], fvalues, stream,
                      overlap_pairs(_spans(written), _spans(read)), cache=not debug)

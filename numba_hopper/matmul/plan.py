@@ -7,7 +7,7 @@ address of the device scratch the plan asked for (``numba_hopper.runtime.workspa
 addresses of ``a``, ``b`` and ``out``, then one value for each of the call's other operands in
 the order of their table (``numba_hopper.kernels.operands.OPERANDS``: a number, or an array's
 address, 0 where absent; ``VALUE_INDEX`` names their indices), then the user epilogue's arrays
-(``USER + i``) or a grouped call's group sizes (``GROUP_ROWS``).
+(``USER + i``), a grouped call's group sizes (``GROUP_ROWS``) or a sum's other pairs (:func:`pair_values`).
 
 Each operand of a launch is a view plus a :class:`Src` naming the value it lives at. The
 launches are prepared once, against the first call's values, and record where each value
@@ -46,13 +46,19 @@ from ..runtime.tensormap import TensorMapArg, encode_template
 
 __all__ = ["Plan", "gemm_plan", "gemm_sum_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config",
            "gemm_cache_key", "SCRATCH", "A", "B", "OUT", "VALUE_OPERANDS", "VALUE_INDEX", "USER", "GROUP_ROWS",
-           "values_packer"]
+           "values_packer", "pair_values"]
 
 # Indices into a call's values (the module doc).
 SCRATCH, A, B, OUT = range(4)
 VALUE_INDEX = {op.name: OUT + 1 + i for i, op in enumerate(VALUE_OPERANDS)}
 USER = OUT + 1 + len(VALUE_OPERANDS)  # USER + i: the i-th array among the user epilogue's arguments
 GROUP_ROWS = USER  # a grouped call's group sizes (grouped calls take no user epilogue)
+
+
+def pair_values(i):
+    """The value indices of a ``gemm_sum`` call's pair ``i``: pair 0's are A and B, pair i's
+    ``USER + 2 (i - 1)`` and the next (a sum takes no user epilogue)."""
+    return (A, B) if i == 0 else (USER + 2 * i - 2, USER + 2 * i - 1)
 
 # Whether GEMM kernels launch as programmatic dependents ("all", the default, or "none"): each
 # sets up its barriers, waits in griddepcontrol.wait for the previous kernel of the stream, and
@@ -528,14 +534,13 @@ def gemm_sum_plan(pairs, vo, config, debug):
     """The plan of ``out = a_0 @ b_0 + a_1 @ b_1 + ...`` for checked 16-bit views ``pairs`` (each
     K_i > 0) and ``vo``: one launch of the K-segmented kernel (``GemmConfig.k_segments``), its
     tile chosen as for one product of the summed K. Pair 0's addresses are the call's A and B
-    values, pair i's the values ``USER + 2 (i - 1)`` and the next. A column-major ``out`` is
+    values, pair i's the others of :func:`pair_values`. A column-major ``out`` is
     computed as ``out.T = b_0.T @ a_0.T + ...``. One major serves every pair's A and every B:
     operands TMA cannot read in it go through aligned row-major copies (as do those TMA cannot
     address), as does an ``out`` it cannot write. ``config``: as :func:`gemm_plan`'s.
     """
     sustained = config == SUSTAINED
-    ops = [(Operand(a, Src(A if i == 0 else USER + 2 * i - 2)), Operand(b, Src(B if i == 0 else USER + 2 * i - 1)))
-           for i, (a, b) in enumerate(pairs)]
+    ops = [(Operand(a, Src(pair_values(i)[0])), Operand(b, Src(pair_values(i)[1]))) for i, (a, b) in enumerate(pairs)]
     d = Operand(vo, Src(OUT))
     if is_col_major(vo):
         ops, d = [(b.t(), a.t()) for a, b in ops], d.t()
