@@ -3,14 +3,15 @@ unfused path's, same process.
 
     python benchmarks/bench_gated_training.py [--rounds 11] [--out out.json]   # default: results/gated-training-<gpu>.json
 
-Each pair computes the same tensors at Qwen3-4B's MLP (hidden 2560, width 9728) and Llama-3-8B's
-(4096, 14336), 8192 tokens, bf16, fresh outputs:
+Each pair computes the same tensors at the MLPs of Llama with hidden 2048 (width 5632), Qwen3-4B
+(2560, 9728) and Llama-3-8B (4096, 14336), 8192 tokens, bf16, fresh outputs:
 
 - forward: ``gemm(x, w_gate.t(), up=w_up.t(), activation="silu", aux_out=pre)`` (the gated
   output and both products) against two GEMMs and ``torch.compile``'s SiLU-and-multiply (what
   a compiled step with the three linears runs);
-- backward: ``gemm(dy, w_down, epilogue=glu_backward(...))`` (the gradients of both products)
-  against the GEMM ``dy @ w_down`` and ``torch.compile``'s SiLU-and-multiply derivative.
+- backward: ``gemm_glu_backward(dy, w_down, gate, up)`` (the gradients of both products, the
+  derivative in the epilogue) against the GEMM ``dy @ w_down`` and ``torch.compile``'s
+  SiLU-and-multiply derivative.
 
 ``ratio = unfused_ms / fused_ms`` is the median of interleaved rounds' paired ratios (CUDA events,
 ``bench_gemm.py``'s method); each side is checked against float64 first.
@@ -29,12 +30,10 @@ from bench_gemm import interleaved_rounds, medians, paired_ratio, print_table, s
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from numba_hopper import gemm  # noqa: E402
-from numba_hopper.kernels.epilogue.glu import glu_backward  # noqa: E402
+from numba_hopper import gemm, gemm_glu_backward  # noqa: E402
 
-MLPS = [("qwen3-4b", 2560, 9728), ("llama-3-8b", 4096, 14336)]
+MLPS = [("llama-2048", 2048, 5632), ("qwen3-4b", 2560, 9728), ("llama-3-8b", 4096, 14336)]
 TOKENS = 8192
-_GLU = glu_backward("silu", "bf16")
 
 
 def fused_forward(x, wg, wu, wd, dy, gate, up):
@@ -50,10 +49,7 @@ def unfused_forward(silu_mul):
 
 
 def fused_backward(x, wg, wu, wd, dy, gate, up):
-    d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
-    gemm(dy, wd, out=d_gate, epilogue=_GLU,
-         epilogue_args=(gate.view(torch.int16), up.view(torch.int16), d_up.view(torch.int16)))
-    return d_gate, d_up
+    return gemm_glu_backward(dy, wd, gate, up)
 
 
 def unfused_backward(derivative):

@@ -10,8 +10,9 @@ Layers, each importing only the ones listed before it:
 - :mod:`numba_hopper.kernels` (device): the GEMM kernel and its components;
 - :mod:`numba_hopper.runtime` (host): device arrays, TMA tensor maps, cluster launch, the kernel
   cache;
-- :mod:`numba_hopper.matmul` (host): ``gemm``, ``gemm_sum``, ``bmm`` and ``grouped_gemm`` and their call
-  path, re-exported here with :class:`GemmConfig` and the exceptions of :mod:`numba_hopper.errors`;
+- :mod:`numba_hopper.matmul` (host): ``gemm``, ``gemm_sum``, ``gemm_glu_backward``, ``bmm`` and
+  ``grouped_gemm`` and their call path, re-exported here with :class:`GemmConfig` and the
+  exceptions of :mod:`numba_hopper.errors`;
 - :mod:`numba_hopper.attention` (host and device): ``attention``, a FlashAttention-3-style
   forward built on the kit, re-exported here;
 - :mod:`numba_hopper.torch`: custom ops, autograd and modules for PyTorch (imports torch);
@@ -32,11 +33,11 @@ from .errors import (  # noqa: F401
     ShapeError,
     UnsupportedDeviceError,
 )
-from .matmul import GemmConfig, bmm, gemm, gemm_sum, grouped_gemm  # noqa: F401
+from .matmul import GemmConfig, bmm, gemm, gemm_glu_backward, gemm_sum, grouped_gemm  # noqa: F401
 from .attention import attention  # noqa: F401
 
 __version__ = "0.1.0"
 
-__all__ = ["gemm", "gemm_sum", "bmm", "grouped_gemm", "GemmConfig", "attention", "NumbaHopperError", "DtypeError",
+__all__ = ["gemm", "gemm_sum", "gemm_glu_backward", "bmm", "grouped_gemm", "GemmConfig", "attention", "NumbaHopperError", "DtypeError",
            "ShapeError", "LayoutError", "OverlapError", "DeviceMismatchError", "UnsupportedDeviceError", "DeviceOutOfMemoryError",
            "PipelineHangError"]

@@ -1,5 +1,5 @@
-"""A CPU stand-in for ``numba_hopper.gemm`` / ``gemm_sum`` / ``bmm`` on PyTorch tensors, for
-testing the PyTorch layer (``numba_hopper.torch``) and the raw API's contract without a GPU.
+"""A CPU stand-in for ``numba_hopper.gemm`` / ``gemm_sum`` / ``gemm_glu_backward`` / ``bmm`` on PyTorch
+tensors, for testing the PyTorch layer (``numba_hopper.torch``) and the raw API's contract without a GPU.
 
 A call runs the real ``numba_hopper.gemm`` / ``bmm`` on its CPU tensors, seen as device 0:
 every check, the output it makes, and the plan it would run, built for an H100's limits
@@ -12,12 +12,10 @@ the same way, and the PyTorch layer gets the real API's outputs. Install it with
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
-from numba_hopper.kernels.epilogue.glu import glu_backward
 from numba_hopper.matmul import api, heuristics, plan as _plan, plan_cache
 from numba_hopper.runtime import arrays
 from numba_hopper.tools import prebuild
@@ -30,18 +28,8 @@ _ACT = {
     "silu": torch.nn.functional.silu,
     "sigmoid": torch.sigmoid,
 }
-def _silu_glu_backward(dtype, dh, gate, up, d_up):
-    """``glu_backward("silu", dtype)``'s math, on the int16 views of the 16-bit arrays it takes."""
-    g, u = (t.view(dtype).double() for t in (gate, up))
-    s = torch.sigmoid(g)
-    d_up.copy_((dh * g * s).to(dtype).view(torch.int16))
-    return dh * u * s * (1 + g * (1 - s))
-
-
-# the user epilogues the PyTorch layer passes, as float64 math
-_USER = {glu_backward("silu", name): functools.partial(_silu_glu_backward, dtype)
-         for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16))}
 _REAL_GEMM, _REAL_GEMM_SUM, _REAL_BMM, _REAL_FROM_TORCH = api.gemm, api.gemm_sum, api.bmm, arrays._from_torch
+_REAL_GLU_BACKWARD = api.gemm_glu_backward
 PLANS = []  # the plan of each call, in order (the latest last)
 
 
@@ -81,8 +69,6 @@ def gemm(a, b, out=None, **kw):
     """``numba_hopper.gemm``'s checks and plan (recorded), then the product in float64."""
     result = _REAL_GEMM(a, b, out, stream=0, **kw)
     value, pre = _reference(a, b, **kw)
-    if kw.get("epilogue") is not None:
-        value = _USER[kw["epilogue"]](value, *kw["epilogue_args"])
     if kw.get("aux_out") is not None:
         kw["aux_out"].copy_(pre.reshape(kw["aux_out"].shape))
     return result.copy_(value.reshape(result.shape))
@@ -94,6 +80,14 @@ def gemm_sum(pairs, out=None, **kw):
     return result.copy_(sum(a.detach().double() @ b.detach().double() for a, b in pairs))
 
 
+def gemm_glu_backward(a, b, gate, up, out=None, out_up=None, **kw):
+    """``numba_hopper.gemm_glu_backward``'s checks and plan (recorded), then both gradients in float64."""
+    d_gate, d_up = _REAL_GLU_BACKWARD(a, b, gate, up, out, out_up, stream=0, **kw)
+    dh, g, u = a.detach().double() @ b.detach().double(), gate.double(), up.double()
+    s = torch.sigmoid(g)
+    return d_gate.copy_(dh * u * s * (1 + g * (1 - s))), d_up.copy_(dh * g * s)
+
+
 def bmm(a, b, out=None, **kw):
     """``numba_hopper.bmm``'s checks and plan (recorded), then the product in float64."""
     result = _REAL_BMM(a, b, out, stream=0, **kw)
@@ -101,8 +95,9 @@ def bmm(a, b, out=None, **kw):
 
 
 def install(monkeypatch):
-    """Route ``numba_hopper.matmul.api.gemm`` / ``gemm_sum`` / ``bmm`` (what ``numba_hopper.torch`` calls, and what
-    tests of the raw API call through ``api``) to this stand-in for the test."""
+    """Route ``numba_hopper.matmul.api.gemm`` / ``gemm_sum`` / ``gemm_glu_backward`` / ``bmm`` (what
+    ``numba_hopper.torch`` calls, and what tests of the raw API call through ``api``) to this stand-in
+    for the test."""
     monkeypatch.setattr(arrays, "_from_torch", _from_torch)
     monkeypatch.setattr(plan_cache, "hopper_device_reason", lambda: None)
     monkeypatch.setattr(plan_cache, "current_torch_stream", lambda device: lambda: 0)
@@ -115,6 +110,7 @@ def install(monkeypatch):
     PLANS.clear()
     monkeypatch.setattr(api, "gemm", _no_grad(gemm))
     monkeypatch.setattr(api, "gemm_sum", _no_grad(gemm_sum))
+    monkeypatch.setattr(api, "gemm_glu_backward", _no_grad(gemm_glu_backward))
     monkeypatch.setattr(api, "bmm", _no_grad(bmm))
 
 

@@ -161,33 +161,6 @@ def test_gated_kernel_keeping_both_products_does_not_spill():
     assert r.count("STG") == 256 // 2  # a thread's 64 gate and 64 up values
 
 
-@pytest.mark.kernel_matrix
-def test_glu_backward_epilogue_does_not_spill():
-    """The gated unit's backward as the epilogue of ``dy @ W_down``: reads gate and up, writes
-    d_up, returns d_gate; one tanh per element (the sigmoid), no spills."""
-    from numba.cuda import types
-
-    from numba_hopper.kernels.epilogue.glu import glu_backward
-
-    bits = types.Array(types.int16, 2, "A")
-    ecfg = EpilogueConfig(user=glu_backward("silu", "bf16"))
-    cfg = GemmConfig("bf16", "bf16", "K", "N", stages=max_stages("bf16", "bf16", 256, epilogue=ecfg), epilogue=ecfg)
-    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.Tuple((bits, bits, bits)),)))
-    assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
-    # a thread's 128 values of the 128 x 256 tile: gate and up read, d_up written (generic addresses)
-    assert r.count("MUFU.TANH") == 128 and r.count("LD.E.U16") == 256 and r.count("ST.E.U16") == 128
-
-
-def test_glu_backward_takes_silu_and_16_bit_dtypes():
-    from numba_hopper.kernels.epilogue.glu import glu_backward
-
-    assert glu_backward("silu", "bf16") is glu_backward("silu", "bf16") is not glu_backward("silu", "f16")
-    with pytest.raises(ValueError, match="activation"):
-        glu_backward("gelu", "bf16")
-    with pytest.raises(ValueError, match="bf16 or f16"):
-        glu_backward("silu", "f32")
-
-
 def test_gated_aux_out_holds_both_products():
     with pytest.raises(ShapeError, match=r"aux_out has shape \(16, 32\), expected \(16, 64\)"):
         gemm(X, _w(32, 64), up=_w(32, 64), activation="silu", aux_out=_m(16, 32))

@@ -155,25 +155,6 @@ def test_gated_product_keeps_both_products(torch, M, N, K, dtype):
     assert _rel(torch, pre[:, N:], xd @ wu.double().t()) < TOL[dtype]
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 64, 64), (7, 200, 136), (129, 1000, 520), (1000, 384, 1000)])
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
-def test_glu_backward_epilogue(torch, M, N, K, dtype):
-    """``dy @ W_down`` with the SwiGLU derivative in its epilogue: d_gate returned, d_up written."""
-    from numba_hopper.kernels.epilogue.glu import glu_backward
-
-    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
-    gen = torch.Generator(device="cuda").manual_seed(4)
-    dy, w = (torch.randn(*s, generator=gen, device="cuda").to(tdt) for s in ((M, K), (K, N)))
-    gate, up = (torch.randn(M, N, generator=gen, device="cuda").mul(2).to(tdt) for _ in range(2))
-    d_gate, d_up = (torch.full((M, N), float("nan"), device="cuda", dtype=tdt) for _ in range(2))
-    gemm(dy, w, out=d_gate, epilogue=glu_backward("silu", dtype),
-         epilogue_args=(gate.view(torch.int16), up.view(torch.int16), d_up.view(torch.int16)))
-    dh, g, u = dy.double() @ w.double(), gate.double(), up.double()
-    s = torch.sigmoid(g)
-    assert _rel(torch, d_up, dh * g * s) < TOL[dtype]
-    assert _rel(torch, d_gate, dh * u * s * (1 + g * (1 - s))) < TOL[dtype]
-
-
 @pytest.mark.parametrize("tokens", [1, 7, 127, 129, 1000])
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_gated_mlp_training_matches_float64(torch, tokens, dtype):

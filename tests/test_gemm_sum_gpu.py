@@ -94,7 +94,8 @@ def _qwen3():
 
 def test_compiled_training_sums_each_input_gradient_in_one_gemm(torch):
     """A compiled Qwen3 training step: each layer's q, k, v input gradient and its gate, up input
-    gradient is one ``gemm_sum``; every gradient as close to float64 as the stock model's."""
+    gradient is one ``gemm_sum``, and its MLP's SiLU-and-multiply derivative is in the epilogue of
+    ``dy @ W_down`` (``gemm_glu_backward``); every gradient as close to float64 as the stock model's."""
     import numba_hopper.torch as nht
     from torch._inductor.utils import run_and_get_code
 
@@ -111,5 +112,6 @@ def test_compiled_training_sums_each_input_gradient_in_one_gemm(torch):
     with torch._inductor.config.patch(force_disable_caches=True):  # (a cached graph runs no pass)
         _, codes = run_and_get_code(step)
     assert sum(code.count("extern_kernels.numba_hopper_mm_sum(") for code in codes) == 4, codes
+    assert sum(code.count("torch.ops.numba_hopper.mm_glu_backward.default(") for code in codes) == 2, codes
     for (name, p), q, r in zip(ours.named_parameters(), stock.parameters(), exact.parameters()):
         assert _rel(p.grad, r.grad) < max(1.5 * _rel(q.grad, r.grad), 1e-2), name

@@ -519,6 +519,50 @@ def test_sum_pass_leaves_sums_it_cannot_run_as_one():
     assert _post_grad.sum_products(graph) == 0
 
 
+class _GatedMLP(torch.nn.Module):
+    def __init__(self, hidden=64, inner=128, act=torch.nn.functional.silu):
+        super().__init__()
+        self.act = act
+        self.gate_proj = torch.nn.Linear(hidden, inner, bias=False)
+        self.up_proj = torch.nn.Linear(hidden, inner, bias=False)
+        self.down_proj = torch.nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+@pytest.mark.parametrize("act,fused", [(torch.nn.functional.silu, 1), (torch.nn.functional.gelu, 0)])
+def test_pass_puts_the_silu_derivative_in_the_down_products_epilogue(double, act, fused):
+    """A compiled training graph's ``dy @ W_down`` and the SiLU-and-multiply derivative that reads it
+    are one ``gemm_glu_backward`` (``_post_grad.glu_backwards``, which recognizes the derivative by
+    its values: a GELU's is left alone); gradients against float64."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    ref_model = _GatedMLP(act=act).double()
+    model = copy.deepcopy(ref_model).to(torch.bfloat16)
+    nht.replace_linear(model)
+    x = torch.randn(2, 9, 64)
+    x_ref, x_in = x.double().requires_grad_(), x.to(torch.bfloat16).requires_grad_()
+    ref_model(x_ref).square().mean().backward()
+
+    def step():
+        torch.compile(model, fullgraph=True)(x_in).float().square().mean().backward()
+
+    with torch._inductor.config.patch(force_disable_caches=True):  # (a cached graph runs no pass)
+        _, (_, backward) = run_and_get_code(step)
+    assert backward.count("torch.ops.numba_hopper.mm_glu_backward.default(") == fused, backward
+    assert cases.rel_error(x_in.grad, x_ref.grad) < 3e-2
+    for p, ref_p in zip(model.parameters(), ref_model.parameters()):
+        assert cases.rel_error(p.grad, ref_p.grad) < 3e-2
+
+
+def test_mm_glu_backward_passes_opcheck(double):
+    a, b = torch.randn(7, 24, dtype=torch.bfloat16), torch.randn(24, 16, dtype=torch.bfloat16)
+    gate, up = torch.randn(7, 16, dtype=torch.bfloat16), torch.randn(7, 16, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.numba_hopper.mm_glu_backward.default, (a, b, gate, up, True))
+
+
 def test_mm_sum_passes_opcheck(double):
     a = [torch.randn(7, k, dtype=torch.bfloat16) for k in (24, 8)]
     b = [torch.randn(k, 9, dtype=torch.bfloat16) for k in (24, 8)]
@@ -692,7 +736,7 @@ def test_fused_gated_mlp_keeps_the_module_and_its_answers(double, monkeypatch):
     model[0].fused_training = True
     calls.clear()
     model(x).float().square().sum().backward()  # the operator gated_mlp, forward and backward
-    assert calls == [True] + [False] * 7
+    assert calls == [True] + [False] * 6  # (and dy @ W_down through gemm_glu_backward)
 
 
 @pytest.mark.parametrize("shape,bias", [((1, 64), False), ((2, 33, 64), True), ((129, 64), False)])

@@ -9,9 +9,10 @@ from collections import namedtuple
 
 from .operands import FLOAT_DTYPES, OPERANDS
 
-__all__ = ["EpilogueConfig", "EpilogueArgs", "ACTIVATIONS", "FLOAT_DTYPES", "epilogue_argument_type"]
+__all__ = ["EpilogueConfig", "EpilogueArgs", "ACTIVATIONS", "GLU_ACTIVATIONS", "FLOAT_DTYPES", "epilogue_argument_type"]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
+GLU_ACTIVATIONS = ("silu",)
 
 # The epilogue's operands, in the order of EpilogueArgs' fields.
 _ARGS = tuple(op for op in OPERANDS if op.kernel == "epilogue")
@@ -29,6 +30,11 @@ class EpilogueConfig:
     ``out_scale``: None, "number" (a float32 argument) or "array" (a one-element float32
     array, read on the device); ``amax``: whether to raise a one-element array to the
     largest ``|v|`` stored.
+    ``glu``: None, or the activation (one of ``GLU_ACTIVATIONS``) of a gated linear unit
+    ``h = act(g) * u`` whose gradient ``dh`` the product is: the kernel reads the gate's
+    products ``g`` and the up products ``u`` (the output's 16-bit dtype) through C's path and
+    writes ``dg = dh * u * act'(g)`` to the output and ``du = dh * act(g)`` to a second output,
+    so ``dh`` never reaches memory; no other term.
     """
 
     alpha: bool = False
@@ -44,6 +50,7 @@ class EpilogueConfig:
     transposed: bool = False
     out_scale: str | None = None
     amax: bool = False
+    glu: str | None = None
 
     def __post_init__(self):
         if self.activation not in (None,) + ACTIVATIONS:
@@ -59,6 +66,12 @@ class EpilogueConfig:
             raise ValueError("scalar_col_scale describes a col_scale: set col_scale too")
         if self.out_scale not in (None, "number", "array"):
             raise ValueError(f"out_scale must be None, 'number' or 'array', got {self.out_scale!r}")
+        if self.glu is not None:
+            others = [f.name for f in dataclasses.fields(self) if f.name not in ("glu", "bias_dtype")
+                      and getattr(self, f.name) != f.default]
+            if self.glu not in GLU_ACTIVATIONS or others:
+                raise ValueError(f"glu takes an activation in {GLU_ACTIVATIONS} and no other term; got "
+                                 f"glu={self.glu!r}" + (f", {', '.join(others)}" if others else ""))
 
     @property
     def scale_only(self) -> bool:

@@ -300,6 +300,12 @@ class GemmConfig:
                                     or self.gated or self.block_scaled or self.out_major != "N"):
             raise ValueError("k_segments > 1 runs 16-bit products with a row-major output, without stream_k, "
                              "grouping, gating or block-wise scales")
+        if self.glu and (self.in_dtype in FP8_DTYPES or ELEMENT_BYTES[self.out_dtype] != 2 or self.stream_k
+                         or self.grouped is not None or self.gated or self.k_segments > 1 or self.block_m == 256
+                         or self.out_major != "N"):
+            # (C's sub-tile buffers hold the gate's and up products, the output's buffers both gradients)
+            raise ValueError("a GLU backward epilogue runs 16-bit products to a 16-bit row-major output, without "
+                             "stream_k, grouping, gating, K segments or 256-row tiles")
         if self.gated:
             self._check_gated()
         if self.grouped is not None:
@@ -379,12 +385,24 @@ class GemmConfig:
     @property
     def tensormaps(self):
         """Tensor maps the kernel takes: A, B, the output D, then C with a residual, A's
-        block-wise scales with those and B_up gated, then the other K segments' A and B."""
-        return 3 + self.has_c + self.block_scaled + self.gated + 2 * (self.k_segments - 1)
+        block-wise scales with those and B_up gated, then the other K segments' A and B, then a
+        GLU backward's up products and second output."""
+        return 3 + self.has_c + self.block_scaled + self.gated + 2 * (self.k_segments - 1) + 2 * self.glu
 
     @property
     def has_c(self):
-        return self.epilogue is not None and self.epilogue.c_dtype is not None
+        """Whether sub-tiles stream in beside the stores: a residual C, or a GLU backward's inputs."""
+        return self.epilogue is not None and (self.epilogue.c_dtype is not None or self.epilogue.glu is not None)
+
+    @property
+    def c_dtype(self):
+        """The dtype of those sub-tiles: C's, or a GLU backward's inputs' (the output's)."""
+        return self.out_dtype if self.glu else self.epilogue.c_dtype
+
+    @property
+    def glu(self):
+        """Whether the epilogue is a GLU backward (``EpilogueConfig.glu``): two inputs, two outputs."""
+        return self.epilogue is not None and self.epilogue.glu is not None
 
     @property
     def out_block_n(self):
@@ -502,8 +520,10 @@ class GemmConfig:
     @property
     def epi_cols(self):
         """Columns of one epilogue sub-tile: 128 bytes of output elements, at most 32 where 64
-        does not divide ``block_n`` (160, 224) and 16 where 32 does not (112, 144)."""
-        cols = 16 if self.block_n % 32 and self.out_major == "N" else 32 if self.out_block_n % 64 else 64
+        does not divide ``block_n`` (160, 224) and 16 where 32 does not (112, 144). A GLU
+        backward's 32 (16-bit): a C buffer then holds both inputs' sub-tiles, and an output
+        buffer both outputs'."""
+        cols = 16 if self.block_n % 32 and self.out_major == "N" else 32 if self.out_block_n % 64 or self.glu else 64
         return min(128 // ELEMENT_BYTES[self.out_dtype], cols)
 
     @property
@@ -543,8 +563,9 @@ class GemmConfig:
 
     @property
     def c_buf_bytes(self):
-        """One residual-C sub-tile (64 x ``epi_cols`` of C's dtype); 0 without C."""
-        return EPI_ROWS * self.epi_cols * ELEMENT_BYTES[self.epilogue.c_dtype] if self.has_c else 0
+        """One residual-C sub-tile (64 x ``epi_cols`` of C's dtype; a GLU backward's, the gate's and
+        the up products' sub-tiles); 0 without C."""
+        return (1 + self.glu) * EPI_ROWS * self.epi_cols * ELEMENT_BYTES[self.c_dtype] if self.has_c else 0
 
     @property
     def layout(self) -> "SharedLayout":

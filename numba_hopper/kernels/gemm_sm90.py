@@ -59,8 +59,9 @@ from .scheduler import make_tile_scheduler
 
 # The kernel's tensor maps (kernel parameters, by value); A's block-wise scales: (1, K blocks, M)
 # f32, box (1, 1, BM); a gated kernel's B_up; ``segments``: a K-segmented kernel's other A and B
-# maps, (A_1, B_1, A_2, B_2) as far as it has them.
-TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales", "b_up", "segments"])
+# maps, (A_1, B_1, A_2, B_2) as far as it has them; ``glu``: a GLU backward's up products and
+# second output (C is the gate's products), or ().
+TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales", "b_up", "segments", "glu"])
 
 __all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel", "gemm_argument_types"]
 
@@ -198,6 +199,7 @@ def _tensormap_access(cfg: GemmConfig):
     C_MAP = 3 if HAS_C else 0
     LAST_MAP = 3 + HAS_C + SCALED + GATED - 1  # A's scales or B_up where the kernel has them
     FIRST_SEGMENT_MAP = LAST_MAP + 1
+    GLU, FIRST_GLU_MAP = cfg.glu, FIRST_SEGMENT_MAP + SEGMENT_MAPS
     # The 192-wide promoted grouped kernels' consumers spill (120 + 204 B) when the tensor maps
     # are prefetched: ptxas then keeps the maps' addresses live from the kernel's start. They load
     # without the prefetch.
@@ -217,15 +219,23 @@ def _tensormap_access(cfg: GemmConfig):
         return ()
 
     @cuda.jit(device=True, forceinline=True)
+    def glu_maps(p):
+        if GLU:
+            return (nh.tensormap_param_address(p.maps[FIRST_GLU_MAP]),
+                    nh.tensormap_param_address(p.maps[FIRST_GLU_MAP + 1]))
+        return ()
+
+    @cuda.jit(device=True, forceinline=True)
     def tensormaps(p):
-        """Where the launch put the tensor maps of A, B, D, C, A's scales, B_up and the other K
-        segments' (C, A's scales and B_up only if the kernel has them; else another map stands in,
-        unused). Each role takes them after ``setmaxnreg``: values live across it must fit the
-        producer's few registers (fused kernels with a cluster spilled 40 B otherwise)."""
+        """Where the launch put the tensor maps of A, B, D, C, A's scales, B_up, the other K
+        segments' and a GLU backward's (C, A's scales and B_up only if the kernel has them; else
+        another map stands in, unused). Each role takes them after ``setmaxnreg``: values live
+        across it must fit the producer's few registers (fused kernels with a cluster spilled 40 B
+        otherwise)."""
         last = nh.tensormap_param_address(p.maps[LAST_MAP])  # A's scales or B_up (never both)
         return TensorMaps(nh.tensormap_param_address(p.maps[0]), nh.tensormap_param_address(p.maps[1]),
                           nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]), last, last,
-                          segment_maps(p))
+                          segment_maps(p), glu_maps(p))
 
     @cuda.jit(device=True, forceinline=True)
     def prefetch_tensormaps(p):
@@ -247,6 +257,9 @@ def _tensormap_access(cfg: GemmConfig):
         if SEGMENT_MAPS > 0:
             for i in range(SEGMENT_MAPS):
                 nh.prefetch_tensormap(maps.segments[i])
+        if GLU:
+            nh.prefetch_tensormap(maps.glu[0])
+            nh.prefetch_tensormap(maps.glu[1])
 
     return tensormaps, prefetch_tensormaps
 
@@ -341,11 +354,11 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
         acc = nh.wgmma_accumulator(BN, "f32")
         while item.tile < work.num_tiles:
             tile = scheduler.origin(work, item, cta.rm, cta.rn)
-            terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps.c, p, ep)
+            terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps, p, ep)
             acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile)
             frag = nh.tuple_as_array(acc)
             if scheduler.fixup(frag, work, item, p.workspace, c):
-                stored = epilogue.store_tile(frag, smem, c, tile, c.cw, stored, tmaps.d, tmaps.c, p, ep, terms)
+                stored = epilogue.store_tile(frag, smem, c, tile, c.cw, stored, tmaps, p, ep, terms)
             item = scheduler.next(work, item)
         epilogue.drain(c, stored, ep)
 
@@ -360,22 +373,22 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
         c, tmaps, work, st, stored, item = cooperative_start(p, tid, work)
         sums = nh.wgmma_accumulator(BN, "f32")
         tile = scheduler.origin(work, item, cta.rm, cta.rn)
-        terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps.c, p, ep)
+        terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps, p, ep)
         first = True
         while item.tile < work.num_tiles:
             held = epilogue.hold(sums)
             acc = mainloop.start(nh.wgmma_accumulator(BN, "f32"), smem, smem + BARRIERS, st, p, item, c)
             if not first:
-                stored = epilogue.store_tile(nh.tuple_as_array(held), smem, c, tile, c.cw, stored, tmaps.d, tmaps.c,
-                                             p, ep, terms)
+                stored = epilogue.store_tile(nh.tuple_as_array(held), smem, c, tile, c.cw, stored, tmaps, p, ep,
+                                             terms)
                 tile = scheduler.origin(work, item, cta.rm, cta.rn)
-                terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps.c, p, ep)
+                terms = epilogue.begin_tile(smem, c, tile, c.cw, stored, tmaps, p, ep)
             sums, st = mainloop.finish(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile)
             first = False
             item = scheduler.next(work, item)
         if not first:
-            stored = epilogue.store_tile(nh.tuple_as_array(epilogue.hold(sums)), smem, c, tile, c.cw, stored, tmaps.d,
-                                         tmaps.c, p, ep, terms)
+            stored = epilogue.store_tile(nh.tuple_as_array(epilogue.hold(sums)), smem, c, tile, c.cw, stored, tmaps,
+                                         p, ep, terms)
         epilogue.drain(c, stored, ep)
 
     @cuda.jit(device=True, forceinline=True)
@@ -404,13 +417,12 @@ def _consumers(cfg: GemmConfig, pipe, mainloop, scheduler, epilogue, tensormaps,
         rows = 0 if PINGPONG else 2 * c.cw
         while item.tile < work.num_tiles:
             tile = scheduler.origin(work, item, cta.rm, cta.rn)
-            upper = epilogue.begin_tile(smem, c, tile, rows, stored, tmaps.c, p, ep)
-            lower = epilogue.begin_tile(smem, c, tile, rows + 1, stored, tmaps.c, p, ep)
+            upper = epilogue.begin_tile(smem, c, tile, rows, stored, tmaps, p, ep)
+            lower = epilogue.begin_tile(smem, c, tile, rows + 1, stored, tmaps, p, ep)
             acc, st = mainloop.mma(acc, smem, smem + BARRIERS, st, p, item, c, cta.peers, tile)
-            stored = epilogue.store_tile(nh.tuple_as_array(acc[0]), smem, c, tile, rows, stored, tmaps.d, tmaps.c,
-                                         p, ep, upper)
-            stored = epilogue.store_tile(nh.tuple_as_array(acc[1]), smem, c, tile, rows + 1, stored, tmaps.d,
-                                         tmaps.c, p, ep, lower)
+            stored = epilogue.store_tile(nh.tuple_as_array(acc[0]), smem, c, tile, rows, stored, tmaps, p, ep, upper)
+            stored = epilogue.store_tile(nh.tuple_as_array(acc[1]), smem, c, tile, rows + 1, stored, tmaps, p, ep,
+                                         lower)
             item = scheduler.next(work, item)
             if PINGPONG:
                 st, item = passed_over(st, item, work)

@@ -103,7 +103,9 @@ epilogue=)``): device functions the store calls for every group of values it wri
   accumulator registers ``k`` and ``k + 1`` (row ``row + 8j`` of the warpgroup's tile, ``row`` the
   thread's first; columns ``col``, ``col + 1`` of the sub-tile; ``item`` from ``gather``), and ``m``,
   a uint32 that the store keeps the maximum of (:data:`NO_MAX` when unused; e.g. the bits of
-  ``|v|``, which order as the floats do, for an amax)."""
+  ``|v|``, which order as the floats do, for an amax). With ``make_tile_store(...,
+  second_output=)``: ``(v0, v1, m, w0, w1)``, ``w0, w1`` the same place's values of a second
+  output sub-tile."""
 
 
 @cuda.jit(device=True, forceinline=True)
@@ -121,7 +123,7 @@ def _stored_as_is(frag, k, row, j, col, item, ctx):
     return frag[k], frag[k + 1], NO_MAX
 
 
-def _checked_tile_store(n, out_dtype, buffers, cols, epilogue) -> int:
+def _checked_tile_store(n, out_dtype, buffers, cols, epilogue, second_output) -> int:
     """:func:`make_tile_store`'s arguments checked (the rule and the fix in each error); returns
     the sub-tile's columns (``cols``, or the widest swizzle span that divides a row)."""
     if out_dtype not in OUT_DTYPES:
@@ -140,23 +142,32 @@ def _checked_tile_store(n, out_dtype, buffers, cols, epilogue) -> int:
                          f"whole {16 if E == 2 else 8}-column groups; got {cols!r}")
     if epilogue is not None and not isinstance(epilogue, TileEpilogue):
         raise ValueError(f"epilogue must be None or a TileEpilogue(gather, pair) of device functions; got {epilogue!r}")
+    if second_output is not None and (epilogue is None or E != 2 or second_output % 1024
+                                      or second_output < ROWS * cols * E):
+        raise ValueError("second_output is the byte offset, a multiple of 1024 past the sub-tile, of a 16-bit "
+                         f"output's second sub-tile, written from its epilogue's pair hook; got {second_output!r}")
     return cols
 
 
-def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None) -> TileStore:
+def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None, second_output=None) -> TileStore:
     """The :class:`TileStore` of a ``64 x n`` f32 accumulator (``n`` the wgmma N: a multiple
     of 16 up to 256) to ``out_dtype`` ("bf16", "f16", "f32", or "e4m3"/"e5m2": fp8 pairs,
     scaled by an ``epilogue`` hook where they need a scale) through ``buffers`` (1 or 2)
     sub-tile buffers per warpgroup. ``cols``: columns of a sub-tile (default: the widest
     swizzle span, 128, 64 or 32 bytes, that divides a row of the tile); ``epilogue``: None (the
-    accumulator as it is), or a :class:`TileEpilogue` of hooks. Checked here: the rule and the
-    fix in each error."""
-    cols = _checked_tile_store(n, out_dtype, buffers, cols, epilogue)
+    accumulator as it is), or a :class:`TileEpilogue` of hooks. ``second_output``: (16-bit,
+    with hooks) ``write`` also writes a second sub-tile, the pair hook's ``w0, w1``, laid out as
+    the first, this many bytes past it in each buffer (the caller stores it: e.g. the two
+    gradients of a gated unit). Checked here: the rule and the fix in each error."""
+    cols = _checked_tile_store(n, out_dtype, buffers, cols, epilogue, second_output)
+    SECOND = second_output is not None
+    SECOND_OFF = second_output or 0
     E = OUT_DTYPES[out_dtype]
     SPAN = cols * E
     COLS, SUBTILES = cols, n // cols
     SUB_BYTES = ROWS * SPAN
-    BUF_STRIDE = -(-SUB_BYTES // 1024) * 1024  # (each buffer on the swizzle's 1024-byte period)
+    # (each buffer on the swizzle's 1024-byte period, a second output's sub-tile included)
+    BUF_STRIDE = -(-(SECOND_OFF + SUB_BYTES if SECOND else SUB_BYTES) // 1024) * 1024
     BUFFERS = buffers
     IN_FLIGHT = buffers - 1  # stores that may still read a buffer when the next is written
     STMATRIX = E == 2  # 16-bit: stmatrix.x4 16 x 16 blocks; f32 and fp8: one store a pair
@@ -214,6 +225,9 @@ def make_tile_store(n, out_dtype="bf16", buffers=2, *, cols=None, epilogue=None)
                         pack(v[3][0], v[3][1]))
                 m_max = max(m_max, v[0][2], v[1][2], v[2][2], v[3][2])
                 stmatrix_x4(addr, regs[0], regs[1], regs[2], regs[3])
+                if SECOND:
+                    stmatrix_x4(addr + SECOND_OFF, pack(v[0][3], v[0][4]), pack(v[1][3], v[1][4]),
+                                pack(v[2][3], v[2][4]), pack(v[3][3], v[3][4]))
         return m_max
 
     @cuda.jit(device=True, inline="always", forceinline=True)

@@ -1,7 +1,8 @@
-"""The array user's GEMMs: :func:`gemm`, :func:`gemm_sum`, :func:`bmm` and :func:`grouped_gemm`, and their
-host call path.
+"""The array user's GEMMs: :func:`gemm`, :func:`gemm_sum`, :func:`gemm_glu_backward`, :func:`bmm` and
+:func:`grouped_gemm`, and their host call path.
 
-- :mod:`.api`: ``gemm``, ``gemm_sum`` and ``bmm``, what a call checks and how its output is made;
+- :mod:`.api`: ``gemm``, ``gemm_sum``, ``gemm_glu_backward`` and ``bmm``, what a call checks and how its
+  output is made;
 - :mod:`.grouped`: ``grouped_gemm`` (mixture-of-experts layers);
 - :mod:`.plan_cache`: the cache of plans by call layout, shared by every entry point;
 - :mod:`.plan`: a call layout's plan (tensor-map templates, prepared launches, scratch);
@@ -12,8 +13,8 @@ host call path.
 """
 
 from ..kernels.gemm_config import GemmConfig
-from .api import bmm, gemm, gemm_sum
+from .api import bmm, gemm, gemm_glu_backward, gemm_sum
 from .grouped import grouped_gemm
 from .plan_cache import clear_plans
 
-__all__ = ["gemm", "gemm_sum", "bmm", "grouped_gemm", "GemmConfig", "clear_plans"]
+__all__ = ["gemm", "gemm_sum", "gemm_glu_backward", "bmm", "grouped_gemm", "GemmConfig", "clear_plans"]

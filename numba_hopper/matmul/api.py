@@ -43,14 +43,15 @@ from .checks import (FP8_DTYPES, check_fp8_operands, check_inputs, check_out, ch
 from .fusion import VALUE_OPERANDS, check_fusion, fusion_args, fusion_key_and_values
 from .heuristics import SUSTAINED
 from ..runtime.operands import describe
-from .plan import A, B, OUT, VALUE_INDEX, VALUE_OPERANDS as _FUSED, Plan, bmm_plan, gemm_plan, gemm_sum_plan, \
-    pair_values, zero_fill_plan
-from .plan_cache import PLAN_CACHE_SIZE, clear_plans, first_run, plans, remember, run
+from .plan import A, B, OUT, USER, VALUE_INDEX, VALUE_OPERANDS as _FUSED, Plan, bmm_plan, gemm_plan, gemm_sum_plan, \
+    glu_backward_plan, pair_values, zero_fill_plan
+from .plan_cache import PLAN_CACHE_SIZE, clear_plans, empty_output, first_run, plans, remember, run
 from .scales import NUMBER, fold_scales, scale_binder, scale_signature
 from ..errors import DeviceMismatchError, DtypeError, LayoutError, ShapeError
+from ..kernels.epilogue_config import GLU_ACTIVATIONS
 from ..kernels.gemm_config import MAX_K_SEGMENTS, GemmConfig
 
-__all__ = ["gemm", "gemm_sum", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
+__all__ = ["gemm", "gemm_sum", "gemm_glu_backward", "bmm", "GemmConfig", "PLAN_CACHE_SIZE", "clear_plans"]
 
 # The arrays a fused call reads or writes beside a, b and out, for the overlap checks:
 # (name, its operand's name, VALUE_INDEX).
@@ -336,6 +337,77 @@ def _first_gemm_sum(key, pairs, addresses, out, fvalues, out_dtype, dtype, strea
     written = [("out", OUT, vo)] if vo else []
     return first_run(key, plan_for, pairs[0][0], out, vo, (M, N), out_dtype, va0, addresses[:2], fvalues, stream,
                      overlap_pairs(_spans(written), _spans(read)), cache=not debug)
+
+
+def gemm_glu_backward(a, b, gate, up, out=None, out_up=None, *, activation="silu", dtype=None, stream=None,
+                      config=None, debug=None):
+    """Return ``(d_gate, d_up)``, the gradients of a gated linear unit ``h = act(gate) * up``'s
+    two inputs, given ``dh = a @ b``: ``d_gate = dh * up * act'(gate)`` and ``d_up = dh *
+    act(gate)``, in one kernel whose epilogue reads ``gate`` and ``up`` and writes both, so
+    ``dh`` never reaches memory. In a gated MLP ``down(act(x @ W_gate.T) * (x @ W_up.T))``,
+    ``a`` is the output's gradient ``dy`` and ``b`` the down projection's weight ``W_down``
+    (hidden, intermediate), with ``gate`` and ``up`` the forward's two products.
+
+    16-bit ``a`` (M, K) and ``b`` (K, N) of one dtype, row- or column-major as :func:`gemm`
+    takes them; ``gate``, ``up`` and the outputs ``out`` and ``out_up`` (made when None) (M,
+    N) of that dtype, row-major, with 16-byte-aligned bases and rows. ``activation``: "silu"
+    (whose sigmoid is the hardware ``tanh.approx.f32``'s, relative error about 2^-11).
+    ``config``: a :class:`GemmConfig` (its epilogue becomes the GLU's) or "sustained".
+
+    Raises before launch: ``ShapeError``, ``DtypeError``, ``LayoutError``, ``OverlapError``
+    (an output sharing memory with another array), ``DeviceMismatchError``, ``ValueError``
+    (another activation).
+    """
+    if activation not in GLU_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {GLU_ACTIVATIONS}; got {activation!r}")
+    (sig_a, pa), (sig_b, pb), (sig_g, pg), (sig_u, pu) = (describe(x) for x in (a, b, gate, up))
+    sig_du = describe(out_up)[0] if out_up is not None else None
+    sig_o, po = describe(out) if out is not None else (None, 0)
+    if debug is None:
+        debug = _debug.DEFAULT
+    key = ("gemm_glu_backward", sig_a, sig_b, sig_g, sig_u, sig_du, sig_o, activation, dtype, config)
+    entry = None if debug else plans.get(key)
+    if entry is None:
+        _check_glu_backward(a, b, gate, up, out, out_up, dtype, config)
+    if out_up is None:
+        vg = device_view(gate, dtype=dtype)
+        out_up = empty_output(gate, vg, vg.shape, vg.dtype)
+    fvalues = (0,) * len(_FUSED) + (pg, pu, describe(out_up)[1])
+    if entry is not None:
+        return run(entry, out, pa, pb, po, fvalues, stream), out_up
+    va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
+    vo = _checked_out(out, (va.shape[0], vb.shape[1]), va, va.dtype)
+    vg, vu, vdu = (device_view(x, dtype=dtype) for x in (gate, up, out_up))
+
+    def plan_for(vo):
+        if 0 in vo.shape:
+            return Plan(vo.device, [])
+        return glu_backward_plan(va, vb, vo, vg, vu, vdu, activation, config, debug)
+
+    read = [("a", A, va), ("b", B, vb), ("gate", USER, vg), ("up", USER + 1, vu)]
+    written = ([("out", OUT, vo)] if vo else []) + [("out_up", USER + 2, vdu)]
+    d_gate = first_run(key, plan_for, a, out, vo, vg.shape, va.dtype, va, (pa, pb), fvalues, stream,
+                       overlap_pairs(_spans(written), _spans(read)), cache=not debug)
+    return d_gate, out_up
+
+
+def _check_glu_backward(a, b, gate, up, out, out_up, dtype, config):
+    """Raise unless :func:`gemm_glu_backward` can run these arguments (its docstring)."""
+    if not (config is None or config == SUSTAINED or isinstance(config, GemmConfig)):
+        raise TypeError(f"config must be None, a GemmConfig or {SUSTAINED!r}; got {config!r}")
+    va, vb = device_view(a, dtype=dtype), device_view(b, dtype=dtype)
+    check_inputs(va, vb)
+    if va.dtype in FP8_DTYPES:
+        raise DtypeError(f"gemm_glu_backward takes 16-bit a and b; got {va.dtype} x {vb.dtype}")
+    shape = (va.shape[0], vb.shape[1])
+    for name, x in (("gate", gate), ("up", up), ("out", out), ("out_up", out_up)):
+        if x is None:
+            continue
+        v = device_view(x, dtype=dtype)
+        check_out(v, shape, va.device, va.dtype, name=name)
+        if 0 not in shape and not tma_addressable(v, row_major=True):
+            raise LayoutError(f"gemm_glu_backward needs {name} row-major with a 16-byte-aligned base and rows; "
+                              f"got strides {v.strides}")
 
 
 def _first_gemm(key, a, b, out, f, fvalues, out_dtype, dtype, stream, config, split_k, fast_accum, debug):

@@ -91,19 +91,20 @@ def check_fp8_operands(va: DeviceView, vb: DeviceView):
                               "fp8 operands are not copied to an aligned layout")
 
 
-def check_out(vo: DeviceView, shape, device, out_dtype):
-    """Raise unless ``out`` can take the product: its shape, dtype (and ``out_dtype``), device,
-    strides, and no broadcast (zero-stride) dimension."""
+def check_out(vo: DeviceView, shape, device, out_dtype, name="out"):
+    """Raise unless ``out`` (or the array ``name``) can take the product: its shape, dtype (and
+    ``out_dtype``), device, strides, and no broadcast (zero-stride) dimension."""
     if tuple(vo.shape) != shape:
-        raise ShapeError(f"out has shape {tuple(vo.shape)}, expected {shape}")
-    check_out_dtype("out.dtype", vo.dtype)
+        raise ShapeError(f"{name} has shape {tuple(vo.shape)}, expected {shape}")
+    check_out_dtype(f"{name}.dtype", vo.dtype)
     if out_dtype is not None and out_dtype != vo.dtype:
-        raise DtypeError(f"out has dtype {vo.dtype} but out_dtype={out_dtype!r}")
+        raise DtypeError(f"{name} has dtype {vo.dtype} but out_dtype={out_dtype!r}" if name == "out" else
+                         f"{name} has dtype {vo.dtype}, the inputs {out_dtype}")
     if vo.device != device:
-        raise DeviceMismatchError(f"out is on device {vo.device}, the inputs on device {device}")
-    check_strides("out", vo)
+        raise DeviceMismatchError(f"{name} is on device {vo.device}, the inputs on device {device}")
+    check_strides(name, vo)
     if 0 not in vo.shape and any(s == 0 and n > 1 for s, n in zip(vo.strides, vo.shape)):
-        raise LayoutError(f"out has a zero stride {vo.strides} (a broadcast view): its elements alias")
+        raise LayoutError(f"{name} has a zero stride {vo.strides} (a broadcast view): its elements alias")
 
 
 def overlap_pairs(written, read, in_place=()):

@@ -428,7 +428,8 @@ def _tiling(va, vb, vo, a_major, b_major, epilogue, promoted, block_scaled, unit
         if width:
             base = GemmConfig(block_n=width, pingpong=True)
     elif block_m == 128 and (va.itemsize == 1 or epilogue is not None) and not promoted and base.cluster_size == 1 \
-            and not (epilogue and epilogue.c_dtype) and epilogue_pingpong_pays(M, N, units, limits.sm_count, block_n):
+            and not (epilogue and (epilogue.c_dtype or epilogue.glu)) \
+            and epilogue_pingpong_pays(M, N, units, limits.sm_count, block_n):
         base = GemmConfig(block_n=EPILOGUE_PINGPONG_WIDTH, pingpong=True)
     if sustained and plain_16bit_out and not straddling and base.block_m == 128 and base.cluster_order == "launch" \
             and sustained_clusters_pay(M, N, a_major, b_major, base.pingpong, units, limits.sm_count):

@@ -37,14 +37,14 @@ from ..runtime.debug import DebugRecord
 from ..errors import LayoutError
 from ..kernels.epilogue import c_box_cols
 from ..kernels.epilogue_config import EpilogueArgs, EpilogueConfig
-from ..kernels.gemm_config import EPI_ROWS, FP8_DTYPES, KBLOCK_BYTES, GemmParams
+from ..kernels.gemm_config import EPI_ROWS, FP8_DTYPES, KBLOCK_BYTES, GemmConfig, GemmParams
 from ..kernels.operands import OPERAND
 from ..kernels.gemm_sm90 import make_gemm_kernel
 from ..kernels.scheduler import GROUP_WALK_END
 from ..runtime.launch import device_limits, max_active_clusters, prepare_launch
 from ..runtime.tensormap import TensorMapArg, encode_template
 
-__all__ = ["Plan", "gemm_plan", "gemm_sum_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config",
+__all__ = ["Plan", "gemm_plan", "gemm_sum_plan", "glu_backward_plan", "bmm_plan", "grouped_plan", "zero_fill_plan", "split_k_config",
            "gemm_cache_key", "SCRATCH", "A", "B", "OUT", "VALUE_OPERANDS", "VALUE_INDEX", "USER", "GROUP_ROWS",
            "values_packer", "pair_values"]
 
@@ -212,12 +212,15 @@ class _Gemm:
     grouped one's grid. ``group_rows``: where a grouped launch's group sizes are (a :class:`Src`).
     ``segments``: a K-segmented launch's (``cfg.k_segments``) other ``(a, b)`` pairs of
     :class:`Operand` like ``a`` and ``b``; the kernel runs their K loops after ``a @ b``'s.
+    ``glu``: a GLU backward's (``cfg.glu``) ``(up, d_up)``, its up products (read like ``c``, the
+    gate's) and second output (written like ``d``).
     """
 
     def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, a_scales=None, b_scales=None, up=None,
-                 arrays=None, user_srcs=(), grid=None, dp_tiles=0, record=None, group_rows=None, segments=()):
+                 arrays=None, user_srcs=(), grid=None, dp_tiles=0, record=None, group_rows=None, segments=(),
+                 glu=()):
         self.cfg, self.a, self.b, self.d, self.c, self.batch = cfg, a, b, d, c, batch
-        self.segments = segments
+        self.segments, self.glu = segments, glu
         self.a_scales, self.b_scales, self.up = a_scales, b_scales, up
         self.fusion, self.arrays, self.user_srcs = fusion, arrays or {}, user_srcs
         self.dp_tiles, self.record, self.group_rows = dp_tiles, record, group_rows
@@ -246,10 +249,10 @@ class _Gemm:
         d = self.d.at(values)  # column-major: the kernel's rows run along the stored rows
         maps.append(encode_template(_batched(transpose(d) if cfg.out_major == "M" else d, batch.count, batch.c),
                                     cfg.c_box, swizzle=cfg.epi_swizzle))
+        c_box = (1, EPI_ROWS, c_box_cols(cfg)) if cfg.has_c else None
         if self.c is not None:
-            cols = c_box_cols(cfg)
             c = self.c.at(values)
-            maps.append(encode_template(_batched(c, 1, 0), (1, EPI_ROWS, cols), swizzle=cols * c.itemsize))
+            maps.append(encode_template(_batched(c, 1, 0), c_box, swizzle=c_box[2] * c.itemsize))
         if self.a_scales is not None:  # one k-block's scales of a tile's rows per box
             maps.append(encode_template(_batched(self.a_scales.at(values), batch.count, batch.a_scales),
                                         (1, 1, cfg.a_scales_box)))
@@ -262,6 +265,10 @@ class _Gemm:
                                         swizzle=128))
             maps.append(encode_template(_batched(transpose(b) if cfg.b_major == "K" else b, 1, 0), cfg.b_box,
                                         swizzle=cfg.b_swizzle))
+        if self.glu:  # the up products like C, the second output like D
+            up, d_up = (op.at(values) for op in self.glu)
+            maps.append(encode_template(_batched(up, 1, 0), c_box, swizzle=c_box[2] * up.itemsize))
+            maps.append(encode_template(_batched(d_up, 1, 0), cfg.c_box, swizzle=cfg.epi_swizzle))
         return maps
 
     def _epilogue_args(self, values):
@@ -287,6 +294,7 @@ class _Gemm:
             ends = np.cumsum([-(-a.view.shape[1] // cfg.block_k) for a in (self.a, *(a for a, _ in self.segments))])
             K, k_begins = int(ends[-1]) * cfg.block_k, (int(ends[0]), int(ends[1]))
             operands += tuple(op for pair in self.segments for op in pair)
+        operands += tuple(self.glu)
         params = GemmParams(
             maps=tuple(TensorMapArg(m, op.src.resolve(values)) for m, op in zip(self._templates(values), operands)),
             M=M, N=N, K=K, batches=batch.count, a_batched=int(batch.a != 0), b_batched=int(batch.b != 0),
@@ -565,6 +573,30 @@ def gemm_sum_plan(pairs, vo, config, debug):
     gemm = _Gemm(cfg, a_ops[0], b_ops[0], d, _Batch(), scratch, record=record,
                  segments=tuple(zip(a_ops[1:], b_ops[1:])))
     return Plan(vo.device, [*copies, gemm, *finish], scratch, record)
+
+
+def glu_backward_plan(va, vb, vo, gate, up, d_up, activation, config, debug):
+    """The plan of a GLU backward (``gemm_glu_backward``) for checked views: ``dh = a @ b`` in
+    one launch whose epilogue reads ``gate`` and ``up`` (values ``USER``, ``USER + 1``) and writes
+    ``out`` and ``d_up`` (``USER + 2``), all four row-major and TMA-addressable (the call
+    checked); ``a`` and ``b`` in either major, through aligned copies where TMA cannot address
+    them; K == 0 runs the kernel on zeros. ``config``: as :func:`gemm_plan`'s; a
+    :class:`GemmConfig`'s epilogue becomes the GLU's."""
+    sustained = config == SUSTAINED
+    ecfg = EpilogueConfig(glu=activation)
+    scratch, copies = _Scratch(), []
+    if va.shape[1] == 0:  # dh = 0: the kernel on a zero k-block
+        a, b, copies = _zero_k_block(va, vb, scratch)
+    else:
+        a = _aligned(Operand(va, Src(A)), scratch, copies)
+        b = _aligned(Operand(vb, Src(B)), scratch, copies)
+    if isinstance(config, GemmConfig):
+        config = dataclasses.replace(config, epilogue=ecfg)
+    cfg = choose_config(a.view, b.view, vo, None if sustained else config, debug, ecfg, sustained=sustained)
+    record = DebugRecord() if debug else None
+    gemm = _Gemm(cfg, a, b, Operand(vo, Src(OUT)), _Batch(), scratch, c=Operand(gate, Src(USER)), record=record,
+                 glu=(Operand(up, Src(USER + 1)), Operand(d_up, Src(USER + 2))))
+    return Plan(vo.device, [*copies, gemm], scratch, record)
 
 
 def _one_major(ops, scratch, copies):

@@ -99,6 +99,11 @@ def clear_plans():
         plans.clear()
 
 
+def empty_output(a, va, shape, dtype):
+    """A new contiguous array of ``shape`` and ``dtype``, of ``a``'s kind, on its device."""
+    return _output_maker(a, va, shape, dtype)()[0]
+
+
 def _output_maker(a, va, shape, dtype):
     """``make() -> (out, address)``: a new output of ``a``'s kind, on ``a``'s device."""
     if va.framework == "torch":

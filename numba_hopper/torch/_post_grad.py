@@ -15,6 +15,15 @@ or its MLP's gate and up projections), becomes one ``numba_hopper::mm_sum``: one
 runs over each product's in turn (``numba_hopper.gemm_sum``), in place of the products, their
 outputs and the passes that add them (``sum_products``). Its other terms, if any, are added to it.
 
+In such a graph, too, a gated MLP's SiLU-and-multiply derivative (``dg = dh * u * silu'(g)``, ``du =
+dh * silu(g)``) at the output of the product ``dh = dy @ W_down`` that nothing else reads becomes
+one ``numba_hopper::mm_glu_backward``: the product with the derivative in its epilogue
+(``numba_hopper.gemm_glu_backward``), so ``dh`` is never written and read back (``glu_backwards``).
+The derivative takes several forms after decompositions (``sigmoid``, or ``1 / (1 + exp(-g))``,
+shared with the SiLU's), so the pass recognizes it by value: it evaluates the elementwise nodes
+between the product, the two saved products and the two gradients on sample values, in float64,
+against the formulas.
+
 In such a graph, too, a sine or cosine that a kernel reads broadcast (the rotary position
 embeddings' tables, which every layer's query and key read once per head) is held in memory
 (``numba_hopper::materialized``). Inductor inlines a pointwise value into each of its readers, so
@@ -41,6 +50,7 @@ have other users, so its MLPs are not touched.
 
 from __future__ import annotations
 
+import operator
 import pathlib
 
 import torch
@@ -68,8 +78,8 @@ _HALF = (torch.bfloat16, torch.float16)
 
 class PostGradPass(CustomGraphPass):
     """The pass (Inductor's ``post_grad_custom_pre_pass``): plain products to ``mm``, then, in
-    graphs that hold them, embedding gradients, sums of products and broadcast sines and cosines,
-    then gated MLPs;
+    graphs that hold them, embedding gradients, sums of products, gated units' derivatives and
+    broadcast sines and cosines, then gated MLPs;
     ``then``: a pass the user had set there, run first."""
 
     def __init__(self, then=None):
@@ -81,6 +91,7 @@ class PostGradPass(CustomGraphPass):
         if plain_products_to_mm(graph) or _holds(graph, torch.ops.numba_hopper.mm.default):
             fuse_embedding_grads(graph)
             sum_products(graph)
+            glu_backwards(graph)
             materialize_broadcast_trig(graph)
         fuse_gated_mlps(graph)
 
@@ -239,6 +250,127 @@ def _sum_nodes(node, root=True):
 def _same_view(view, other):
     return (view is None and other is None) or (view is not None and other is not None and view.target == other.target
                                                 and view.args[1:] == other.args[1:])
+
+
+# The elementwise operators a decomposed SiLU derivative is made of, as float64 math on sample
+# values; views and dtype conversions pass values through (``_glu_region``).
+_ELEMENTWISE = {aten.mul.Tensor: operator.mul, aten.add.Tensor: operator.add, aten.sub.Tensor: operator.sub,
+                aten.div.Tensor: operator.truediv, aten.rsub.Scalar: lambda x, y: y - x,
+                aten.neg.default: operator.neg, aten.exp.default: torch.exp,
+                aten.reciprocal.default: torch.reciprocal, aten.sigmoid.default: torch.sigmoid,
+                aten.silu.default: torch.nn.functional.silu}
+_PASS_THROUGH = (*_VIEWS, _CONVERT)
+_SAMPLES = 97
+
+
+def glu_backwards(graph: torch.fx.Graph) -> int:
+    """Put ``numba_hopper::mm_glu_backward`` in place of each ``numba_hopper::mm`` of ``graph`` whose
+    output only an elementwise region reads, and that region's two 16-bit results when they are
+    SiLU-and-multiply's two gradients at it (:func:`_glu_region`). Return how many."""
+    mm, fused_op = torch.ops.numba_hopper.mm.default, torch.ops.numba_hopper.mm_glu_backward.default
+    fused = 0
+    for product in list(graph.nodes):
+        if not _is(product, mm):
+            continue
+        found = _glu_region(product)
+        if found is None:
+            continue
+        (gate, up), (d_gate, d_up) = found
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        anchor = max((product, gate, up), key=order.__getitem__)
+        value = _value(product)
+        with graph.inserting_before(anchor.next):  # (each new node after the one before)
+            inputs = []
+            for x in (gate, up):
+                if tuple(_value(x).shape) != tuple(value.shape):
+                    x = graph.call_function(aten.reshape.default, (x, list(value.shape)))
+                    x.meta["val"] = value
+                inputs.append(x)
+            grads = graph.call_function(fused_op, (*product.args[:2], *inputs, product.args[2]))
+            grads.meta["val"] = (value, value)
+            for i, old in enumerate((d_gate, d_up)):
+                new = graph.call_function(operator.getitem, (grads, i))
+                new.meta["val"] = value
+                if tuple(_value(old).shape) != tuple(value.shape):
+                    new = graph.call_function(aten.reshape.default, (new, list(_value(old).shape)))
+                    new.meta["val"] = _value(old)
+                old.replace_all_uses_with(new)
+        fused += 1
+    if fused:
+        graph.eliminate_dead_code()
+    return fused
+
+
+def _glu_region(product):
+    """``((gate, up), (d_gate, d_up))`` if the nodes that read ``product`` (of 16-bit dtype), through
+    elementwise operators and views, compute from it and two other nodes of its size, contiguous,
+    exactly two results of its dtype that others read, and those are ``dh * u * silu'(g)`` and ``dh *
+    silu(g)`` at ``dh`` = the product, ``g`` and ``u`` the two nodes; else None."""
+    value = _value(product)
+    if not isinstance(value, torch.Tensor) or value.dtype not in _HALF or value.dim() != 2:
+        return None
+    size = value.numel()
+    region, stack = set(), list(product.users)
+    while stack:  # what reads the product elementwise
+        node = stack.pop()
+        if node not in region and _is_any(node, (*_ELEMENTWISE, *_PASS_THROUGH)) and not node.kwargs:
+            region.add(node)
+            stack.extend(node.users)
+    if any(u not in region for u in product.users):
+        return None
+    results = [n for n in region if any(u not in region for u in n.users)]
+    readers = set(region)
+    leaves, stack = [], [a for n in region for a in n.args]
+    while stack:  # what else it reads: elementwise work on other nodes, down to their sources
+        node = stack.pop()
+        if not isinstance(node, torch.fx.Node) or node is product or node in region or node in leaves:
+            continue
+        if _is_any(node, (*_ELEMENTWISE, *_PASS_THROUGH)) and not node.kwargs:
+            region.add(node)
+            stack.extend(node.args)
+        else:
+            leaves.append(node)
+    values = [_value(n) for n in (*leaves, *region)]
+    if not (len(results) == 2 and len(leaves) == 2
+            and all(isinstance(v, torch.Tensor) and v.numel() == size for v in values)
+            and all(_value(n).dtype == value.dtype for n in (*leaves, *results))
+            and all(_value(n).is_contiguous() for n in leaves)
+            and all(r in readers for r in results)):
+        return None
+    samples = _evaluate(product, leaves, region)
+    if samples is None:
+        return None
+    dh = samples[product]
+    for gate, up in (leaves, leaves[::-1]):
+        g, u = samples[gate], samples[up]
+        s = torch.sigmoid(g)
+        d_gate, d_up = dh * u * s * (1 + g * (1 - s)), dh * g * s
+        for first, second in (results, results[::-1]):
+            if torch.allclose(samples[first], d_gate, rtol=1e-9) and torch.allclose(samples[second], d_up, rtol=1e-9):
+                return (gate, up), (first, second)
+    return None
+
+
+def _evaluate(product, leaves, region):
+    """Each node of ``region`` on float64 samples (the product's and the leaves' random), or None
+    if a node's arguments are not those values and numbers."""
+    gen = torch.Generator().manual_seed(0)
+    samples = {n: torch.randn(_SAMPLES, dtype=torch.float64, generator=gen) for n in (product, *leaves)}
+    for node in product.graph.nodes:  # (graph order: arguments first)
+        if node not in region:
+            continue
+        args = []
+        for a in node.args:
+            if isinstance(a, torch.fx.Node):
+                if a not in samples:
+                    return None
+                args.append(samples[a])
+            elif isinstance(a, (int, float)) and not isinstance(a, bool) or node.target in _PASS_THROUGH:
+                args.append(a)
+            else:
+                return None
+        samples[node] = args[0] if node.target in _PASS_THROUGH else _ELEMENTWISE[node.target](*args)
+    return samples
 
 
 def materialize_broadcast_trig(graph: torch.fx.Graph) -> int:

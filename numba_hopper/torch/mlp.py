@@ -13,26 +13,22 @@ one ``torch.autograd.Function`` with the same formula):
 - forward, two kernels: the gated GEMM, which also keeps both products (``aux_out``: the
   backward reads them), then the down projection;
 - backward, six GEMMs and nothing else: ``dy @ W_down`` with the gated unit's derivative in its
-  epilogue (:mod:`numba_hopper.kernels.epilogue.glu`: it writes the gradients of both products,
-  never ``dh``), ``dy^T h``, ``dx`` as two products into one output, and the two weights'
-  gradients.
+  epilogue (``numba_hopper.gemm_glu_backward``: it writes the gradients of both products, never
+  ``dh``), ``dy^T h``, ``dx`` as two products into one output, and the two weights' gradients.
 
 That is two launches and one autograd node forward where the linears take four and four, and
-six launches backward where they take nine or more. It is not the default because its epilogues
-move the products element by element (2-byte global loads and stores, where the output leaves
-through shared memory and TMA): at Qwen3-4B's widths and 8192 tokens the gated GEMM with both
-products takes 1.70 ms against 1.24 for two GEMMs and Inductor's SiLU-and-multiply, and ``dy @
-W_down`` with the derivative 1.23 ms against 0.72 for the GEMM and Inductor's derivative
-(``python benchmarks/bench_gated_training.py``), so the compiled Qwen3-4B step at 4 x 2048 tokens
-measured 0.994x stock against 1.031x with the linears (``python benchmarks/bench_train.py
---models qwen3-4b --tokens 4x2048 --modes compiled --mlp gated``, and ``--mlp linears``).
+six launches backward where they take nine or more. It is not the default because the forward's
+gated GEMM writes both products element by element (2-byte global stores, where the output leaves
+through shared memory and TMA): at Qwen3-4B's widths and 8192 tokens it takes 1.68 ms against
+1.22 for two GEMMs and Inductor's SiLU-and-multiply, while ``dy @ W_down`` with the derivative,
+whose inputs and outputs go through TMA, takes 0.74 ms against 0.80 for the GEMM and Inductor's
+derivative (``python benchmarks/bench_gated_training.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..kernels.epilogue.glu import glu_backward
 from ..matmul import api as _matmul
 from . import ops, training
 from .linear import Linear, linear
@@ -58,10 +54,7 @@ def _gated_mlp_backward_impl(dy, x, w_gate, w_up, w_down, pre, h):
     """``(dx, d_gate_weight, d_up_weight, d_down_weight)``, the plain products in the training
     tiles (``training.GEMM_CONFIG``)."""
     n = w_gate.shape[0]
-    d_gate, d_up = torch.empty_like(h), torch.empty_like(h)
-    bits = (pre[:, :n].view(torch.int16), pre[:, n:].view(torch.int16), d_up.view(torch.int16))
-    _matmul.gemm(dy, w_down, out=d_gate, epilogue=glu_backward("silu", ops.DTYPE_NAMES[dy.dtype]),
-                 epilogue_args=bits)
+    d_gate, d_up = _matmul.gemm_glu_backward(dy, w_down, pre[:, :n], pre[:, n:])
     train = training.GEMM_CONFIG
     dx = _matmul.gemm(d_gate, w_gate, config=train)
     _matmul.gemm(d_up, w_up, c=dx, beta=1.0, out=dx)

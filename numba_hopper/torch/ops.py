@@ -288,6 +288,22 @@ _mm_sum_op = define_op("mm_sum", "(Tensor[] a, Tensor[] b, bool sustained) -> Te
 define_op("materialized", "(Tensor x) -> Tensor", lambda x: x.clone(), lambda x: torch.empty_like(x))
 
 
+# A gated unit's backward, ``(d_gate, d_up)`` at ``dh = a @ b`` (``numba_hopper.gemm_glu_backward``):
+# put in place of a training graph's product and the SiLU-and-multiply derivative that reads it by
+# the post-grad pass (``_post_grad.glu_backwards``).
+def _mm_glu_backward_impl(a, b, gate, up, sustained):
+    return _matmul.gemm_glu_backward(a, b, gate, up, config=SUSTAINED if sustained else None)
+
+
+def _mm_glu_backward_fake(a, b, gate, up, sustained):
+    _register_lowering()
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+define_op("mm_glu_backward", "(Tensor a, Tensor b, Tensor gate, Tensor up, bool sustained) -> (Tensor, Tensor)",
+          _mm_glu_backward_impl, _mm_glu_backward_fake)
+
+
 # A gated product, ``activation(a @ b) * (a @ up)`` (``numba_hopper.gemm(a, b, up=up)``): put in
 # place of two ``mm`` and the gating math by the compiled inference graph's pass (``_lowering``).
 _gated_mm_op = define_op("gated_mm", "(Tensor a, Tensor b, Tensor up, str activation) -> Tensor", _gated_mm_impl,

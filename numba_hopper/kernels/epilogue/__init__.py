@@ -92,14 +92,14 @@ def make_epilogue(cfg) -> Epilogue:
 
     - ``init(smem)``: (one thread, before the block's barrier) C's mbarriers, if any;
     - ``start() -> state``: a consumer's :class:`EpilogueState` before its first tile;
-    - ``begin_tile(smem, c, tile, rows, state, tmap_c, params, ep) -> terms``: as the tile's main
+    - ``begin_tile(smem, c, tile, rows, state, maps, params, ep) -> terms``: as the tile's main
       loop starts, the loads of the row and column terms of its 64-row block ``rows`` (the
       consumer's own, ``c.cw``, or with ping-pong either) and of its first C sub-tiles;
     - ``hold(acc) -> held``: the accumulator tuple ``acc`` as a consumer holds it to store it
       (with ``cfg.overlaps_store``, a plain 16-bit output's as packed pairs: half the
       registers, while the next tile's first k-block runs);
-    - ``store_tile(frag, smem, c, tile, rows, state, tmap_d, tmap_c, params, ep, terms) ->
-      state``: the tile's 64-row block ``rows`` (the consumer's own, ``c.cw``, or with
+    - ``store_tile(frag, smem, c, tile, rows, state, maps, params, ep, terms) -> state``: the
+      tile's 64-row block ``rows`` (the consumer's own, ``c.cw``, or with
       ping-pong either) from ``frag`` (``tuple_as_array`` of the accumulator, or of ``hold``'s
       tuple) to global memory;
     - ``drain(c, state, ep)``: wait for the consumer's last stores; with ``amax``, raise
@@ -117,9 +117,9 @@ def make_epilogue(cfg) -> Epilogue:
     EPI_CHUNKS = BN // EPI_COLS
     COL_MAJOR = cfg.out_major == "M"
     VEC_OFF, VEC_BYTES = cfg.layout.vec, cfg.layout.vec_bytes
-    init_c, load_c, c_f32_pair, c_quad = make_residual(cfg) if HAS_C else (None,) * 4
+    init_c, load_c, c_f32_pair, c_quad, up_quad = make_residual(cfg) if HAS_C else (None,) * 5
     tile_terms, stage_columns, column_terms, apply = epilogue_math(EPI, BN) if FUSED else (None,) * 4
-    fused = make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad)
+    fused = make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad, up_quad)
     hold, subtiles, guarded_subtiles, store_transposed = make_subtile_stores(cfg, fused, load_c)
 
     @cuda.jit(device=True, forceinline=True)
@@ -132,7 +132,7 @@ def make_epilogue(cfg) -> Epilogue:
         return EpilogueState(0, NO_AMAX)
 
     @cuda.jit(device=True, forceinline=True)
-    def begin_tile(smem, c, tile, rows, state, tmap_c, p, ep):
+    def begin_tile(smem, c, tile, rows, state, maps, p, ep):
         row0 = tile.m0 + rows * WG_ROWS
         if MASKED:  # row vectors are (G, M) in one: group g's rows start at g * M
             terms = tile_terms(tile.batch * p.M + row0 + c.row_in_wg, tile.n0, c.t, p.batches * p.M, p.N,
@@ -141,29 +141,27 @@ def make_epilogue(cfg) -> Epilogue:
             terms = tile_terms(row0 + c.row_in_wg, tile.n0, c.t, p.M, p.N, ep) if FUSED else ()
         if HAS_C and c.leader:  # C's first two sub-tiles land during the main loop
             for q in range(min(2, EPI_CHUNKS)):
-                load_c(smem, c.cw, state.stores + q, tmap_c, row0, tile.n0 + q * EPI_COLS, tile.batch)
+                load_c(smem, c.cw, state.stores + q, maps, row0, tile.n0 + q * EPI_COLS, tile.batch)
         return terms
 
     @cuda.jit(device=True, forceinline=True)
-    def store_tile(frag, smem, c, tile, rows, state, tmap_d, tmap_c, p, ep, terms):
+    def store_tile(frag, smem, c, tile, rows, state, maps, p, ep, terms):
         if FUSED:  # the previous tile's reads of the staged columns are behind its last barrier
             stage_columns(smem + VEC_OFF + c.cw * VEC_BYTES, c.t, terms[2])
         row0 = tile.m0 + rows * WG_ROWS
         if COL_MAJOR:
-            return store_transposed(frag, smem, c, row0, tile.n0, tile.batch, tmap_d, state)
+            return store_transposed(frag, smem, c, row0, tile.n0, tile.batch, maps.d, state)
         if not GROUPED:
             n0 = tile.n0 // 2 if GATED else tile.n0  # (gated: the kernel's columns are B's and B_up's)
-            return subtiles(state, TileArgs(frag, smem, c, row0, n0, tile.batch, tmap_d, tmap_c, p.M, p.N,
-                                            ep, terms))
+            return subtiles(state, TileArgs(frag, smem, c, row0, n0, tile.batch, maps, p.M, p.N, ep, terms))
         batch = tile.batch if D_BATCHED else 0
         rows = tile.row_end - row0  # the same for the whole warpgroup: its barriers agree
         if rows >= WG_ROWS:
-            return subtiles(state, TileArgs(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M, p.N, ep,
-                                            terms))
+            return subtiles(state, TileArgs(frag, smem, c, row0, tile.n0, batch, maps, p.M, p.N, ep, terms))
         if rows > 0:
             d = p.out_address + batch * p.M * p.N * OUT_BYTES
-            return guarded_subtiles(state, GuardedArgs(frag, smem, c, row0, tile.n0, batch, tmap_d, tmap_c, p.M,
-                                                       p.N, ep, terms, rows, d))
+            return guarded_subtiles(state, GuardedArgs(frag, smem, c, row0, tile.n0, batch, maps, p.M, p.N, ep,
+                                                       terms, rows, d))
         return state
 
     @cuda.jit(device=True, forceinline=True)

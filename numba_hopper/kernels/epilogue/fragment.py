@@ -12,14 +12,14 @@ from numba import cuda
 from ... import intrinsics as nh
 from ...kit.epilogue import TileEpilogue
 from ..gemm_config import ELEMENT_BYTES
-from .math import NO_AMAX, ONE, STORE, ZERO
+from .math import NO_AMAX, ONE, STORE, ZERO, glu_backward
 
 __all__ = ["FusedPairs", "make_fused_pairs"]
 
 FusedPairs = namedtuple("FusedPairs", ["hooks", "out_scale"])
 
 
-def make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad) -> FusedPairs:
+def make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad, up_quad) -> FusedPairs:
     """The hooks of the kernel of ``cfg``'s fused epilogue, and its output scale:
 
     - ``hooks``: the :class:`TileEpilogue` the tile store writes every pair through (None
@@ -28,7 +28,8 @@ def make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad) -> FusedPairs
       ``stmatrix.x4``: :func:`~.residual.make_residual`) and the staged column terms
       (``column_terms``), ``pair`` applies the fused math (``apply``,
       :func:`~.math.epilogue_math`) to a pair, gates it, tracks its ``|value|`` for ``amax`` and
-      scales it;
+      scales it; a GLU backward's ``gather`` reads the gate's and up products (``c_quad``,
+      ``up_quad``) and its ``pair`` returns both gradients (:func:`~.math.glu_backward`);
     - ``out_scale(ep)``: the output's last factor (1 without one).
 
     The hooks' context is a sub-tile's coordinates and terms (``store._Subtile``).
@@ -44,6 +45,8 @@ def make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad) -> FusedPairs
     SCALE_OUT, SCALE_OUT_ARRAY = FUSED and EPI.out_scale is not None, FUSED and EPI.out_scale == "array"
     EPI_COLS = cfg.epi_cols
     NO_C = (ZERO, ZERO)
+    GLU = cfg.glu
+    glu_grads = glu_backward(EPI.glu) if GLU else None
 
     @cuda.jit(device=True, forceinline=True)
     def out_scale(ep):
@@ -61,7 +64,11 @@ def make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad) -> FusedPairs
 
     @cuda.jit(device=True, forceinline=True)
     def gather(buf, addr, row, col, q, at):
-        """Each pair's ``(c, column terms)``: C's f32 pair there (if any) and its columns' terms."""
+        """Each pair's ``(c, column terms)``: C's f32 pair there (if any) and its columns' terms
+        (a GLU backward's: the gate's and up products' pairs)."""
+        if GLU:
+            g, u = c_quad(buf, addr, row, col, at), up_quad(buf, addr, row, col, at)
+            return (g[0], u[0]), (g[1], u[1]), (g[2], u[2]), (g[3], u[3])
         if STMATRIX:  # pair x = 2h + j of the block: row + 8j, col + 8h
             c = c_quad(buf, addr, row, col, at) if HAS_C else (NO_C, NO_C, NO_C, NO_C)
             ct0, ct1 = columns(q, col, at), columns(q, col + 8, at)
@@ -74,6 +81,11 @@ def make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad) -> FusedPairs
         """Registers ``k``, ``k + 1`` (sub-tile row ``row_in_wg + 8j``, columns ``col``, ``col`` + 1), as
         stored, and the bits of the larger of their in-bounds ``|value|`` (before the output
         scale; 0 without ``amax``)."""
+        if GLU:  # (dg0, dg1, -, du0, du1)
+            g, u = item
+            dg0, du0 = glu_grads(frag[k], g[0], u[0])
+            dg1, du1 = glu_grads(frag[k + 1], g[1], u[1])
+            return dg0, dg1, NO_AMAX, du0, du1
         c, ct = item
         row, col = at.row0 + row_in_wg + 8 * j, at.col0 + col
         rt = at.row_terms if j == 0 else at.row_terms_8

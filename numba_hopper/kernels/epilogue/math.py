@@ -15,7 +15,7 @@ from ...intrinsics import (bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, ld_
 from ...kit.epilogue import NO_MAX
 from ..epilogue_config import EpilogueConfig
 
-__all__ = ["EpilogueMath", "epilogue_math", "sigmoid", "STORE", "ZERO", "ONE", "NO_AMAX"]
+__all__ = ["EpilogueMath", "epilogue_math", "glu_backward", "sigmoid", "STORE", "ZERO", "ONE", "NO_AMAX"]
 
 # float32 constants: a Python float would promote the math to float64.
 ZERO, ONE, _HALF = np.float32(0), np.float32(1), np.float32(0.5)
@@ -64,6 +64,21 @@ def _silu(v):
 
 _ACTIVATION = {None: _f32, "relu": _relu, "gelu": _gelu, "gelu_tanh": _gelu_tanh,
                "silu": _silu, "sigmoid": sigmoid}
+
+
+@cuda.jit(device=True, forceinline=True)
+def _silu_glu_backward(dh, g, u):
+    s = sigmoid(g)  # silu(g) = g s, silu'(g) = s (1 + g (1 - s))
+    return dh * u * s * (ONE + g * (ONE - s)), dh * g * s
+
+
+_GLU_BACKWARD = {"silu": _silu_glu_backward}
+
+
+def glu_backward(activation):
+    """``grads(dh, g, u) -> (dg, du)``: the gradients of a gated unit ``h = act(g) * u``'s two
+    inputs from ``dh`` (f32), for ``activation`` in ``GLU_ACTIVATIONS``."""
+    return _GLU_BACKWARD[activation]
 
 
 EpilogueMath = namedtuple("EpilogueMath", ["tile_terms", "stage_columns", "column_terms", "apply"])

@@ -14,7 +14,7 @@ from ...intrinsics import f32_to_bf16, f32_to_f16
 from ...kit.barriers import warpgroup_sync
 from ...kit.epilogue import make_tile_store
 from ...kit.fragments import acc_col
-from ..gemm_config import ELEMENT_BYTES, EPI_BUF_BYTES
+from ..gemm_config import ELEMENT_BYTES, EPI_BUF_BYTES, EPI_ROWS
 
 __all__ = ["EpilogueState", "TileArgs", "GuardedArgs", "SubtileStores", "make_subtile_stores"]
 
@@ -28,8 +28,7 @@ it has stored (0 unless the epilogue tracks it)."""
 _Subtile = namedtuple("_Subtile", ["c_offset", "row0", "col0", "M", "N", "ep", "row_terms", "row_terms_8", "columns",
                                    "out_scale"])
 # One tile's store, passed through the unrolled sub-tile steps.
-TileArgs = namedtuple("TileArgs", ["frag", "smem", "c", "row0", "n0", "batch", "tmap_d", "tmap_c", "M", "N", "ep",
-                                   "terms"])
+TileArgs = namedtuple("TileArgs", ["frag", "smem", "c", "row0", "n0", "batch", "maps", "M", "N", "ep", "terms"])
 # A grouped tile's store through registers: ``rows`` of its 64 to write, at ``d`` (the first
 # element of the output matrix, row-major with N columns).
 GuardedArgs = namedtuple("GuardedArgs", TileArgs._fields + ("rows", "d"))
@@ -49,11 +48,14 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
     - ``subtiles(state, ts: TileArgs) -> state``: each sub-tile written to one of the consumer's
       ``epi_buffers`` buffers, then stored by one TMA store (TMA clips what lies outside the
       tensor); with C, each C sub-tile's buffer is refilled (``load_c``) once every thread has
-      read it;
+      read it; a GLU backward writes both gradients' sub-tiles into one buffer and stores each
+      to its output;
     - ``guarded_subtiles(state, gs: GuardedArgs) -> state``: (grouped kernels) the same
       sub-tiles' first ``gs.rows`` rows, copied by every thread, 16 bytes each;
     - ``transposed(frag, smem, c, row0, n0, batch, tmap_d, state) -> state``: (column-major
       outputs) the consumer's whole tile in one TMA box.
+
+    ``ts.maps``: the kernel's ``TensorMaps``.
     """
     BN, OUT_T = cfg.out_block_n, cfg.out_dtype
     OWN_BARRIER = cfg.barrier_ids.consumer  # (+ cw: each consumer warpgroup's own)
@@ -71,11 +73,14 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
     out_scale = fused.out_scale
     to_bits = f32_to_bf16 if OUT_T == "bf16" else f32_to_f16
     HELD_PACKED = cfg.overlaps_store and not cfg.promoted  # (plain 16-bit: GemmConfig.overlaps_store)
+    GLU = cfg.glu
+    UP_OUT = EPI_ROWS * EPI_COLS * OUT_BYTES  # (GLU) the up products' gradient, after the gate's
     if cfg.out_major == "N":
-        store = make_tile_store(BN, OUT_T, EPI_BUFS, cols=EPI_COLS, epilogue=fused.hooks)
+        store = make_tile_store(BN, OUT_T, EPI_BUFS, cols=EPI_COLS, epilogue=fused.hooks,
+                                second_output=UP_OUT if GLU else None)
         acquire, write, commit_3d, address = store.acquire, store.write, store.commit_3d, store.address
         convert, write_converted = store.convert, store.write_converted
-        assert store.span == cfg.epi_swizzle, cfg  # (the output tensor map's swizzle)
+        assert store.span == cfg.epi_swizzle and store.buffer_bytes <= EPI_BUFS * EPI_BUF_BYTES, cfg
 
     @cuda.jit(device=True, forceinline=True)
     def hold(acc):
@@ -122,9 +127,18 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
             amax = state.amax
         else:
             amax = write(ts.frag, buf, q, c.row_in_wg, c.lane, at)
-        commit_3d(buf, c.leader, OWN_BARRIER + c.cw, ts.tmap_d, ts.n0 + q * EPI_COLS, ts.row0, ts.batch)
+        col0 = ts.n0 + q * EPI_COLS
+        if GLU:  # both sub-tiles, one commit group
+            nh.fence_proxy_async()
+            warpgroup_sync(OWN_BARRIER + c.cw)
+            if c.leader:
+                nh.tma_store_3d(ts.maps.d, buf, col0, ts.row0, ts.batch)
+                nh.tma_store_3d(ts.maps.glu[1], buf + UP_OUT, col0, ts.row0, ts.batch)
+                nh.bulk_commit_group()
+        else:
+            commit_3d(buf, c.leader, OWN_BARRIER + c.cw, ts.maps.d, col0, ts.row0, ts.batch)
         if HAS_C and c.leader and q + 2 < EPI_CHUNKS:  # every thread has read C sub-tile q: refill its buffer
-            load_c(smem, c.cw, stores + 2, ts.tmap_c, ts.row0, ts.n0 + (q + 2) * EPI_COLS, ts.batch)
+            load_c(smem, c.cw, stores + 2, ts.maps, ts.row0, ts.n0 + (q + 2) * EPI_COLS, ts.batch)
         return EpilogueState(stores + 1, max(state.amax, amax))
 
     @cuda.jit(device=True, forceinline=True)
