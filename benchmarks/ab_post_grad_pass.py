@@ -3,14 +3,16 @@ without it, in one process.
 
     python benchmarks/ab_post_grad_pass.py sum_products llama-2048 qwen3-4b
     python benchmarks/ab_post_grad_pass.py glu_backwards llama-2048 llama-3-8b
+    python benchmarks/ab_post_grad_pass.py fuse_gated_mlps llama-2048
 
 The rewrite is a function of ``numba_hopper.torch._post_grad``: ``sum_products`` (a sum of two or
 three products becomes one ``numba_hopper.gemm_sum``), ``glu_backwards`` (a gated MLP's
 SiLU-and-multiply derivative goes into the epilogue of ``dy @ W_down``,
-``numba_hopper.gemm_glu_backward``), or another. For each model (``bench_train.py``'s, at 4 x 2048
-tokens): two copies of ours (``bench_train.make_ours``), each compiled with its own Inductor
-backend (Dynamo would otherwise give the second copy the first one's graphs) and caches off, one
-with the rewrite and one with it left out. Then 8 rounds, the order reversed every other round,
+``numba_hopper.gemm_glu_backward``), ``fuse_gated_mlps`` (the gate and up products and the
+SiLU-and-multiply become one gated GEMM that keeps both products), or another. For each model
+(``bench_train.py``'s, at 4 x 2048 tokens): two copies of ours (``bench_train.make_ours``), each
+compiled with its own Inductor backend (Dynamo would otherwise give the second copy the first
+one's graphs) and caches off, one with the rewrite and one with it left out. Then 8 rounds, the order reversed every other round,
 each timing a long run of steps back to back at the power limit (``bench_sustained.sustained_run``:
 the time per step, the board's watts and SM clock). Printed: the rewrites made per compiled graph,
 each copy's medians, and ``without / with``, the median of the rounds' ratios.

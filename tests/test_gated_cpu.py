@@ -58,7 +58,9 @@ def test_gated_epilogue_fuses_an_activation_only():
         GemmConfig(b_major="K", block_n=256, gated=True, epilogue=EpilogueConfig(activation="silu", bias="col"))
 
 
-def test_gated_plan_passes_both_weights_and_twice_the_columns(monkeypatch):
+def _gated_plan(monkeypatch, M, N, K, aux=False):
+    """``(cfg, params, boxes, plan)`` of a gated call's plan, stopped at its launch."""
+
     class Prepared(Exception):
         pass
 
@@ -75,23 +77,51 @@ def test_gated_plan_passes_both_weights_and_twice_the_columns(monkeypatch):
     monkeypatch.setattr(_plan, "device_limits", lambda device: limits)
     monkeypatch.setattr("numba_hopper.matmul.heuristics.device_limits", lambda device: limits)
     monkeypatch.setattr(_plan, "prepare_launch", prepare_launch)
-    M, N, K = 4096, 5632, 2048
+    monkeypatch.setattr(_plan, "numba_array", lambda view, bits=None: None)  # (the epilogue's arrays: no GPU here)
+    monkeypatch.setattr(_plan, "alloc_scratch", lambda *args: 1 << 40)
+    monkeypatch.setattr(_plan, "free_scratch", lambda *args: None)
     va, vo = device_view(_m(M, K)), device_view(_m(M, N))
     vb, vu = device_view(_w(N, K)), device_view(_w(N, K))
-    fusion = Fusion({"up": vu}, activation="silu")
+    operands = {"up": vu, "aux": device_view(_m(M, 2 * N))} if aux else {"up": vu}
+    fusion = Fusion(operands, activation="silu")
     plan = _plan.gemm_plan(va, vb, vo, fusion, None, False)
     values = [0] * (_plan.USER + 1)
     values[_plan.A], values[_plan.B], values[_plan.OUT] = va.ptr, vb.ptr, vo.ptr
-    values[_plan.VALUE_INDEX["up"]] = vu.ptr
+    for name, v in operands.items():
+        values[_plan.VALUE_INDEX[name]] = v.ptr
     with pytest.raises(Prepared):
         plan(0, values)
-    cfg, params = launched["cfg"], launched["params"]
+    return launched["cfg"], launched["params"], boxes, plan
+
+
+def test_gated_plan_passes_both_weights_and_twice_the_columns(monkeypatch):
+    M, N, K = 4096, 5632, 2048
+    cfg, params, boxes, _ = _gated_plan(monkeypatch, M, N, K)
+    vu_ptr = params.maps[3].value
     assert cfg.gated and (cfg.block_m, cfg.block_n, cfg.b_major) == (128, 256, "K")
     assert (params.M, params.N, params.K) == (M, 2 * N, K) and len(params.maps) == 4
-    assert params.maps[3].value == vu.ptr  # B_up's map, at its address
     # B and B_up (stored (N, K)) in half-tile boxes; the output in 64 x 64 sub-tiles
     assert boxes == [((1, M, K), (1, 128, 64)), ((1, N, K), (1, 128, 64)), ((1, M, N), (1, 64, 64)),
                      ((1, N, K), (1, 128, 64))]
+    assert vu_ptr != params.maps[1].value
+
+
+@pytest.mark.parametrize("N", [5632, 100])
+def test_gated_plan_writes_both_products_through_two_maps(monkeypatch, N):
+    """``aux`` (M, 2N): a map of each half, clipped at N, in 64 x 64 boxes; a half TMA cannot
+    address (N = 100: up's starts 200 bytes in) is written to aligned scratch and copied after
+    (as is the output, whose 200-byte rows TMA cannot write either)."""
+    M, K = 512, 256
+    cfg, params, boxes, plan = _gated_plan(monkeypatch, M, N, K, aux=True)
+    assert cfg.gated_aux and len(params.maps) == 6
+    assert boxes[-2:] == [((1, M, N), (1, 64, 64))] * 2
+    first, second = (m.value for m in params.maps[4:])
+    copies = [s for s in plan.specs if isinstance(s, _plan._Copy)]
+    if N % 8 == 0:
+        assert second - first == 2 * N and not copies
+    else:  # (aux's rows are 400 bytes, so the gate's half is written in place; the output's are not)
+        assert second % 16 == 0 and second - first != 2 * N and len(copies) == 2
+        assert {c.dst.view.shape for c in copies} == {(M, N)}
 
 
 class _Template:
@@ -148,17 +178,22 @@ def test_valid_gated_call_reaches_the_gpu_check(monkeypatch):
 
 
 @pytest.mark.kernel_matrix
-def test_gated_kernel_keeping_both_products_does_not_spill():
-    """``aux_out`` on a gated kernel: both products stored beside the gated tile, no spills."""
+@pytest.mark.parametrize("aux_dtype", ["bf16", "f32"])
+def test_gated_kernel_keeping_both_products_stores_them_through_tma(aux_dtype):
+    """``aux_out`` on a gated kernel: the raw accumulator's sub-tiles through TMA (128 bytes wide:
+    4 for bf16 products, 8 for f32 ones) before the gated tile's 2, no global stores, no spills."""
     from numba.cuda import types
 
-    ecfg = EpilogueConfig(activation="silu", aux_dtype="bf16")
+    ecfg = EpilogueConfig(activation="silu", aux_dtype=aux_dtype)
     stages = max_stages("bf16", "bf16", 256, epilogue=ecfg, gated=True, b_major="K")
     cfg = GemmConfig("bf16", "bf16", "K", "K", block_n=256, stages=stages, epilogue=ecfg, gated=True)
-    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (types.uint16[:, ::1],)))
+    assert cfg.gated_aux and cfg.tensormaps == 6
+    aux_type = types.uint16[:, ::1] if aux_dtype == "bf16" else types.float32[:, ::1]
+    r = inspect_kernel(make_gemm_kernel(cfg), gemm_argument_types(cfg, (aux_type,)))
     assert r.spill_bytes == 0 and r.stack_frame == 0, r.summary()
-    assert r.count("MUFU.TANH") == 256 // 4 and r.count("UTMASTG") == 2
-    assert r.count("STG") == 256 // 2  # a thread's 64 gate and 64 up values
+    assert r.count("MUFU.TANH") == 256 // 4
+    assert r.count("UTMASTG") == 2 + 256 * (2 if aux_dtype == "bf16" else 4) // 128
+    assert r.count("STG") == 0
 
 
 def test_gated_aux_out_holds_both_products():

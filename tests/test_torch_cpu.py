@@ -532,10 +532,12 @@ class _GatedMLP(torch.nn.Module):
 
 
 @pytest.mark.parametrize("act,fused", [(torch.nn.functional.silu, 1), (torch.nn.functional.gelu, 0)])
-def test_pass_puts_the_silu_derivative_in_the_down_products_epilogue(double, act, fused):
-    """A compiled training graph's ``dy @ W_down`` and the SiLU-and-multiply derivative that reads it
-    are one ``gemm_glu_backward`` (``_post_grad.glu_backwards``, which recognizes the derivative by
-    its values: a GELU's is left alone); gradients against float64."""
+def test_pass_fuses_a_training_swiglu_both_ways(double, act, fused):
+    """A compiled training graph's gate and up products and the SiLU-and-multiply are one gated GEMM
+    that keeps both products for the backward (``gated_mm_products``), and its ``dy @ W_down`` and
+    the derivative that reads it one ``gemm_glu_backward``, reading those products' halves
+    (``_post_grad.glu_backwards``, which recognizes the derivative by its values: a GELU's is left
+    alone); gradients against float64."""
     from torch._inductor.utils import run_and_get_code
 
     torch.manual_seed(0)
@@ -550,7 +552,8 @@ def test_pass_puts_the_silu_derivative_in_the_down_products_epilogue(double, act
         torch.compile(model, fullgraph=True)(x_in).float().square().mean().backward()
 
     with torch._inductor.config.patch(force_disable_caches=True):  # (a cached graph runs no pass)
-        _, (_, backward) = run_and_get_code(step)
+        _, (forward, backward) = run_and_get_code(step)
+    assert forward.count("torch.ops.numba_hopper.gated_mm_products.default(") == fused, forward
     assert backward.count("torch.ops.numba_hopper.mm_glu_backward.default(") == fused, backward
     assert cases.rel_error(x_in.grad, x_ref.grad) < 3e-2
     for p, ref_p in zip(model.parameters(), ref_model.parameters()):
@@ -677,26 +680,33 @@ def test_inductor_fuses_a_gated_mlp_into_one_gemm(double, dynamic):
 
 
 @pytest.mark.long
-def test_gated_pass_leaves_products_used_elsewhere(double):
-    """A product that something else also reads (here the gate's, returned) must be computed: no fusion."""
+def test_gated_pass_keeps_products_used_elsewhere(double):
+    """A product that something else also reads (here the gate's, returned) is kept: the gated GEMM
+    writes both products too (``gated_mm_products``), and the reader gets its slice."""
     from torch._inductor.utils import run_and_get_code
 
     mlp = _SwiGLU().to(torch.bfloat16)
-    nht.replace_linear(mlp)
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    ref = mlp.double()(x.double())
+    ref_g = x.double() @ mlp.gate_proj.weight.t()
+    nht.replace_linear(mlp.to(torch.bfloat16))
 
     def both(x):
         g = mlp.gate_proj(x)
         return mlp.down_proj(torch.nn.functional.silu(g) * mlp.up_proj(x)), g
 
     with torch.no_grad():
-        (out, g), (code, *_) = run_and_get_code(torch.compile(both, fullgraph=True), torch.randn(5, 64, dtype=torch.bfloat16))
-    assert "numba_hopper_gated_mm" not in code and code.count("extern_kernels.numba_hopper_mm(") == 3, code
+        (out, g), (code, *_) = run_and_get_code(torch.compile(both, fullgraph=True), x)
+    assert code.count("torch.ops.numba_hopper.gated_mm_products.default(") == 1, code
+    assert code.count("extern_kernels.numba_hopper_mm(") == 1, code  # the down projection
+    assert cases.rel_error(out, ref) < 1e-2 and cases.rel_error(g, ref_g) < 1e-2
 
 
-def test_gated_mm_passes_opcheck(double):
+@pytest.mark.parametrize("op", ["gated_mm", "gated_mm_products"])
+def test_gated_mm_passes_opcheck(double, op):
     a = torch.randn(7, 24, dtype=torch.bfloat16)
     b, up = (torch.randn(9, 24, dtype=torch.bfloat16).t() for _ in range(2))
-    torch.library.opcheck(torch.ops.numba_hopper.gated_mm.default, (a, b, up, "silu"))
+    torch.library.opcheck(getattr(torch.ops.numba_hopper, op).default, (a, b, up, "silu"))
 
 
 def test_fused_gated_mlp_keeps_the_module_and_its_answers(double, monkeypatch):

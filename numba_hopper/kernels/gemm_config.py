@@ -119,7 +119,8 @@ class GemmConfig:
     columns (``out_block_n``), ``act`` being the epilogue's activation (none: the identity);
     16-bit inputs, a K-major B, ``block_n`` in ``GATED_NS``, no cluster or grouping, and no other
     epilogue term but ``aux`` (both products before the gating, B's beside B_up's: what a training
-    backward reads). Block-scaled and gated kernels compile the fused epilogue's store (the gating
+    backward reads), which leaves as the raw accumulator's sub-tiles through two tensor maps
+    (``gated_aux``). Block-scaled and gated kernels compile the fused epilogue's store (the gating
     multiply is part of it; the block-scaled tiles' register budgets were fitted with it), so
     their ``epilogue`` is never None: ``EpilogueConfig()`` where none is given.
     ``a_evict``, ``b_evict``: the L2 priority of A's and B's tile loads ("normal", "first" or
@@ -386,8 +387,9 @@ class GemmConfig:
     def tensormaps(self):
         """Tensor maps the kernel takes: A, B, the output D, then C with a residual, A's
         block-wise scales with those and B_up gated, then the other K segments' A and B, then a
-        GLU backward's up products and second output."""
-        return 3 + self.has_c + self.block_scaled + self.gated + 2 * (self.k_segments - 1) + 2 * self.glu
+        GLU backward's up products and second output, or a gated kernel's two products (``aux``)."""
+        return 3 + self.has_c + self.block_scaled + self.gated + 2 * (self.k_segments - 1) + 2 * self.glu \
+            + 2 * self.gated_aux
 
     @property
     def has_c(self):
@@ -403,6 +405,17 @@ class GemmConfig:
     def glu(self):
         """Whether the epilogue is a GLU backward (``EpilogueConfig.glu``): two inputs, two outputs."""
         return self.epilogue is not None and self.epilogue.glu is not None
+
+    @property
+    def gated_aux(self):
+        """Whether a gated kernel also writes both products (``aux``): its accumulator's sub-tiles of
+        B's columns to one tensor map, B_up's to another, before the gated sub-tiles."""
+        return self.gated and self.epilogue.aux_dtype is not None
+
+    @property
+    def aux_box(self):
+        """Box of a gated kernel's product maps: 64 rows of 128 bytes, one store's sub-tile."""
+        return (1, EPI_ROWS, 128 // ELEMENT_BYTES[self.epilogue.aux_dtype])
 
     @property
     def out_block_n(self):

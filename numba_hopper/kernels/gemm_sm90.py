@@ -60,8 +60,8 @@ from .scheduler import make_tile_scheduler
 # The kernel's tensor maps (kernel parameters, by value); A's block-wise scales: (1, K blocks, M)
 # f32, box (1, 1, BM); a gated kernel's B_up; ``segments``: a K-segmented kernel's other A and B
 # maps, (A_1, B_1, A_2, B_2) as far as it has them; ``glu``: a GLU backward's up products and
-# second output (C is the gate's products), or ().
-TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales", "b_up", "segments", "glu"])
+# second output (C is the gate's products), or (); ``aux``: a gated kernel's products (B's, B_up's), or ().
+TensorMaps = namedtuple("TensorMaps", ["a", "b", "d", "c", "a_scales", "b_up", "segments", "glu", "aux"])
 
 __all__ = ["GemmConfig", "GemmParams", "EpilogueArgs", "make_gemm_kernel", "gemm_argument_types"]
 
@@ -200,6 +200,7 @@ def _tensormap_access(cfg: GemmConfig):
     LAST_MAP = 3 + HAS_C + SCALED + GATED - 1  # A's scales or B_up where the kernel has them
     FIRST_SEGMENT_MAP = LAST_MAP + 1
     GLU, FIRST_GLU_MAP = cfg.glu, FIRST_SEGMENT_MAP + SEGMENT_MAPS
+    AUX, FIRST_AUX_MAP = cfg.gated_aux, FIRST_GLU_MAP + 2 * cfg.glu
     # The 192-wide promoted grouped kernels' consumers spill (120 + 204 B) when the tensor maps
     # are prefetched: ptxas then keeps the maps' addresses live from the kernel's start. They load
     # without the prefetch.
@@ -226,16 +227,23 @@ def _tensormap_access(cfg: GemmConfig):
         return ()
 
     @cuda.jit(device=True, forceinline=True)
+    def aux_maps(p):
+        if AUX:
+            return (nh.tensormap_param_address(p.maps[FIRST_AUX_MAP]),
+                    nh.tensormap_param_address(p.maps[FIRST_AUX_MAP + 1]))
+        return ()
+
+    @cuda.jit(device=True, forceinline=True)
     def tensormaps(p):
         """Where the launch put the tensor maps of A, B, D, C, A's scales, B_up, the other K
-        segments' and a GLU backward's (C, A's scales and B_up only if the kernel has them; else
-        another map stands in, unused). Each role takes them after ``setmaxnreg``: values live
+        segments', a GLU backward's and a gated kernel's products (C, A's scales and B_up only if
+        the kernel has them; else another map stands in, unused). Each role takes them after ``setmaxnreg``: values live
         across it must fit the producer's few registers (fused kernels with a cluster spilled 40 B
         otherwise)."""
         last = nh.tensormap_param_address(p.maps[LAST_MAP])  # A's scales or B_up (never both)
         return TensorMaps(nh.tensormap_param_address(p.maps[0]), nh.tensormap_param_address(p.maps[1]),
                           nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]), last, last,
-                          segment_maps(p), glu_maps(p))
+                          segment_maps(p), glu_maps(p), aux_maps(p))
 
     @cuda.jit(device=True, forceinline=True)
     def prefetch_tensormaps(p):
@@ -260,6 +268,9 @@ def _tensormap_access(cfg: GemmConfig):
         if GLU:
             nh.prefetch_tensormap(maps.glu[0])
             nh.prefetch_tensormap(maps.glu[1])
+        if AUX:
+            nh.prefetch_tensormap(maps.aux[0])
+            nh.prefetch_tensormap(maps.aux[1])
 
     return tensormaps, prefetch_tensormaps
 

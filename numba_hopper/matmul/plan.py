@@ -213,14 +213,15 @@ class _Gemm:
     ``segments``: a K-segmented launch's (``cfg.k_segments``) other ``(a, b)`` pairs of
     :class:`Operand` like ``a`` and ``b``; the kernel runs their K loops after ``a @ b``'s.
     ``glu``: a GLU backward's (``cfg.glu``) ``(up, d_up)``, its up products (read like ``c``, the
-    gate's) and second output (written like ``d``).
+    gate's) and second output (written like ``d``). ``products``: a gated kernel's (``cfg.gated_aux``)
+    two (M, N) products, B's and B_up's, written in sub-tiles of the raw accumulator.
     """
 
     def __init__(self, cfg, a, b, d, batch, scratch, *, fusion=None, c=None, a_scales=None, b_scales=None, up=None,
                  arrays=None, user_srcs=(), grid=None, dp_tiles=0, record=None, group_rows=None, segments=(),
-                 glu=()):
+                 glu=(), products=()):
         self.cfg, self.a, self.b, self.d, self.c, self.batch = cfg, a, b, d, c, batch
-        self.segments, self.glu = segments, glu
+        self.segments, self.glu, self.products = segments, glu, products
         self.a_scales, self.b_scales, self.up = a_scales, b_scales, up
         self.fusion, self.arrays, self.user_srcs = fusion, arrays or {}, user_srcs
         self.dp_tiles, self.record, self.group_rows = dp_tiles, record, group_rows
@@ -269,6 +270,8 @@ class _Gemm:
             up, d_up = (op.at(values) for op in self.glu)
             maps.append(encode_template(_batched(up, 1, 0), c_box, swizzle=c_box[2] * up.itemsize))
             maps.append(encode_template(_batched(d_up, 1, 0), cfg.c_box, swizzle=cfg.epi_swizzle))
+        for product in self.products:
+            maps.append(encode_template(_batched(product.at(values), 1, 0), cfg.aux_box, swizzle=128))
         return maps
 
     def _epilogue_args(self, values):
@@ -294,7 +297,7 @@ class _Gemm:
             ends = np.cumsum([-(-a.view.shape[1] // cfg.block_k) for a in (self.a, *(a for a, _ in self.segments))])
             K, k_begins = int(ends[-1]) * cfg.block_k, (int(ends[0]), int(ends[1]))
             operands += tuple(op for pair in self.segments for op in pair)
-        operands += tuple(self.glu)
+        operands += tuple(self.glu) + tuple(self.products)
         params = GemmParams(
             maps=tuple(TensorMapArg(m, op.src.resolve(values)) for m, op in zip(self._templates(values), operands)),
             M=M, N=N, K=K, batches=batch.count, a_batched=int(batch.a != 0), b_batched=int(batch.b != 0),
@@ -494,6 +497,8 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None, fa
         layout, nbytes = aligned_layout(d.view)
         d = Operand(layout, scratch.take(nbytes))
         finish.append(_Copy(d, target))
+    # (a gated kernel writes both products through TMA, each clipped at N)
+    products = _gated_products(arrays["aux"], scratch, finish) if up is not None and "aux" in arrays else ()
     ecfg = fusion and fusion.config(transposed)
     # Split-K slices write fp32 partial sums, so an epilogue can only run after the reduce,
     # which applies a scale-only one (alpha, row_scale, col_scale); calls with any other
@@ -532,7 +537,8 @@ def gemm_plan(va, vb, vo, fusion: Fusion | None, config, debug, split_k=None, fa
         steps = [*zeros, *copies, gemm, reduce]
     else:
         gemm = _Gemm(cfg, a, b, d, _Batch(), scratch, fusion=fusion, c=c, a_scales=a_scales, b_scales=b_scales, up=up,
-                     arrays=arrays, user_srcs=user_srcs, record=record, **_stream_k(cfg, M, N, K, sms))
+                     arrays=arrays, user_srcs=user_srcs, record=record, products=products,
+                     **_stream_k(cfg, M, N, K, sms))
         zero_amax = [_Memset(arrays["amax"].src, 4)] if "amax" in arrays else []
         steps = [*zero_amax, *zeros, *copies, gemm, *finish]
     return Plan(vo.device, steps, scratch, record)
@@ -597,6 +603,25 @@ def glu_backward_plan(va, vb, vo, gate, up, d_up, activation, config, debug):
     gemm = _Gemm(cfg, a, b, Operand(vo, Src(OUT)), _Batch(), scratch, c=Operand(gate, Src(USER)), record=record,
                  glu=(Operand(up, Src(USER + 1)), Operand(d_up, Src(USER + 2))))
     return Plan(vo.device, [*copies, gemm], scratch, record)
+
+
+def _gated_products(aux, scratch, finish):
+    """A gated product's ``aux`` (M, 2N) as the two (M, N) products its kernel writes: its halves,
+    or aligned scratch copied into those (added to ``finish``) where TMA cannot write one."""
+    M, N = aux.view.shape[0], aux.view.shape[1] // 2
+    half = dataclasses.replace(aux.view, shape=(M, N))
+    second = aux.view.ptr + N * aux.view.byte_strides[1]
+    halves = (Operand(half, aux.src), Operand(dataclasses.replace(half, ptr=second),
+                                              Src(aux.src.index, aux.src.offset + second - aux.view.ptr)))
+    products = []
+    for product in halves:
+        if not tma_addressable(product.view, row_major=True):
+            layout, nbytes = aligned_layout(product.view)
+            staged = Operand(layout, scratch.take(nbytes))
+            finish.append(_Copy(staged, product))
+            product = staged
+        products.append(product)
+    return tuple(products)
 
 
 def _one_major(ops, scratch, copies):

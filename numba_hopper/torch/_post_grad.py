@@ -33,19 +33,21 @@ arithmetic. Held, the table is computed once a graph and read from memory; its v
 
 Last, gated MLPs become one GEMM each: the pass finds ``silu(x @ W_gate.T) * (x @ W_up.T)``
 (SwiGLU, as Llama, Mistral and Qwen MLPs compute it) over two ``numba_hopper::mm`` and puts one
-``numba_hopper::gated_mm`` in their place.
+``numba_hopper::gated_mm`` in their place, or, where something else reads the products too (a
+training graph saves them for its backward), one ``numba_hopper::gated_mm_products``, which also
+writes both products into one (M, 2N) output whose halves those readers get.
 
 The gated kernel (``numba_hopper.gemm(x, W_gate.t(), up=W_up.t(), activation="silu")``) computes
-both products in one tile and writes only the gated output: the two products' outputs never
-reach memory, and the elementwise kernel that reads them to compute the gating is gone
-(``python benchmarks/bench_gated.py``). Stock PyTorch cannot do this: cuBLAS has no such epilogue.
+both products in one tile and writes the gated output, so the elementwise kernel that reads the
+products to compute the gating is gone; without other readers the products never reach memory
+(``python benchmarks/bench_gated.py``; kept: ``bench_gated_training.py``). Stock PyTorch cannot
+do this: cuBLAS has no such epilogue.
 
 The pass sees the graph after AOTAutograd's decompositions, where SiLU in a 16-bit model is
 ``convert(x32 / (1 + exp(-x32)))`` with ``x32 = convert(x, float32)`` (or ``x32 * sigmoid(x32)``,
 or ``silu`` itself). It rewrites only what it recognizes whole: both products read the same
-activation, each product and each step of the gating has no other user, and the dtypes are 16-bit;
-anything else stays as it was. A training graph keeps the two products for its backward: they
-have other users, so its MLPs are not touched.
+activation, each step of the gating has no other user, and the dtypes are 16-bit; anything else
+stays as it was.
 """
 
 from __future__ import annotations
@@ -128,7 +130,9 @@ def plain_products_to_mm(graph: torch.fx.Graph) -> int:
 
 
 def fuse_gated_mlps(graph: torch.fx.Graph) -> int:
-    """Rewrite each gated MLP of ``graph`` in place; return how many."""
+    """Rewrite each gated MLP of ``graph`` in place; return how many. Where something else reads
+    the products too (a training graph saves them for its backward), the gated GEMM keeps them
+    (``gated_mm_products``) and their readers read its slices."""
     mm = torch.ops.numba_hopper.mm.default
     fused = 0
     for node in list(graph.nodes):
@@ -138,14 +142,18 @@ def fuse_gated_mlps(graph: torch.fx.Graph) -> int:
             up_view, up_mm = _under_views(up_side)
             gate_mm = _under_views(_silu_input(gate_side))[1]
             if not (_is(up_mm, mm) and _is(gate_mm, mm) and _same_input(gate_mm.args[0], up_mm.args[0])
-                    and _single_use(up_side, up_mm, gate_mm) and _value(node).dtype in _HALF
+                    and _single_use(up_side) and _value(node).dtype in _HALF
                     and _value(gate_mm.args[1]).shape == _value(up_mm.args[1]).shape  # (static: weights)
                     and _k_major(gate_mm.args[1]) and _k_major(up_mm.args[1])):
                 continue
+            args = (gate_mm.args[0], gate_mm.args[1], up_mm.args[1], "silu")
+            if _single_use(up_mm, gate_mm):
+                with graph.inserting_before(node):
+                    gated = graph.call_function(torch.ops.numba_hopper.gated_mm.default, args)
+            else:
+                gated = _keeping_products(graph, args, gate_mm, up_mm)
+            gated.meta["val"] = _value(gate_mm)  # (M, N) like either product
             with graph.inserting_before(node):
-                gated = graph.call_function(torch.ops.numba_hopper.gated_mm.default,
-                                            (gate_mm.args[0], gate_mm.args[1], up_mm.args[1], "silu"))
-                gated.meta["val"] = _value(gate_mm)  # (M, N) like either product
                 out = gated if up_view is None else graph.call_function(up_view.target, (gated, *up_view.args[1:]))
                 out.meta["val"] = _value(node)
             node.replace_all_uses_with(out)
@@ -154,6 +162,26 @@ def fuse_gated_mlps(graph: torch.fx.Graph) -> int:
     if fused:
         graph.eliminate_dead_code()
     return fused
+
+
+def _keeping_products(graph, args, gate_mm, up_mm):
+    """``numba_hopper::gated_mm_products(*args)``'s gated output, put right after the later of
+    ``gate_mm`` and ``up_mm``; their readers after it read its products' slices instead (those
+    before it are the gating's, which the rewrite leaves unread)."""
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    later = max(gate_mm, up_mm, key=position.get)
+    n = _value(gate_mm).shape[1]
+    with graph.inserting_before(later.next):
+        both = graph.call_function(torch.ops.numba_hopper.gated_mm_products.default, args)
+        gated = graph.call_function(operator.getitem, (both, 0))
+        products = graph.call_function(operator.getitem, (both, 1))
+        products.meta["val"] = _value(gate_mm).new_empty((_value(gate_mm).shape[0], 2 * n))
+        both.meta["val"] = (_value(gate_mm), products.meta["val"])
+        for product, start in ((gate_mm, 0), (up_mm, n)):
+            part = graph.call_function(aten.slice.Tensor, (products, 1, start, start + n))
+            part.meta["val"] = products.meta["val"][:, start:start + n]
+            product.replace_all_uses_with(part, delete_user_cb=lambda user: position[user] > position[later])
+    return gated
 
 
 def fuse_embedding_grads(graph: torch.fx.Graph) -> int:
@@ -303,8 +331,8 @@ def glu_backwards(graph: torch.fx.Graph) -> int:
 
 def _glu_region(product):
     """``((gate, up), (d_gate, d_up))`` if the nodes that read ``product`` (of 16-bit dtype), through
-    elementwise operators and views, compute from it and two other nodes of its size, contiguous,
-    exactly two results of its dtype that others read, and those are ``dh * u * silu'(g)`` and ``dh *
+    elementwise operators and views, compute from it and two other nodes of its size, row-major
+    (:func:`_row_major`), exactly two results of its dtype that others read, and those are ``dh * u * silu'(g)`` and ``dh *
     silu(g)`` at ``dh`` = the product, ``g`` and ``u`` the two nodes; else None."""
     value = _value(product)
     if not isinstance(value, torch.Tensor) or value.dtype not in _HALF or value.dim() != 2:
@@ -334,7 +362,7 @@ def _glu_region(product):
     if not (len(results) == 2 and len(leaves) == 2
             and all(isinstance(v, torch.Tensor) and v.numel() == size for v in values)
             and all(_value(n).dtype == value.dtype for n in (*leaves, *results))
-            and all(_value(n).is_contiguous() for n in leaves)
+            and all(_row_major(_value(n)) for n in leaves)
             and all(r in readers for r in results)):
         return None
     samples = _evaluate(product, leaves, region)
@@ -349,6 +377,14 @@ def _glu_region(product):
             if torch.allclose(samples[first], d_gate, rtol=1e-9) and torch.allclose(samples[second], d_up, rtol=1e-9):
                 return (gate, up), (first, second)
     return None
+
+
+def _row_major(v):
+    """Whether TMA reads ``v`` as the GLU backward's row-major matrices: contiguous, or 2-D with
+    unit column stride and 16-byte-aligned rows and start (a training graph's saved products are
+    the gated GEMM's two halves of one output, ``fuse_gated_mlps``)."""
+    return v.is_contiguous() or (v.dim() == 2 and v.stride(1) == 1 and v.stride(0) * v.element_size() % 16 == 0
+                                 and v.storage_offset() * v.element_size() % 16 == 0)
 
 
 def _evaluate(product, leaves, region):

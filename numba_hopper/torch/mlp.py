@@ -17,12 +17,12 @@ one ``torch.autograd.Function`` with the same formula):
   ``dh``), ``dy^T h``, ``dx`` as two products into one output, and the two weights' gradients.
 
 That is two launches and one autograd node forward where the linears take four and four, and
-six launches backward where they take nine or more. It is not the default because the forward's
-gated GEMM writes both products element by element (2-byte global stores, where the output leaves
-through shared memory and TMA): at Qwen3-4B's widths and 8192 tokens it takes 1.68 ms against
-1.22 for two GEMMs and Inductor's SiLU-and-multiply, while ``dy @ W_down`` with the derivative,
-whose inputs and outputs go through TMA, takes 0.74 ms against 0.80 for the GEMM and Inductor's
-derivative (``python benchmarks/bench_gated_training.py``).
+six launches backward where they take nine or more. Every product and gradient goes through TMA:
+at Qwen3-4B's widths and 8192 tokens the forward's gated GEMM takes 1.25 ms against 1.33 for two
+GEMMs and Inductor's SiLU-and-multiply, and ``dy @ W_down`` with the derivative 0.75 ms against
+0.79 for the GEMM and Inductor's derivative (``python benchmarks/bench_gated_training.py``). It is
+opt-in: a compiled step with the three linears gets both kernels from Inductor's post-grad pass
+anyway (``_post_grad``).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def fuse_gated_mlps(model: torch.nn.Module, fused_training: bool = False) -> int
     ``nn.SiLU`` or transformers' ``SiLUActivation``) by a :class:`GatedMLP` of the same
     submodules, its linears swapped for :class:`~numba_hopper.torch.Linear`; return how many.
     ``fused_training``: with a gradient too, the operator ``numba_hopper::gated_mlp`` (module
-    doc: fewer launches, slower kernels) in place of the three linears."""
+    doc) in place of the three linears."""
     fused = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

@@ -104,6 +104,15 @@ def _gated_mm_fake(a, b, up, activation):
     return _out_like(a, b, None)
 
 
+def _gated_mm_products_impl(a, b, up, activation):
+    products = a.new_empty((a.shape[0], 2 * b.shape[1]))
+    return _matmul.gemm(a, b, up=up, activation=activation, aux_out=products), products
+
+
+def _gated_mm_products_fake(a, b, up, activation):
+    return _out_like(a, b, None), a.new_empty((a.shape[0], 2 * b.shape[1]))
+
+
 def _out_like(a, b, out_dtype):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
 
@@ -308,6 +317,13 @@ define_op("mm_glu_backward", "(Tensor a, Tensor b, Tensor gate, Tensor up, bool 
 # place of two ``mm`` and the gating math by the compiled inference graph's pass (``_lowering``).
 _gated_mm_op = define_op("gated_mm", "(Tensor a, Tensor b, Tensor up, str activation) -> Tensor", _gated_mm_impl,
                          _gated_mm_fake)
+
+# The same, keeping both products: ``(gated, products)``, ``products[:, :N] = a @ b`` and
+# ``products[:, N:] = a @ up`` (``numba_hopper.gemm(..., aux_out=products)``): put in place of a
+# training graph's two ``mm`` and the gating math, whose products its backward reads, by the
+# post-grad pass (``_post_grad.fuse_gated_mlps``).
+define_op("gated_mm_products", "(Tensor a, Tensor b, Tensor up, str activation) -> (Tensor, Tensor)",
+          _gated_mm_products_impl, _gated_mm_products_fake)
 
 
 def _gemm_no_grad(a, b, c, bias, alpha, beta, bias_dim, activation, out_dtype, sustained=False):

@@ -35,8 +35,10 @@ A gated kernel (``cfg.gated``: ``act(A @ B) * (A @ B_up)``, the GLU of SwiGLU an
 has only the activation and ``aux``: the kernel's tile is B's ``block_n / 2`` columns then B_up's,
 so register ``k`` of a thread's fragment (column ``col``) and register ``k + block_n / 4`` (column
 ``col + block_n / 2``) are the same output element's two products, and the store writes
-``activation(acc[k]) * acc[k + block_n / 4]`` to the tile's ``block_n / 2`` output columns
-(and, with ``aux``, ``acc[k]`` to ``aux[r, c]`` and ``acc[k + block_n / 4]`` to ``aux[r, N + c]``).
+``activation(acc[k]) * acc[k + block_n / 4]`` to the tile's ``block_n / 2`` output columns.
+With ``aux`` (both products, ``aux[:, :N]`` and ``aux[:, N:]``) it first stores the accumulator
+as it is, sub-tile by sub-tile through the output's buffers and TMA: B's columns through one
+tensor map, B_up's through another, each clipped at N.
 
 ``amax`` is a thread's running maximum over every tile it stores, kept as the bits of
 ``|v|`` (which order as the floats do, NaN highest); at the end each warp reduces it
@@ -118,7 +120,7 @@ def make_epilogue(cfg) -> Epilogue:
     COL_MAJOR = cfg.out_major == "M"
     VEC_OFF, VEC_BYTES = cfg.layout.vec, cfg.layout.vec_bytes
     init_c, load_c, c_f32_pair, c_quad, up_quad = make_residual(cfg) if HAS_C else (None,) * 5
-    tile_terms, stage_columns, column_terms, apply = epilogue_math(EPI, BN) if FUSED else (None,) * 4
+    tile_terms, stage_columns, column_terms, apply = epilogue_math(EPI, BN, aux_elements=not GATED) if FUSED else (None,) * 4
     fused = make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad, up_quad)
     hold, subtiles, guarded_subtiles, store_transposed = make_subtile_stores(cfg, fused, load_c)
 

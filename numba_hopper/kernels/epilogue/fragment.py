@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-import numpy as np
 from numba import cuda
 
 from ... import intrinsics as nh
 from ...kit.epilogue import TileEpilogue
 from ..gemm_config import ELEMENT_BYTES
-from .math import NO_AMAX, ONE, STORE, ZERO, glu_backward
+from .math import NO_AMAX, ONE, ZERO, glu_backward
 
 __all__ = ["FusedPairs", "make_fused_pairs"]
 
@@ -40,8 +39,6 @@ def make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad, up_quad) -> F
     EPI = cfg.epilogue
     FUSED, HAS_C = EPI is not None, cfg.has_c
     AMAX = FUSED and EPI.amax
-    AUX = FUSED and EPI.aux_dtype is not None
-    store_aux = STORE[EPI.aux_dtype or "f32"] if FUSED else None
     SCALE_OUT, SCALE_OUT_ARRAY = FUSED and EPI.out_scale is not None, FUSED and EPI.out_scale == "array"
     EPI_COLS = cfg.epi_cols
     NO_C = (ZERO, ZERO)
@@ -93,13 +90,7 @@ def make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad, up_quad) -> F
         v0 = apply(frag[k], c[0], rt, ct[0], row, col, at.M, n, at.ep)
         v1 = apply(frag[k + 1], c[1], rt, ct[1], row, col + 1, at.M, n, at.ep)
         if GATED:
-            u0, u1 = frag[k + UP_REGS], frag[k + 1 + UP_REGS]
-            if AUX and row < at.M:  # the up products beside the gate's (apply stored those)
-                if col < n:
-                    at.ep.aux[np.uint64(row), np.uint64(n + col)] = store_aux(u0)
-                if col + 1 < n:
-                    at.ep.aux[np.uint64(row), np.uint64(n + col + 1)] = store_aux(u1)
-            v0, v1 = v0 * u0, v1 * u1
+            v0, v1 = v0 * frag[k + UP_REGS], v1 * frag[k + 1 + UP_REGS]
         m = NO_AMAX
         if AMAX and row < at.M:  # the padding of partial tiles holds bias and C terms too
             m = max(nh.abs_bits(v0) if col < at.N else NO_AMAX, nh.abs_bits(v1) if col + 1 < at.N else NO_AMAX)

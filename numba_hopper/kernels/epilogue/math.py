@@ -84,8 +84,9 @@ def glu_backward(activation):
 EpilogueMath = namedtuple("EpilogueMath", ["tile_terms", "stage_columns", "column_terms", "apply"])
 
 
-def epilogue_math(ecfg: EpilogueConfig, block_n: int) -> EpilogueMath:
-    """Device functions ``(tile_terms, stage_columns, column_terms, apply)`` for ``ecfg``.
+def epilogue_math(ecfg: EpilogueConfig, block_n: int, aux_elements: bool = True) -> EpilogueMath:
+    """Device functions ``(tile_terms, stage_columns, column_terms, apply)`` for ``ecfg``;
+    ``aux_elements``: ``apply`` writes ``aux`` (False: the caller stores it another way).
 
     The vectors are read once per tile, not per element: ``tile_terms(row, col0, t, M, N,
     ep) -> (rt0, rt1, cols)``, called when a tile's main loop starts so that the loads land
@@ -111,7 +112,7 @@ def epilogue_math(ecfg: EpilogueConfig, block_n: int) -> EpilogueMath:
     COL_SCALAR = ecfg.col_scale and ecfg.scalar_col_scale
     COL_SCALE = ecfg.col_scale and not COL_SCALAR
     ROW_FACTOR = ROW_SCALE or COL_SCALAR
-    HAS_C, BIAS, AUX = ecfg.c_dtype is not None, ecfg.bias, ecfg.aux_dtype is not None
+    HAS_C, BIAS, AUX = ecfg.c_dtype is not None, ecfg.bias, ecfg.aux_dtype is not None and aux_elements
     COL_BIAS = BIAS == "col"
     USER, HAS_USER = ecfg.user, ecfg.user is not None  # (branches prune on bools, not functions)
     TRANSPOSED = ecfg.transposed

@@ -49,7 +49,9 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
       ``epi_buffers`` buffers, then stored by one TMA store (TMA clips what lies outside the
       tensor); with C, each C sub-tile's buffer is refilled (``load_c``) once every thread has
       read it; a GLU backward writes both gradients' sub-tiles into one buffer and stores each
-      to its output;
+      to its output; a gated kernel with ``aux`` (``cfg.gated_aux``) first stores the raw
+      accumulator, B's columns to one product's map and B_up's to the other, sub-tile by sub-tile
+      through the same buffers, then the gated sub-tiles;
     - ``guarded_subtiles(state, gs: GuardedArgs) -> state``: (grouped kernels) the same
       sub-tiles' first ``gs.rows`` rows, copied by every thread, 16 bytes each;
     - ``transposed(frag, smem, c, row0, n0, batch, tmap_d, state) -> state``: (column-major
@@ -75,6 +77,12 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
     HELD_PACKED = cfg.overlaps_store and not cfg.promoted  # (plain 16-bit: GemmConfig.overlaps_store)
     GLU = cfg.glu
     UP_OUT = EPI_ROWS * EPI_COLS * OUT_BYTES  # (GLU) the up products' gradient, after the gate's
+    PRODUCTS = cfg.gated_aux
+    if PRODUCTS:  # (the raw accumulator, no hooks: B's block_n / 2 columns, then B_up's)
+        AUX_COLS = cfg.aux_box[2]
+        PRODUCT_CHUNKS = cfg.out_block_n // AUX_COLS  # sub-tiles of each product
+        raw = make_tile_store(cfg.block_n, cfg.epilogue.aux_dtype, EPI_BUFS, cols=AUX_COLS)
+        assert raw.buffer_bytes <= EPI_BUFS * EPI_BUF_BYTES, cfg
     if cfg.out_major == "N":
         store = make_tile_store(BN, OUT_T, EPI_BUFS, cols=EPI_COLS, epilogue=fused.hooks,
                                 second_output=UP_OUT if GLU else None)
@@ -142,6 +150,19 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
         return EpilogueState(stores + 1, max(state.amax, amax))
 
     @cuda.jit(device=True, forceinline=True)
+    def store_product(q, state, ts):
+        """Sub-tile ``q`` of the raw accumulator (a gated kernel's: B's product, then B_up's) to
+        its product's tensor map; the next state."""
+        c, stores = ts.c, state.stores
+        buf = ts.smem + EPI_OFF + (EPI_BUFS * c.cw + stores % EPI_BUFS) * EPI_BUF_BYTES
+        raw.acquire(c.leader, OWN_BARRIER + c.cw)
+        raw.write(ts.frag, buf, q, c.row_in_wg, c.lane, None)
+        tmap = ts.maps.aux[1] if q >= PRODUCT_CHUNKS else ts.maps.aux[0]
+        raw.commit_3d(buf, c.leader, OWN_BARRIER + c.cw, tmap, ts.n0 + (q % PRODUCT_CHUNKS) * AUX_COLS, ts.row0,
+                      ts.batch)
+        return EpilogueState(stores + 1, state.amax)
+
+    @cuda.jit(device=True, forceinline=True)
     def store_subtile_guarded(q, state, ts):
         """Sub-tile ``q`` as :func:`store_subtile`, but only its first ``ts.rows`` rows, copied
         from the swizzled buffer to global memory by every thread (grouped kernels)."""
@@ -171,8 +192,20 @@ def make_subtile_stores(cfg, fused, load_c) -> SubtileStores:
     # rolled, and a run-time q would index the fragment, moving it to local memory. The
     # plain kernel keeps its loop (LLVM unrolls it).
     subtiles = (_unrolled if FUSED else _looped)(store_subtile, EPI_CHUNKS)
+    if PRODUCTS:
+        subtiles = _products_then(_unrolled(store_product, 2 * PRODUCT_CHUNKS), subtiles)
     guarded_subtiles = (_unrolled if FUSED else _looped)(store_subtile_guarded, EPI_CHUNKS) if GROUPED else None
     return SubtileStores(hold, subtiles, guarded_subtiles, store_transposed)
+
+
+def _products_then(products, subtiles):
+    """``run(state, ts)``: ``products``, then ``subtiles``."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def run(state, ts):
+        return subtiles(products(state, ts), ts)
+
+    return run
 
 
 def _unrolled(step, n):
