@@ -12,9 +12,9 @@ SiLU-and-multiply derivative goes into the epilogue of ``dy @ W_down``,
 SiLU-and-multiply become one gated GEMM that keeps both products), or another. For each model
 (``bench_train.py``'s, at 4 x 2048 tokens): two copies of ours (``bench_train.make_ours``), each
 compiled with its own Inductor backend (Dynamo would otherwise give the second copy the first
-one's graphs) and caches off, one with the rewrite and one with it left out. Then 8 rounds, the order reversed every other round,
-each timing a long run of steps back to back at the power limit (``bench_sustained.sustained_run``:
-the time per step, the board's watts and SM clock). Printed: the rewrites made per compiled graph,
+one's graphs) and caches off, one with the rewrite and one with it left out. Then 8 rounds, the
+order reversed every other round, each timing a long run of steps back to back at the power limit
+(``bench_sustained.sustained_run``: the time per step, the board's watts and SM clock). Printed: the rewrites made per compiled graph,
 each copy's medians, and ``without / with``, the median of the rounds' ratios.
 """
 

@@ -237,9 +237,9 @@ def _tensormap_access(cfg: GemmConfig):
     def tensormaps(p):
         """Where the launch put the tensor maps of A, B, D, C, A's scales, B_up, the other K
         segments', a GLU backward's and a gated kernel's products (C, A's scales and B_up only if
-        the kernel has them; else another map stands in, unused). Each role takes them after ``setmaxnreg``: values live
-        across it must fit the producer's few registers (fused kernels with a cluster spilled 40 B
-        otherwise)."""
+        the kernel has them; else another map stands in, unused). Each role takes them after
+        ``setmaxnreg``: values live across it must fit the producer's few registers (fused kernels
+        with a cluster spilled 40 B otherwise)."""
         last = nh.tensormap_param_address(p.maps[LAST_MAP])  # A's scales or B_up (never both)
         return TensorMaps(nh.tensormap_param_address(p.maps[0]), nh.tensormap_param_address(p.maps[1]),
                           nh.tensormap_param_address(p.maps[2]), nh.tensormap_param_address(p.maps[C_MAP]), last, last,

@@ -332,8 +332,9 @@ def glu_backwards(graph: torch.fx.Graph) -> int:
 def _glu_region(product):
     """``((gate, up), (d_gate, d_up))`` if the nodes that read ``product`` (of 16-bit dtype), through
     elementwise operators and views, compute from it and two other nodes of its size, row-major
-    (:func:`_row_major`), exactly two results of its dtype that others read, and those are ``dh * u * silu'(g)`` and ``dh *
-    silu(g)`` at ``dh`` = the product, ``g`` and ``u`` the two nodes; else None."""
+    (:func:`_row_major`), exactly two results of its dtype that others read, and those are
+    ``dh * u * silu'(g)`` and ``dh * silu(g)`` at ``dh`` = the product, ``g`` and ``u`` the two
+    nodes; else None."""
     value = _value(product)
     if not isinstance(value, torch.Tensor) or value.dtype not in _HALF or value.dim() != 2:
         return None

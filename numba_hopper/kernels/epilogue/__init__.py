@@ -120,7 +120,9 @@ def make_epilogue(cfg) -> Epilogue:
     COL_MAJOR = cfg.out_major == "M"
     VEC_OFF, VEC_BYTES = cfg.layout.vec, cfg.layout.vec_bytes
     init_c, load_c, c_f32_pair, c_quad, up_quad = make_residual(cfg) if HAS_C else (None,) * 5
-    tile_terms, stage_columns, column_terms, apply = epilogue_math(EPI, BN, aux_elements=not GATED) if FUSED else (None,) * 4
+    # (a gated kernel stores aux from the accumulator: make_subtile_stores)
+    tile_terms, stage_columns, column_terms, apply = (epilogue_math(EPI, BN, aux_elements=not GATED) if FUSED
+                                                      else (None,) * 4)
     fused = make_fused_pairs(cfg, column_terms, apply, c_f32_pair, c_quad, up_quad)
     hold, subtiles, guarded_subtiles, store_transposed = make_subtile_stores(cfg, fused, load_c)
 
