@@ -219,19 +219,7 @@ def _tensormap_access(cfg: GemmConfig):
                     nh.tensormap_param_address(p.maps[FIRST_SEGMENT_MAP + 3]))
         return ()
 
-    @cuda.jit(device=True, forceinline=True)
-    def glu_maps(p):
-        if GLU:
-            return (nh.tensormap_param_address(p.maps[FIRST_GLU_MAP]),
-                    nh.tensormap_param_address(p.maps[FIRST_GLU_MAP + 1]))
-        return ()
-
-    @cuda.jit(device=True, forceinline=True)
-    def aux_maps(p):
-        if AUX:
-            return (nh.tensormap_param_address(p.maps[FIRST_AUX_MAP]),
-                    nh.tensormap_param_address(p.maps[FIRST_AUX_MAP + 1]))
-        return ()
+    glu_maps, aux_maps = _map_pair(GLU, FIRST_GLU_MAP), _map_pair(AUX, FIRST_AUX_MAP)
 
     @cuda.jit(device=True, forceinline=True)
     def tensormaps(p):
@@ -273,6 +261,19 @@ def _tensormap_access(cfg: GemmConfig):
             nh.prefetch_tensormap(maps.aux[1])
 
     return tensormaps, prefetch_tensormaps
+
+
+def _map_pair(present, first):
+    """``maps(p) -> (map, map)``: the addresses of the kernel parameters' tensor maps ``first`` and
+    ``first + 1``, or () where the kernel has no such pair (``present`` false)."""
+
+    @cuda.jit(device=True, forceinline=True)
+    def maps(p):
+        if present:
+            return nh.tensormap_param_address(p.maps[first]), nh.tensormap_param_address(p.maps[first + 1])
+        return ()
+
+    return maps
 
 
 def _schedules(cfg: GemmConfig, scheduler):

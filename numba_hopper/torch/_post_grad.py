@@ -402,8 +402,8 @@ def _evaluate(product, leaves, region):
                 if a not in samples:
                     return None
                 args.append(samples[a])
-            elif isinstance(a, (int, float)) and not isinstance(a, bool) or node.target in _PASS_THROUGH:
-                args.append(a)
+            elif node.target in _PASS_THROUGH or (isinstance(a, (int, float)) and not isinstance(a, bool)):
+                args.append(a)  # (a view's shape, a conversion's dtype, or a number)
             else:
                 return None
         samples[node] = args[0] if node.target in _PASS_THROUGH else _ELEMENTWISE[node.target](*args)
